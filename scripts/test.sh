@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs every test: C++ units (CTest/GoogleTest) and end-to-end tests (pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export SERVAL_MODELS="${SERVAL_MODELS:-$(cd .. && pwd)/shared/models}"
+scripts/build.sh
+(cd build && ctest --output-on-failure -j"$(nproc)")
+python3 -m pytest -q tests/python

@@ -1,0 +1,13 @@
+// PLACEHOLDER during bring-up: replaced by the real subcommand in this change.
+#include <iostream>
+
+#include "cli/commands.h"
+
+namespace serval::cli {
+
+void register_tokenize(CLI::App& app, Action& action) {
+  auto* sub = app.add_subcommand("tokenize", "(not built yet)");
+  sub->callback([&action] { action = [] { std::cerr << "tokenize: not built yet\n"; return 2; }; });
+}
+
+}  // namespace serval::cli
