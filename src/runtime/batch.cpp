@@ -24,9 +24,14 @@ void Batch::validate(int32_t block_size, int64_t num_blocks) const {
   SERVAL_CHECK(query_start[S] == T, "batch: query_start[", S, "] = ", query_start[S],
                " must equal the number of tokens ", T);
 
+  // First the offsets alone, so that the loop below indexes only within [0, T).
+  for (int64_t s = 0; s < S; ++s) {
+    SERVAL_CHECK(query_start[s + 1] > query_start[s] && query_start[s + 1] <= T, "batch: sequence ", s,
+                 " has no new tokens or runs past the ", T, " tokens (query_start ", query_start[s], " .. ",
+                 query_start[s + 1], ")");
+  }
   for (int64_t s = 0; s < S; ++s) {
     const int64_t begin = query_start[s], end = query_start[s + 1];
-    SERVAL_CHECK(end > begin, "batch: sequence ", s, " has no new tokens (query_start ", begin, " .. ", end, ")");
     const int64_t n_new = end - begin;
     const int64_t ctx = context_len[s];
     SERVAL_CHECK(ctx >= n_new, "batch: sequence ", s, " has context_len ", ctx, " smaller than its ", n_new,
