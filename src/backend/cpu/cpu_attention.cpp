@@ -40,7 +40,9 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
     if (s.size() < need) s.resize(need);
 
   const int64_t work = int64_t(b.num_tokens) * kv_heads;
-#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) if (work > 1)
+  // Waking threads costs microseconds: only worth it above ~64K multiply-adds.
+  const bool parallel = work > 1 && int64_t(b.num_tokens) * b.max_context_len * num_heads * D > 65536;
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) if (parallel)
   for (int64_t item = 0; item < work; ++item) {
     const int64_t t = item / kv_heads;
     const int64_t kvh = item % kv_heads;

@@ -36,7 +36,7 @@ void CpuBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopePa
   const int64_t half = p.rope_dim / 2;
   const int64_t q_heads = q.cols / p.head_dim, k_heads = k.cols / p.head_dim;
   const int64_t T = q.rows;
-#pragma omp parallel num_threads(threads_) if (T > 1)
+#pragma omp parallel num_threads(threads_) if (T * (q.cols + k.cols) > 16384)
   {
     std::vector<float> cs(size_t(2 * half));
     float* cos = cs.data();
