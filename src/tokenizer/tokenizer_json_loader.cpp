@@ -206,7 +206,7 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& json_path, con
   if (config_path.empty()) {  // no config: the usual names
     for (const char* name : {"<s>", "<|begin_of_text|>"})
       if (auto id = tok->token_id(name); id && tok->bos_id < 0) tok->bos_id = *id;
-    for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>"})
+    for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>"})
       if (auto id = tok->token_id(name); id && tok->eos_id < 0) tok->eos_id = *id;
   }
   // add_bos_token when given; otherwise a model that has a BOS token gets it.
