@@ -147,6 +147,7 @@ std::unique_ptr<Tokenizer> make_spm(const json& tj, JsonVocab v, const std::stri
     std::string scheme = pre->value("prepend_scheme", pre->value("add_prefix_space", true) ? "always" : "never");
     s.add_dummy_prefix = scheme != "never";
     s.prefix_every_fragment = scheme == "always";
+    s.prefix_unless_leading_space = true;
   }
   s.pieces = std::move(v.pieces);
   s.added = std::move(v.added);

@@ -30,6 +30,8 @@ struct SpmVocab {
   // Llama 2 "legacy" normalizer, llama.cpp); false: only the one that starts the text
   // (HF Metaspace prepend_scheme "first").
   bool prefix_every_fragment = true;
+  // HF Metaspace adds no "▁" to a fragment that already starts with a space.
+  bool prefix_unless_leading_space = false;
   int32_t unk_id = 0;
 };
 
