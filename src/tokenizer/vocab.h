@@ -44,4 +44,15 @@ struct BpeVocab {
   bool nfc = false;            // NFC-normalize text before pre-tokenizing (Qwen)
 };
 
+// Everything a tokenizer is made of, as read from tokenizer.json (+ config);
+// turned into a Tokenizer by build_tokenizer() or written to GGUF metadata.
+struct TokenizerSpec {
+  bool spm = false;  // SentencePiece-style (spm_vocab) or byte-level (bpe_vocab)
+  SpmVocab spm_vocab;
+  BpeVocab bpe_vocab;
+  int32_t bos_id = -1, eos_id = -1;
+  bool add_bos = false, add_eos = false;
+  std::string chat_template;
+};
+
 }  // namespace serval
