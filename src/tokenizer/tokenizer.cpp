@@ -1,23 +1,18 @@
 // Decoding shared by every tokenizer: whole sequences and streaming.
 #include "tokenizer/tokenizer.h"
 
-#include "core/error.h"
 #include "tokenizer/utf8.h"
 
 namespace serval {
 
 namespace {
 
-void check_id(const Tokenizer& tok, int32_t id) {
-  SERVAL_CHECK(id >= 0 && id < tok.vocab_size(), "token id ", id, " is out of range (vocabulary size ",
-               tok.vocab_size(), ")");
-}
-
 // The bytes `id` contributes at this point of a text, or nothing when skipped.
 // `at_start` tracks whether no token has been emitted yet (SentencePiece drops
-// the space of the first "▁").
+// the space of the first "▁"). Ids outside the vocabulary (a model's padded
+// embedding rows) decode to nothing, as in Hugging Face tokenizers.
 std::string piece_bytes(const Tokenizer& tok, int32_t id, bool skip_special, bool& at_start) {
-  check_id(tok, id);
+  if (id < 0 || id >= tok.vocab_size()) return {};
   if (skip_special && tok.is_special(id)) return {};
   std::string b = tok.token_bytes(id);
   if (at_start && tok.strips_leading_space() && !b.empty() && b[0] == ' ') b.erase(0, 1);

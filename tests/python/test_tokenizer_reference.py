@@ -197,8 +197,10 @@ def test_cli_single_text_and_decode(binary):
     p = run("--decode", "--ids", "[1, 403, 407, 261, 378]", "--skip-special")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "Once upon a time\n"
-    p = run("--decode", "--text", "[1, 99999]")
-    assert p.returncode != 0 and "out of range" in p.stderr
+    p = run("--decode", "--text", "[1, \"x\"]")
+    assert p.returncode != 0 and "integers" in p.stderr
+    p = run("--text", "x", "--input", "/nonexistent.jsonl")
+    assert p.returncode != 0 and "/nonexistent.jsonl" in p.stderr
 
 
 # ---- SentencePiece-style tokenizer.json (HF Llama 2 format) ------------------

@@ -45,6 +45,9 @@ TEST(TokenizerLoader, Llama3FromFolder) {
   EXPECT_EQ(tok->eos_ids.size(), 2u);  // Llama 3.0 has no <|eom_id|> (3.1 does)
   EXPECT_FALSE(tok->chat_template.empty());
   EXPECT_EQ(tok->encode("Hi", true), (std::vector<int32_t>{128000, 13347}));
+  // ignore_merges: " việc" is a vocabulary entry that the merges alone would
+  // split into [3355, 26298, 66] (checked with HF tokenizers, ignore_merges off).
+  EXPECT_EQ(tok->encode(" việc", false), std::vector<int32_t>{100769});
 }
 
 TEST(TokenizerLoader, Qwen3FromFolder) {
@@ -112,7 +115,8 @@ TEST(TokenizerLoader, MinimalByteLevelJson) {
   EXPECT_EQ(tok->decode({4, 3, 5}), "abcab");
   EXPECT_EQ(tok->decode({4, 3, 5}, false), "abcab<eos>");
   EXPECT_EQ(tok->eos_id, 5);  // no tokenizer_config.json: the usual names
-  EXPECT_THROW(tok->decode({6}), Error);
+  EXPECT_EQ(tok->decode({4, 6, -1}), "abc");  // ids outside the vocabulary decode to nothing
+  EXPECT_THROW(tok->token_bytes(6), Error);
 }
 
 }  // namespace
