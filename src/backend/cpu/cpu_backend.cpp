@@ -67,28 +67,6 @@ KvLayer CpuBackend::alloc_kv_layer(const KvGeometry& g) {
   return KvLayer{alloc(elems * int64_t(sizeof(float))), alloc(elems * int64_t(sizeof(float)))};
 }
 
-void CpuBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
-  const float* W = as_cpu(w).data();
-  const int64_t T = x.rows, in = x.cols, out = w.rows();
-  if (T == 0) return;
-  if (T == 1) {
-    // Decode: a matrix-vector product, bound by reading W once.
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, W, int(in), f32(x), 1, 0.0f, f32(y), 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, f32(x), int(in), W,
-                int(in), 0.0f, f32(y), int(out));
-  }
-  if (bias != nullptr) {
-    const float* b = as_cpu(*bias).data();
-    float* Y = f32(y);
-#pragma omp parallel for num_threads(threads_) if (T * out > 65536)
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = Y + t * out;
-      for (int64_t o = 0; o < out; ++o) row[o] += b[o];
-    }
-  }
-}
-
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
 }  // namespace serval
