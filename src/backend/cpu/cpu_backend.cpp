@@ -25,8 +25,8 @@ const CpuWeight& as_cpu(const DeviceWeight& w) {
 CpuBackend::CpuBackend(int threads) {
   SERVAL_CHECK(threads >= 0, "cpu backend: threads must be >= 0, got ", threads);
   threads_ = threads > 0 ? threads : omp_get_num_procs();
-  // OpenBLAS keeps its own thread pool; give it the same budget.
-  openblas_set_num_threads(threads_);
+  // OpenBLAS runs single-threaded inside our OpenMP threads (see cpu_matmul.cpp).
+  openblas_set_num_threads(1);
   scores_.resize(threads_);
 }
 

@@ -1,8 +1,10 @@
 // y = x @ W^T on the CPU. Decode-sized batches (a few rows) stream W once with
-// our own OpenMP kernel, so that reading the weights is the whole cost and the
-// threads are the same pool as the other kernels; larger batches (prefill) are
-// a real GEMM through OpenBLAS.
+// our own OpenMP kernel, so that reading the weights is the whole cost; larger
+// batches (prefill) are a real GEMM through OpenBLAS, split over the OpenMP
+// threads by output columns.
 #include <cblas.h>
+
+#include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
 
@@ -39,8 +41,21 @@ void CpuBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeig
   if (T <= kMaxStreamRows) {
     stream_matmul(f32(x), W, f32(y), T, in, out, threads_);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, f32(x), int(in), W,
-                int(in), 0.0f, f32(y), int(out));
+    // Each thread multiplies by its own slice of W's rows (columns of y) with a
+    // single-threaded sgemm: one OpenMP pool for everything. OpenBLAS's own
+    // pthread pool would fight OpenMP's spinning workers for the cores.
+    const int64_t slices = (T * out * in > (int64_t(1) << 20)) ? threads_ : 1;
+    const int64_t per = ((out + slices - 1) / slices + 15) / 16 * 16;
+    const float* X = f32(x);
+    float* Y = f32(y);
+#pragma omp parallel for num_threads(threads_) schedule(static) if (slices > 1)
+    for (int64_t s = 0; s < slices; ++s) {
+      const int64_t o0 = s * per;
+      const int64_t n = std::min(per, out - o0);
+      if (n <= 0) continue;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(n), int(in), 1.0f, X, int(in), W + o0 * in,
+                  int(in), 0.0f, Y + o0, int(out));
+    }
   }
   if (bias != nullptr) {
     const float* b = as_cpu(*bias).data();
