@@ -15,7 +15,7 @@ namespace serval::testing {
 namespace {
 
 constexpr int32_t kBlock = 4;
-constexpr int32_t kPool = 64;
+constexpr int32_t kPool = 128;
 // Different GEMM shapes may round differently; anything beyond this is a bug.
 constexpr double kTol = 2e-5;
 
@@ -173,6 +173,24 @@ TEST(BatchInvariance, NoLogitsRowsReturnsEmptyLogitsButFillsCache) {
   EXPECT_TRUE(logits.empty());
   r->forward(seqs.step({s}, {{p.begin() + 8, p.end()}}, false), logits);
   EXPECT_LT(rel_error(logits, f.row(f.whole_prefill(p), p.size() - 1)), kTol);
+}
+
+TEST(BatchInvariance, BatchLargerThanTheWorkspaceGrowsIt) {
+  // The runner starts with room for min(max_position, 512) = 256 tokens a step.
+  Fixture f;
+  const std::vector<std::vector<int32_t>> prompts = {f.prompt(150, 13), f.prompt(140, 14)};
+  auto r = f.runner();
+  PagedSeqs seqs(kBlock, Fixture::contiguous(), 40);
+  std::vector<float> together;
+  r->forward(seqs.step({seqs.add_sequence(), seqs.add_sequence()}, prompts, false), together);
+  ASSERT_EQ(together.size(), 2 * size_t(f.cfg.vocab_size));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto alone = f.runner();
+    PagedSeqs one(kBlock, Fixture::contiguous(), 40);
+    std::vector<float> logits;
+    alone->forward(one.step({one.add_sequence()}, {prompts[i]}, false), logits);
+    EXPECT_LT(rel_error(f.row(together, i), logits), kTol) << "sequence " << i;
+  }
 }
 
 }  // namespace
