@@ -60,6 +60,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = Q + t * num_heads * D + (kvh * group + h) * D;
         float dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
         scores[h * n_ctx + j] = dot * scale;
       }
@@ -84,6 +85,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
       for (int64_t h = 0; h < group; ++h) {
         const float p = scores[h * n_ctx + j];
         float* oh = O + t * num_heads * D + (kvh * group + h) * D;
+#pragma omp simd
         for (int64_t d = 0; d < D; ++d) oh[d] += p * vj[d];
       }
     }
