@@ -26,12 +26,18 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
   // Prepares weights for `opts.device` (for the CPU: converted to f32) and
   // allocates the KV pool. Throws serval::Error on unknown devices or missing
-  // or mis-shaped tensors.
+  // or mis-shaped tensors. `weights` may be released afterwards: the runner
+  // keeps its own copy. An optional rope_freqs.weight tensor (GGUF Llama 3.1)
+  // divides the RoPE frequencies and replaces llama3 rope_scaling.
   static std::unique_ptr<ModelRunner> create(const ModelConfig& config, const WeightStore& weights,
                                              const RunnerOptions& opts);
 
   // Runs one step. Writes K/V of the new tokens to batch.slot_mapping and
-  // returns logits of batch.logits_rows, row-major [R, vocab_size], in `logits`.
+  // returns logits of batch.logits_rows, row-major [R, vocab_size], in `logits`
+  // (empty when R == 0). The batch is validated first (Batch::validate, token
+  // ids < vocab_size, context_len <= max_position): a bad batch throws
+  // serval::Error and touches nothing. Not thread-safe: one caller at a time
+  // (the engine loop).
   virtual void forward(const Batch& batch, std::vector<float>& logits) = 0;
 
   virtual const ModelConfig& config() const = 0;
