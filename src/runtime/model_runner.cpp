@@ -31,6 +31,7 @@ class BackendModelRunner : public ModelRunner {
   BackendModelRunner(const ModelConfig& config, const WeightStore& weights, const RunnerOptions& opts);
 
   void forward(const Batch& batch, std::vector<float>& logits) override;
+  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   const ModelConfig& config() const override { return cfg_; }
   int32_t block_size() const override { return geom_.block_size; }
   int64_t num_blocks() const override { return geom_.num_blocks; }
@@ -279,7 +280,21 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
   be.tensor_to_host(out, logits.data());
 }
 
+void BackendModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+  for (const auto& [src, dst] : src_dst) {
+    SERVAL_CHECK(src >= 0 && src < geom_.num_blocks && dst >= 0 && dst < geom_.num_blocks, "copy_blocks: ", src,
+                 " -> ", dst, " is outside the pool of ", geom_.num_blocks, " blocks");
+  }
+  for (const KvLayer& layer : kv_)
+    for (const auto& [src, dst] : src_dst)
+      if (src != dst) backend_->copy_kv_block(layer, geom_, src, dst);
+}
+
 }  // namespace
+
+void ModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) {
+  fail("this model runner cannot copy KV blocks");
+}
 
 std::unique_ptr<ModelRunner> ModelRunner::create(const ModelConfig& config, const WeightStore& weights,
                                                  const RunnerOptions& opts) {

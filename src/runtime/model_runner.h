@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model_config.h"
@@ -39,6 +40,11 @@ class ModelRunner {
   // serval::Error and touches nothing. Not thread-safe: one caller at a time
   // (the engine loop).
   virtual void forward(const Batch& batch, std::vector<float>& logits) = 0;
+
+  // Copies whole KV blocks (every layer, K and V): for each pair, block
+  // `first` to block `second`. For copy-on-write of a shared partial block
+  // when a sequence forks. Throws if a block id is outside the pool.
+  virtual void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst);
 
   virtual const ModelConfig& config() const = 0;
   virtual int32_t block_size() const = 0;

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "core/error.h"
 #include "runtime/model_runner.h"
 #include "tiny_model.h"
 
@@ -191,6 +192,31 @@ TEST(BatchInvariance, BatchLargerThanTheWorkspaceGrowsIt) {
     alone->forward(one.step({one.add_sequence()}, {prompts[i]}, false), logits);
     EXPECT_LT(rel_error(f.row(together, i), logits), kTol) << "sequence " << i;
   }
+}
+
+TEST(BatchInvariance, ForkWithCopiedPartialBlockEqualsFreshRuns) {
+  // Copy-on-write: B forks A after a 10-token prompt (2 full blocks shared, the
+  // partial third block copied), then both decode different tokens in one step.
+  Fixture f;
+  const std::vector<int32_t> p = f.prompt(10, 15);
+  auto r = f.runner();
+  std::vector<int32_t> blocks = Fixture::contiguous();
+  std::shuffle(blocks.begin(), blocks.end(), std::mt19937(5));
+  PagedSeqs seqs(kBlock, blocks, 16);
+  const int a = seqs.add_sequence();
+  std::vector<float> logits;
+  r->forward(seqs.step({a}, {p}, false), logits);
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  const int b = seqs.fork(a, copies);
+  ASSERT_EQ(copies.size(), 1u);
+  r->copy_blocks(copies);
+  r->forward(seqs.step({a, b}, {{3}, {4}}, false), logits);
+  std::vector<int32_t> pa = p, pb = p;
+  pa.push_back(3);
+  pb.push_back(4);
+  EXPECT_LT(rel_error(f.row(logits, 0), f.row(f.whole_prefill(pa), pa.size() - 1)), kTol);
+  EXPECT_LT(rel_error(f.row(logits, 1), f.row(f.whole_prefill(pb), pb.size() - 1)), kTol);
+  EXPECT_THROW(r->copy_blocks({{0, kPool}}), Error);
 }
 
 }  // namespace
