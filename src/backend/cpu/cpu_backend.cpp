@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -58,7 +59,15 @@ std::unique_ptr<DeviceWeight> CpuBackend::upload_weight(const TensorView& view) 
   for (int64_t d : view.shape) n *= d;
   SERVAL_CHECK(view.data != nullptr || n == 0, "tensor \"", view.name, "\" has no data");
   std::vector<float> values(static_cast<size_t>(n));
-  to_f32(view.dtype, view.data, values.data(), n);
+  // Convert in block-aligned chunks on all threads: a 1B model is ~1.2G values.
+  const int64_t block = dtype_block_elems(view.dtype);
+  const int64_t chunk = std::max<int64_t>(1 << 16, (n / threads_ + block - 1) / block * block);
+  const auto* src = static_cast<const uint8_t*>(view.data);
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n > (1 << 20))
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    to_f32(view.dtype, src + dtype_bytes(view.dtype, start), values.data() + start, len);
+  }
   return std::make_unique<CpuWeight>(view.name, view.shape, std::move(values));
 }
 
