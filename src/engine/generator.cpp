@@ -157,6 +157,7 @@ int64_t Generator::step(std::vector<Sequence*>& running, GenerationResult& resul
       event.token = sampled.token;
       event.logprobs = seq.params().logprobs >= 0 ? &seq.output_logprobs().back() : nullptr;
       event.finish = finish;
+      event.logits = logits;
       on_token(event);
     }
   }

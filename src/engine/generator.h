@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "engine/batch_builder.h"
@@ -34,6 +35,9 @@ struct TokenEvent {
   int32_t token = -1;
   const Logprobs* logprobs = nullptr;     // when params.logprobs >= 0
   FinishReason finish = FinishReason::kNone;  // set on the sequence's last token
+  // The model's raw logits row the token was sampled from (before penalties
+  // and temperature). Valid only during the callback.
+  std::span<const float> logits;
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 

@@ -157,8 +157,10 @@ TEST(Generator, CallbackStreamsEveryTokenWithFinishOnTheLast) {
   GenerationRequest b = greedy_request(iota_prompt(9, 2), 3);
   std::map<int32_t, std::vector<TokenEvent>> events;
   std::map<int32_t, std::vector<Logprobs>> logprobs;
+  std::vector<float> first_logits;
   const GenerationResult r = gen.generate({a, b}, [&](const TokenEvent& e) {
     events[e.seq_index].push_back(e);
+    if (e.seq_index == 1 && first_logits.empty()) first_logits.assign(e.logits.begin(), e.logits.end());
     if (e.logprobs) logprobs[e.seq_index].push_back(*e.logprobs);
   });
   for (int32_t s : {0, 1}) {
@@ -169,6 +171,7 @@ TEST(Generator, CallbackStreamsEveryTokenWithFinishOnTheLast) {
       EXPECT_EQ(ev[i].finish, i + 1 == ev.size() ? FinishReason::kLength : FinishReason::kNone);
     }
   }
+  EXPECT_EQ(first_logits, FakeModelRunner::toy_logits(b.prompt_ids, kVocab));
   ASSERT_EQ(logprobs[0].size(), 6u);
   EXPECT_TRUE(logprobs[1].empty());
   ASSERT_EQ(r.sequences[0].logprobs.size(), 6u);
