@@ -5,6 +5,7 @@
 // out-of-range tensors, unsupported tensor types when requested) throws
 // serval::Error with a message naming the problem and the file.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,8 +39,21 @@ struct GgufValue {
   size_t array_size() const;
 };
 
-// ggml tensor type ids as stored in GGUF.
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, BF16 = 30 };
+// ggml tensor type ids as stored in GGUF (llama.cpp's ggml.h).
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
+  IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
+  TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
+};
+// Name and block layout of a ggml type; nullptr for ids ggml does not define.
+struct GgmlTypeTraits {
+  const char* name;
+  int64_t block_elems;
+  int64_t block_bytes;
+};
+const GgmlTypeTraits* ggml_type_traits(uint32_t type);
 // The name llama.cpp gives a ggml type id ("Q4_K", "IQ2_XS", ...), or "type N".
 std::string ggml_type_name(uint32_t type);
 // Serval dtype of a ggml type, or throws `tensor "NAME" has type Q4_K, which Serval
@@ -67,6 +81,8 @@ class GgufFile {
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }  // start of tensor data in the file
+  uint64_t file_size() const { return file_size_; }
   const std::string& path() const { return path_; }
   const std::map<std::string, GgufValue>& metadata() const { return kv_; }
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
@@ -91,6 +107,8 @@ class GgufFile {
   std::string path_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  uint64_t file_size_ = 0;
   std::map<std::string, GgufValue> kv_;
   std::vector<GgufTensorInfo> tensors_;
   std::map<std::string, size_t> tensor_index_;
@@ -98,31 +116,70 @@ class GgufFile {
   friend class GgufParser;
 };
 
-// GGUF v3 writer: metadata in insertion order, then tensor infos, then aligned data.
+// GGUF writer (v3 by default): metadata in insertion order, then tensor infos,
+// then aligned tensor data. The output is mmap'd and tensors are filled in
+// parallel, straight into the mapping, so multi-GB models are written quickly.
 class GgufWriter {
  public:
-  void set_string(const std::string& key, const std::string& v);
+  // Fills `nbytes` bytes at `dst` (the tensor's place in the output mapping).
+  using Generator = std::function<void(void* dst, int64_t nbytes)>;
+
+  void set_u8(const std::string& key, uint8_t v);
+  void set_i8(const std::string& key, int8_t v);
+  void set_u16(const std::string& key, uint16_t v);
+  void set_i16(const std::string& key, int16_t v);
   void set_u32(const std::string& key, uint32_t v);
   void set_i32(const std::string& key, int32_t v);
   void set_u64(const std::string& key, uint64_t v);
+  void set_i64(const std::string& key, int64_t v);
   void set_f32(const std::string& key, float v);
+  void set_f64(const std::string& key, double v);
   void set_bool(const std::string& key, bool v);
+  void set_string(const std::string& key, const std::string& v);
   void set_string_array(const std::string& key, const std::vector<std::string>& v);
   void set_f32_array(const std::string& key, const std::vector<float>& v);
   void set_i32_array(const std::string& key, const std::vector<int32_t>& v);
-  void set_value(const std::string& key, const GgufValue& v);  // copies any value (for re-writing)
+  // Copies any value (for re-writing, and for arrays of other element types);
+  // a key set twice keeps its first position and takes the new value.
+  void set_value(const std::string& key, const GgufValue& v);
+  // Power of two; also written as general.alignment when not 32.
+  void set_alignment(uint64_t alignment);
+  // 2 or 3 (the formats are the same for little-endian files; 2 is for tests).
+  void set_version(uint32_t version) { version_ = version; }
+
   // Adds a tensor with an outermost-first shape; `data` must stay valid until write().
   void add_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                   const void* data, int64_t nbytes);
+  // Same, with a raw ggml type id (any type ggml defines, e.g. for test files).
+  void add_tensor_raw(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape,
+                      const void* data, int64_t nbytes);
+  // Adds a tensor whose bytes `fill` writes directly into the output mapping.
+  // Generators run in parallel (one tensor per thread), so each must be thread-safe.
+  void add_tensor_generated(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            Generator fill);
+  size_t tensor_count() const { return tensors_.size(); }
+
   // Writes the file; throws on I/O errors naming the path.
   void write(const std::string& path) const;
 
  private:
   struct Entry { std::string key; GgufValue value; };
-  struct Tensor { std::string name; DType dtype; std::vector<int64_t> shape; const void* data; int64_t nbytes; };
+  struct Tensor {
+    std::string name;
+    uint32_t ggml_type;
+    std::vector<int64_t> shape;
+    const void* data;
+    int64_t nbytes;
+    Generator fill;
+  };
+  void add_tensor_impl(Tensor t);
+  std::vector<uint8_t> header_bytes(std::vector<uint64_t>& offsets, uint64_t& data_size) const;
   std::vector<Entry> kv_;
+  std::map<std::string, size_t> kv_index_;
   std::vector<Tensor> tensors_;
+  std::map<std::string, size_t> tensor_index_;
   uint64_t alignment_ = 32;
+  uint32_t version_ = 3;
 };
 
 }  // namespace serval

@@ -27,6 +27,13 @@ struct TensorView {
   std::string shape_str() const;  // "[4096, 4096]"
 };
 
+// "[4096, 4096]"
+std::string shape_string(const std::vector<int64_t>& shape);
+// Bytes a tensor of this dtype and outermost-first shape takes (rows of the innermost
+// dimension, each a whole number of blocks); throws naming `name` when the innermost
+// dimension is not a multiple of the block size or the size overflows.
+int64_t tensor_nbytes(DType dtype, const std::vector<int64_t>& shape, const std::string& name);
+
 class WeightStore {
  public:
   // Adds a tensor; throws if the name is already present or nbytes does not match
@@ -43,6 +50,7 @@ class WeightStore {
   // Throws naming the tensor, the expected and the actual shape when they differ.
   const TensorView& get(const std::string& name, const std::vector<int64_t>& expected_shape) const;
   const std::map<std::string, TensorView>& all() const { return tensors_; }
+  size_t size() const { return tensors_.size(); }
 
  private:
   std::map<std::string, TensorView> tensors_;

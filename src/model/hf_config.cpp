@@ -1,0 +1,135 @@
+// config.json (Hugging Face transformers) -> ModelConfig.
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/hf_model.h"
+#include "model/mapped_file.h"
+
+namespace serval {
+
+namespace {
+
+using nlohmann::json;
+
+std::string architecture_from_hf(const json& j) {
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
+    const json& a = j["architectures"][0];
+    if (!a.is_string()) fail("\"architectures\" must hold strings");
+    const std::string name = a.get<std::string>();
+    if (name == "LlamaForCausalLM" || name == "MistralForCausalLM") return "llama";
+    if (name == "Qwen2ForCausalLM") return "qwen2";
+    if (name == "Qwen3ForCausalLM") return "qwen3";
+    check_architecture_supported(name);  // throws naming it
+  }
+  if (j.contains("model_type") && j["model_type"].is_string()) {
+    const std::string t = j["model_type"].get<std::string>();
+    if (t == "llama" || t == "mistral") return "llama";
+    check_architecture_supported(t);
+    return t;
+  }
+  fail("config has neither \"architectures\" nor \"model_type\"");
+}
+
+int64_t get_int(const json& j, const char* key, int64_t dflt = -1) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (dflt < 0) fail("missing \"", key, "\"");
+    return dflt;
+  }
+  const json& v = j[key];
+  if (!v.is_number_integer()) fail("\"", key, "\" must be an integer");
+  const int64_t x = v.get<int64_t>();
+  if (x <= 0 || x > (int64_t(1) << 26)) fail("\"", key, "\" = ", x, " is out of range");
+  return x;
+}
+
+double get_num(const json& j, const char* key, double dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number()) fail("\"", key, "\" must be a number");
+  return j[key].get<double>();
+}
+
+bool get_bool(const json& j, const char* key, bool dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_boolean()) fail("\"", key, "\" must be true or false");
+  return j[key].get<bool>();
+}
+
+RopeScaling rope_scaling_from_hf(const json& j) {
+  RopeScaling rs;
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return rs;
+  const json& r = j["rope_scaling"];
+  if (!r.is_object()) fail("\"rope_scaling\" must be an object or null");
+  std::string type;
+  if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"].get<std::string>();
+  else if (r.contains("type") && r["type"].is_string()) type = r["type"].get<std::string>();
+  if (type.empty() || type == "default") return rs;
+  rs.factor = float(get_num(r, "factor", 1.0));
+  if (!(rs.factor > 0)) fail("rope_scaling factor must be positive");
+  if (type == "linear") {
+    rs.type = RopeScaling::Type::Linear;
+  } else if (type == "llama3") {
+    rs.type = RopeScaling::Type::Llama3;
+    rs.low_freq_factor = float(get_num(r, "low_freq_factor", rs.low_freq_factor));
+    rs.high_freq_factor = float(get_num(r, "high_freq_factor", rs.high_freq_factor));
+    rs.original_max_position = get_int(r, "original_max_position_embeddings", rs.original_max_position);
+  } else {
+    fail("rope_scaling type \"", type, "\" is not supported (supported: linear, llama3)");
+  }
+  return rs;
+}
+
+}  // namespace
+
+ModelConfig config_from_hf_json(const std::string& text, const std::string& label) {
+  try {
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::exception& e) {
+      fail("not valid JSON: ", e.what());
+    }
+    if (!j.is_object()) fail("must be a JSON object");
+    ModelConfig c;
+    c.architecture = architecture_from_hf(j);
+    if (j.contains("_name_or_path") && j["_name_or_path"].is_string()) c.name = j["_name_or_path"].get<std::string>();
+    if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"] != "silu")
+      fail("hidden_act \"", j["hidden_act"].get<std::string>(), "\" is not supported (supported: silu)");
+    c.vocab_size = get_int(j, "vocab_size");
+    c.hidden_size = get_int(j, "hidden_size");
+    c.intermediate_size = get_int(j, "intermediate_size");
+    c.num_layers = get_int(j, "num_hidden_layers");
+    c.num_heads = get_int(j, "num_attention_heads");
+    c.num_kv_heads = get_int(j, "num_key_value_heads", c.num_heads);
+    c.head_dim = get_int(j, "head_dim", std::max<int64_t>(1, c.hidden_size / c.num_heads));
+    c.rope_dim = c.head_dim;
+    c.max_position = get_int(j, "max_position_embeddings", 2048);
+    c.rms_eps = float(get_num(j, "rms_norm_eps", 1e-6));
+    c.rope_theta = float(get_num(j, "rope_theta", 10000.0));
+    c.rope_scaling = rope_scaling_from_hf(j);
+    c.rope_style = RopeStyle::Neox;  // HF checkpoints keep q/k rows in rotate_half order
+    c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false);
+    // Qwen2 always has q/k/v biases; llama and qwen3 say so in attention_bias.
+    c.attention_bias = get_bool(j, "attention_bias", c.architecture == "qwen2");
+    c.qk_norm = c.architecture == "qwen3";
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
+        !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() && !j["use_sliding_window"].get<bool>())) {
+      const int64_t window = get_int(j, "sliding_window");
+      if (window < c.max_position)
+        fail("sliding window attention (sliding_window ", window, " < max_position_embeddings ", c.max_position,
+             ") is not supported");
+    }
+    c.validate();
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    fail("\"", label, "\": ", e.what());
+  } catch (const Error& e) {
+    fail("\"", label, "\": ", e.what());
+  }
+}
+
+ModelConfig config_from_hf_folder(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  return config_from_hf_json(read_text_file(path), path);
+}
+
+}  // namespace serval

@@ -1,0 +1,126 @@
+// Hugging Face folder loader: config.json + safetensors (single file or shards).
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/hf_model.h"
+#include "model/mapped_file.h"
+#include "model/model_shapes.h"
+#include "model/safetensors.h"
+
+namespace serval {
+
+namespace fs = std::filesystem;
+
+std::string gguf_name_from_hf(const std::string& n) {
+  static const std::map<std::string, std::string> top = {
+      {"model.embed_tokens.weight", "token_embd.weight"},
+      {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"},
+  };
+  if (auto it = top.find(n); it != top.end()) return it->second;
+  static const std::map<std::string, std::string> layer = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  static const std::regex re(R"(model\.layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(n, m, re)) {
+    if (auto it = layer.find(m[2].str()); it != layer.end()) return "blk." + m[1].str() + "." + it->second;
+  }
+  return "";
+}
+
+namespace {
+
+// The safetensors files of a folder: the shards named by the index, or model.safetensors.
+std::vector<std::string> weight_files(const std::string& dir, std::map<std::string, std::string>& weight_map) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text_file(index.string()));
+    } catch (const nlohmann::json::exception& e) {
+      fail("\"", index.string(), "\" is not valid JSON: ", e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      fail("\"", index.string(), "\" has no weight_map object");
+    std::set<std::string> files;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) fail("\"", index.string(), "\": weight_map values must be file names");
+      const std::string file = it.value().get<std::string>();
+      // Shards live beside the index; a path elsewhere is not a shard.
+      if (file.empty() || file.find('/') != std::string::npos || file == "..")
+        fail("\"", index.string(), "\": bad shard file name \"", file, "\"");
+      weight_map[it.key()] = file;
+      files.insert(file);
+    }
+    return {files.begin(), files.end()};
+  }
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(single))
+    fail("model folder \"", dir, "\" has neither model.safetensors nor model.safetensors.index.json");
+  return {"model.safetensors"};
+}
+
+}  // namespace
+
+LoadedModel load_hf_model(const std::string& dir) {
+  LoadedModel m;
+  m.config = config_from_hf_folder(dir);
+  m.path = dir;
+  m.format = "hf";
+  std::map<std::string, std::string> weight_map;
+  for (const std::string& file : weight_files(dir, weight_map)) {
+    auto st = SafetensorsFile::open((fs::path(dir) / file).string());
+    for (const SafetensorsTensor& t : st->tensors()) {
+      if (!weight_map.empty()) {
+        auto it = weight_map.find(t.name);
+        if (it == weight_map.end() || it->second != file) continue;  // the index places it elsewhere
+      }
+      const std::string name = gguf_name_from_hf(t.name);
+      if (name.empty()) continue;
+      if (name == "output.weight" && m.config.tie_word_embeddings) continue;
+      TensorView v;
+      v.name = name;
+      v.dtype = dtype_from_safetensors(t.dtype, t.name);
+      v.shape = t.shape;
+      v.data = t.data;
+      v.nbytes = t.nbytes;
+      try {
+        m.weights.add(std::move(v));
+      } catch (const Error& e) {
+        fail("\"", st->path(), "\": ", e.what());
+      }
+    }
+    m.weights.keep_alive(st);
+  }
+  for (const auto& [hf_name, file] : weight_map) {
+    const std::string name = gguf_name_from_hf(hf_name);
+    if (!name.empty() && !m.weights.find(name) && !(name == "output.weight" && m.config.tie_word_embeddings))
+      fail("model folder \"", dir, "\": tensor \"", hf_name, "\" is listed in the index but not in \"", file, "\"");
+  }
+  try {
+    check_weight_shapes(m.config, m.weights);
+  } catch (const Error& e) {
+    fail("model folder \"", dir, "\": ", e.what());
+  }
+  return m;
+}
+
+}  // namespace serval

@@ -1,0 +1,133 @@
+#pragma once
+// Helpers for model tests: tiny models written with Serval's own writers, the
+// shared test models' paths, and a scratch directory.
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/model_loader.h"
+#include "model/model_shapes.h"
+
+namespace serval::testing {
+
+inline std::string shared_model(const std::string& rel) { return models_dir() + "/" + rel; }
+
+// Skips the test when a shared model is missing (e.g. SERVAL_MODELS unset).
+#define SERVAL_REQUIRE_MODEL(path)                                                    \
+  do {                                                                                \
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "missing test model " << path; \
+  } while (0)
+
+// A fresh directory under the system temp dir, removed at destruction.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    static int counter = 0;
+    path_ = std::filesystem::temp_directory_path() /
+            ("serval_model_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline ModelConfig tiny_config(const std::string& arch = "llama") {
+  ModelConfig c;
+  c.architecture = arch;
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.rope_dim = 8;
+  c.max_position = 128;
+  c.rms_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  c.attention_bias = arch == "qwen2";
+  c.qk_norm = arch == "qwen3";
+  return c;
+}
+
+// Random bytes for a tensor of `dtype` (quantized blocks built from random floats).
+inline std::vector<uint8_t> random_tensor_bytes(DType dtype, const std::vector<int64_t>& shape, uint32_t seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  std::vector<float> f(static_cast<size_t>(n));
+  for (float& x : f) x = dist(rng);
+  std::vector<uint8_t> out(size_t(dtype_bytes(dtype, n)));
+  from_f32(dtype, f.data(), out.data(), n);
+  return out;
+}
+
+// Holds tensor bytes for a GgufWriter until write().
+struct TinyGguf {
+  GgufWriter writer;
+  std::vector<std::vector<uint8_t>> buffers;
+  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, uint32_t seed) {
+    buffers.push_back(random_tensor_bytes(dtype, shape, seed));
+    writer.add_tensor(name, dtype, shape, buffers.back().data(), int64_t(buffers.back().size()));
+  }
+};
+
+// Writes GGUF metadata for `c` (llama.cpp keys) and random tensors of its shapes.
+inline void fill_tiny_gguf(TinyGguf& g, const ModelConfig& c, DType dtype = DType::F32) {
+  const std::string a = c.architecture;
+  g.writer.set_string("general.architecture", a);
+  g.writer.set_string("general.name", "tiny");
+  g.writer.set_u32(a + ".context_length", uint32_t(c.max_position));
+  g.writer.set_u32(a + ".embedding_length", uint32_t(c.hidden_size));
+  g.writer.set_u32(a + ".feed_forward_length", uint32_t(c.intermediate_size));
+  g.writer.set_u32(a + ".block_count", uint32_t(c.num_layers));
+  g.writer.set_u32(a + ".attention.head_count", uint32_t(c.num_heads));
+  g.writer.set_u32(a + ".attention.head_count_kv", uint32_t(c.num_kv_heads));
+  g.writer.set_u32(a + ".rope.dimension_count", uint32_t(c.rope_dim));
+  g.writer.set_f32(a + ".attention.layer_norm_rms_epsilon", c.rms_eps);
+  g.writer.set_f32(a + ".rope.freq_base", c.rope_theta);
+  std::vector<std::string> tokens;
+  for (int64_t i = 0; i < c.vocab_size; ++i) tokens.push_back("t" + std::to_string(i));
+  g.writer.set_string("tokenizer.ggml.model", "gpt2");
+  g.writer.set_string_array("tokenizer.ggml.tokens", tokens);
+  uint32_t seed = 1;
+  for (const ExpectedTensor& e : expected_tensors(c)) {
+    const bool is_vector = e.shape.size() == 1;
+    g.add(e.name, is_vector ? DType::F32 : dtype, e.shape, seed++);
+  }
+}
+
+inline void write_tiny_gguf(const std::string& path, const ModelConfig& c, DType dtype = DType::F32) {
+  TinyGguf g;
+  fill_tiny_gguf(g, c, dtype);
+  g.writer.write(path);
+}
+
+// Asserts that `fn` throws serval::Error whose message contains every piece.
+template <typename Fn>
+void expect_error(Fn&& fn, std::initializer_list<std::string> pieces) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected serval::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
+  }
+}
+
+}  // namespace serval::testing
