@@ -205,6 +205,23 @@ TEST(Generator, TimingsAreReported) {
   EXPECT_GE(r.stats.total_s, r.stats.prefill_s + r.stats.decode_s);
 }
 
+TEST(Generator, AnExceptionMidRunFreesTheCacheAndLeavesTheGeneratorUsable) {
+  FakeModelRunner runner(kVocab, 4, 16);
+  Generator gen(runner);
+  const std::vector<GenerationRequest> requests = {greedy_request(iota_prompt(6, 1), 8),
+                                                   greedy_request(iota_prompt(3, 2), 8)};
+  int calls = 0;
+  EXPECT_THROW(gen.generate(requests,
+                            [&](const TokenEvent&) {
+                              if (++calls == 5) throw Error("client went away");
+                            }),
+               Error);
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(gen.kv().usage().used_blocks, 0);
+  const GenerationResult r = gen.generate(requests);
+  EXPECT_EQ(r.sequences[0].token_ids, toy_greedy(requests[0].prompt_ids, kVocab, 8));
+}
+
 TEST(Generator, RejectsBadRequestsBeforeRunningAnything) {
   FakeModelRunner runner(kVocab, 4, 8, /*max_position=*/40);
   Generator gen(runner);
