@@ -100,6 +100,42 @@ JsonVocab read_vocab(const json& tj, const std::string& path) {
   return v;
 }
 
+
+// Which special tokens encode(add_special) puts around a text, as transformers
+// decides: a TemplateProcessing post-processor in tokenizer.json says it
+// outright; Llama tokenizer classes rebuild that template from add_bos_token
+// (default true) and add_eos_token; any other class adds nothing.
+void set_special_tokens_added(const json& tj, const json& cfg, Tokenizer& tok) {
+  const json* tmpl = nullptr;
+  if (tj.contains("post_processor") && tj["post_processor"].is_object()) {
+    const json& pp = tj["post_processor"];
+    if (pp.value("type", "") == "TemplateProcessing") tmpl = &pp;
+    if (pp.value("type", "") == "Sequence" && pp.contains("processors") && pp["processors"].is_array())
+      for (const json& p : pp["processors"])
+        if (p.is_object() && p.value("type", "") == "TemplateProcessing") tmpl = &p;
+  }
+  const std::string cls = cfg.is_object() ? cfg.value("tokenizer_class", "") : "";
+  auto flag = [&](const char* key, bool dflt) {
+    return cfg.contains(key) && cfg[key].is_boolean() ? cfg[key].get<bool>() : dflt;
+  };
+  if (cls.find("Llama") != std::string::npos) {
+    tok.add_bos = flag("add_bos_token", true) && tok.bos_id >= 0;
+    tok.add_eos = flag("add_eos_token", false) && tok.eos_id >= 0;
+    return;
+  }
+  tok.add_bos = tok.add_eos = false;
+  if (!tmpl || !tmpl->contains("single") || !(*tmpl)["single"].is_array()) return;
+  bool before_text = true;
+  for (const json& item : (*tmpl)["single"]) {
+    if (item.contains("Sequence")) { before_text = false; continue; }
+    if (!item.contains("SpecialToken")) continue;
+    const auto id = tok.token_id(item["SpecialToken"].value("id", ""));
+    if (!id) continue;
+    if (before_text) { tok.add_bos = true; if (tok.bos_id < 0) tok.bos_id = *id; }
+    else { tok.add_eos = true; if (tok.eos_id < 0) tok.eos_id = *id; }
+  }
+}
+
 std::unique_ptr<Tokenizer> make_spm(const json& tj, JsonVocab v, const std::string& path) {
   SpmVocab s;
   const size_t n = v.pieces.size();
@@ -209,11 +245,7 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& json_path, con
     for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>"})
       if (auto id = tok->token_id(name); id && tok->eos_id < 0) tok->eos_id = *id;
   }
-  // add_bos_token when given; otherwise a model that has a BOS token gets it.
-  tok->add_bos = cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()
-                     ? cfg["add_bos_token"].get<bool>()
-                     : tok->bos_id >= 0;
-  tok->add_eos = cfg.value("add_eos_token", false) && tok->eos_id >= 0;
+  set_special_tokens_added(tj, cfg, *tok);
   if (cfg.contains("chat_template")) {
     const json& ct = cfg["chat_template"];
     if (ct.is_string()) {
