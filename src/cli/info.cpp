@@ -17,7 +17,7 @@ struct InfoOptions {
   double bandwidth_gbs = 4261.0;  // H200 copy bandwidth measured on this project's card
   double tflops = 736.0;          // H200 bf16 dense matmul measured likewise
   std::string kv_dtype = "bf16";
-  int64_t context = 0;            // 0: the model's context length
+  int64_t context = 1024;         // tokens per sequence for the roofline and capacity
 };
 
 std::string human_bytes(double b) {
@@ -114,7 +114,7 @@ void register_info(CLI::App& app, Action& action) {
   sub->add_option("--bandwidth-gbs", o->bandwidth_gbs, "memory bandwidth in GB/s (default: H200 measured, 4261)");
   sub->add_option("--tflops", o->tflops, "dense matmul throughput in TFLOP/s (default: H200 bf16 measured, 736)");
   sub->add_option("--kv-dtype", o->kv_dtype, "KV cache element type (f32, f16, bf16)");
-  sub->add_option("--context", o->context, "tokens per sequence for the plan (default: model's context length)");
+  sub->add_option("--context", o->context, "tokens of context per sequence for the plan (default 1024)");
   sub->callback([&action, o] { action = [o] { return run_info(*o); }; });
 }
 

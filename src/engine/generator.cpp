@@ -70,6 +70,27 @@ GenerationResult Generator::generate(const std::vector<GenerationRequest>& reque
     result.stats.prompt_tokens += int64_t(r.prompt_ids.size());
   }
 
+  try {
+    run(seqs, result, on_token, t0);
+  } catch (...) {
+    // Leave the cache as we found it, so the Generator stays usable.
+    for (Sequence& seq : seqs)
+      if (seq.block_table().num_blocks() > 0) kv_.free(seq.block_table());
+    throw;
+  }
+
+  result.stats.total_s = seconds_since(t0);
+  result.stats.time_to_first_token_s = result.sequences.empty() ? 0.0 : 1e300;
+  for (const SequenceOutput& out : result.sequences) {
+    result.stats.generated_tokens += int64_t(out.token_ids.size());
+    result.stats.time_to_first_token_s =
+        std::min(result.stats.time_to_first_token_s, out.time_to_first_token_s);
+  }
+  return result;
+}
+
+void Generator::run(std::vector<Sequence>& seqs, GenerationResult& result,
+                    const TokenCallback& on_token, std::chrono::steady_clock::time_point t0) {
   std::vector<Sequence*> running;
   size_t next = 0;
   int64_t reserved = 0;
@@ -106,15 +127,6 @@ GenerationResult Generator::generate(const std::vector<GenerationRequest>& reque
     }
     std::erase_if(running, [](const Sequence* seq) { return seq->finished(); });
   }
-
-  result.stats.total_s = seconds_since(t0);
-  result.stats.time_to_first_token_s = result.sequences.empty() ? 0.0 : 1e300;
-  for (const SequenceOutput& out : result.sequences) {
-    result.stats.generated_tokens += int64_t(out.token_ids.size());
-    result.stats.time_to_first_token_s =
-        std::min(result.stats.time_to_first_token_s, out.time_to_first_token_s);
-  }
-  return result;
 }
 
 int64_t Generator::step(std::vector<Sequence*>& running, GenerationResult& result,
@@ -157,6 +169,7 @@ int64_t Generator::step(std::vector<Sequence*>& running, GenerationResult& resul
       event.token = sampled.token;
       event.logprobs = seq.params().logprobs >= 0 ? &seq.output_logprobs().back() : nullptr;
       event.finish = finish;
+      event.logits = logits;
       on_token(event);
     }
   }

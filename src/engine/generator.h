@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "engine/batch_builder.h"
@@ -34,6 +35,9 @@ struct TokenEvent {
   int32_t token = -1;
   const Logprobs* logprobs = nullptr;     // when params.logprobs >= 0
   FinishReason finish = FinishReason::kNone;  // set on the sequence's last token
+  // The model's raw logits row the token was sampled from (before penalties
+  // and temperature). Valid only during the callback.
+  std::span<const float> logits;
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -82,6 +86,9 @@ class Generator {
  private:
   void check_request(const GenerationRequest& request, size_t index) const;
   int64_t blocks_reserved_for(const Sequence& seq) const;
+  // Admits and steps sequences until all are finished.
+  void run(std::vector<Sequence>& seqs, GenerationResult& result, const TokenCallback& on_token,
+           std::chrono::steady_clock::time_point t0);
   // One forward over `running`; returns the number of prompt tokens it computed.
   int64_t step(std::vector<Sequence*>& running, GenerationResult& result,
                const TokenCallback& on_token, std::chrono::steady_clock::time_point t0);

@@ -100,11 +100,11 @@ LoadedModel load_gguf_model(std::shared_ptr<GgufFile> file) {
   try {
     // Tensors the model needs must have a supported type; others are kept when we
     // can describe them and skipped otherwise.
-    for (const ExpectedTensor& e : expected_tensors(m.config)) {
+    for_each_expected_tensor(m.config, [&](const ExpectedTensor& e) {
       const GgufTensorInfo* t = file->find_tensor(e.name);
       if (!t) fail("missing tensor \"", e.name, "\"");
       add(*t);
-    }
+    });
     for (const GgufTensorInfo& t : file->tensors()) {
       if (m.weights.find(t.name)) continue;
       if (t.name == kRopeFreqsTensor) {

@@ -1,4 +1,5 @@
 // Hugging Face folder loader: config.json + safetensors (single file or shards).
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -9,6 +10,7 @@
 #include "model/hf_model.h"
 #include "model/mapped_file.h"
 #include "model/model_shapes.h"
+#include "model/rope_factors.h"
 #include "model/safetensors.h"
 
 namespace serval {
@@ -80,6 +82,30 @@ std::vector<std::string> weight_files(const std::string& dir, std::map<std::stri
 
 }  // namespace
 
+void add_safetensors_weights(const SafetensorsFile& st, const ModelConfig& config, WeightStore& out,
+                             const std::map<std::string, std::string>* weight_map, const std::string& shard_name) {
+  for (const SafetensorsTensor& t : st.tensors()) {
+    if (weight_map) {
+      auto it = weight_map->find(t.name);
+      if (it == weight_map->end() || it->second != shard_name) continue;  // the index places it elsewhere
+    }
+    const std::string name = gguf_name_from_hf(t.name);
+    if (name.empty()) continue;
+    if (name == "output.weight" && config.tie_word_embeddings) continue;
+    TensorView v;
+    v.name = name;
+    v.shape = t.shape;
+    v.data = t.data;
+    v.nbytes = t.nbytes;
+    try {
+      v.dtype = dtype_from_safetensors(t.dtype, t.name);
+      out.add(std::move(v));
+    } catch (const Error& e) {
+      fail("safetensors \"", st.path(), "\": ", e.what());
+    }
+  }
+}
+
 LoadedModel load_hf_model(const std::string& dir) {
   LoadedModel m;
   m.config = config_from_hf_folder(dir);
@@ -88,32 +114,21 @@ LoadedModel load_hf_model(const std::string& dir) {
   std::map<std::string, std::string> weight_map;
   for (const std::string& file : weight_files(dir, weight_map)) {
     auto st = SafetensorsFile::open((fs::path(dir) / file).string());
-    for (const SafetensorsTensor& t : st->tensors()) {
-      if (!weight_map.empty()) {
-        auto it = weight_map.find(t.name);
-        if (it == weight_map.end() || it->second != file) continue;  // the index places it elsewhere
-      }
-      const std::string name = gguf_name_from_hf(t.name);
-      if (name.empty()) continue;
-      if (name == "output.weight" && m.config.tie_word_embeddings) continue;
-      TensorView v;
-      v.name = name;
-      v.dtype = dtype_from_safetensors(t.dtype, t.name);
-      v.shape = t.shape;
-      v.data = t.data;
-      v.nbytes = t.nbytes;
-      try {
-        m.weights.add(std::move(v));
-      } catch (const Error& e) {
-        fail("\"", st->path(), "\": ", e.what());
-      }
-    }
+    add_safetensors_weights(*st, m.config, m.weights, weight_map.empty() ? nullptr : &weight_map, file);
     m.weights.keep_alive(st);
   }
   for (const auto& [hf_name, file] : weight_map) {
     const std::string name = gguf_name_from_hf(hf_name);
     if (!name.empty() && !m.weights.find(name) && !(name == "output.weight" && m.config.tie_word_embeddings))
       fail("model folder \"", dir, "\": tensor \"", hf_name, "\" is listed in the index but not in \"", file, "\"");
+  }
+  // One rule for the runtime, whatever the source: llama3 scaling is the
+  // rope_freqs.weight divisors (as in llama.cpp's GGUF files).
+  if (m.config.rope_scaling.type == RopeScaling::Type::Llama3) {
+    const std::vector<float> f = llama3_rope_factors(m.config);
+    std::vector<uint8_t> bytes(f.size() * 4);
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+    m.weights.add_owned(kRopeFreqsTensor, DType::F32, {int64_t(f.size())}, std::move(bytes));
   }
   try {
     check_weight_shapes(m.config, m.weights);

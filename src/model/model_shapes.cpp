@@ -4,12 +4,17 @@
 
 namespace serval {
 
-std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+void for_each_expected_tensor(const ModelConfig& c, const std::function<void(const ExpectedTensor&)>& fn) {
   const int64_t h = c.hidden_size;
   std::vector<ExpectedTensor> out;
+  auto flush = [&] {
+    for (const ExpectedTensor& e : out) fn(e);
+    out.clear();
+  };
   out.push_back({"token_embd.weight", {c.vocab_size, h}});
   out.push_back({"output_norm.weight", {h}});
   if (!c.tie_word_embeddings) out.push_back({"output.weight", {c.vocab_size, h}});
+  flush();
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = str_cat("blk.", i, ".");
     out.push_back({p + "attn_norm.weight", {h}});
@@ -30,12 +35,19 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
     out.push_back({p + "ffn_gate.weight", {c.intermediate_size, h}});
     out.push_back({p + "ffn_up.weight", {c.intermediate_size, h}});
     out.push_back({p + "ffn_down.weight", {h, c.intermediate_size}});
+    flush();
   }
+  flush();
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+  std::vector<ExpectedTensor> out;
+  for_each_expected_tensor(c, [&](const ExpectedTensor& e) { out.push_back(e); });
   return out;
 }
 
 void check_weight_shapes(const ModelConfig& config, const WeightStore& weights) {
-  for (const ExpectedTensor& e : expected_tensors(config)) weights.get(e.name, e.shape);
+  for_each_expected_tensor(config, [&](const ExpectedTensor& e) { weights.get(e.name, e.shape); });
   if (const TensorView* f = weights.find(kRopeFreqsTensor)) {
     if (f->numel() != config.rope_dim / 2)
       fail("tensor \"", kRopeFreqsTensor, "\" has shape ", f->shape_str(), ", expected [",

@@ -2,6 +2,7 @@
 // The tensors a Llama-family model needs, with their shapes, derived from its
 // ModelConfig. Every loader checks its weights against this list, so a file whose
 // tensors disagree with its own metadata fails at load time with a clear message.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,10 @@ struct ExpectedTensor {
 // All tensors the forward pass reads for this config (output.weight only when
 // the embeddings are not tied; biases and q/k norms when the config has them).
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& config);
+// The same, one at a time, global tensors first and then layer by layer: checks
+// that throw on the first missing tensor stay cheap even when a hostile config
+// claims millions of layers.
+void for_each_expected_tensor(const ModelConfig& config, const std::function<void(const ExpectedTensor&)>& fn);
 
 // Throws `missing tensor "NAME"` or `tensor "NAME" has shape [..], expected [..]`.
 // An optional rope_freqs.weight must have rope_dim / 2 elements.

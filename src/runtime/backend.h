@@ -153,6 +153,8 @@ class Backend {
   // Rotates q [T, num_heads * head_dim] and k [T, num_kv_heads * head_dim] in place
   // at positions[t].
   virtual void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) = 0;
+  // Copies block `src` of both pools to block `dst`.
+  virtual void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) = 0;
   // Writes k, v [T, num_kv_heads * head_dim] to the pools at slot_mapping[t].
   virtual void kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping,
                         const KvLayer& kv, const KvGeometry& geom) = 0;

@@ -31,6 +31,7 @@ class BackendModelRunner : public ModelRunner {
   BackendModelRunner(const ModelConfig& config, const WeightStore& weights, const RunnerOptions& opts);
 
   void forward(const Batch& batch, std::vector<float>& logits) override;
+  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   const ModelConfig& config() const override { return cfg_; }
   int32_t block_size() const override { return geom_.block_size; }
   int64_t num_blocks() const override { return geom_.num_blocks; }
@@ -39,6 +40,7 @@ class BackendModelRunner : public ModelRunner {
   std::unique_ptr<DeviceWeight> upload(const WeightStore& ws, const std::string& name,
                                        const std::vector<int64_t>& shape);
   void load_weights(const WeightStore& ws);
+  void setup_rope(const WeightStore& ws);
   void plan_kv_cache(const RunnerOptions& opts);
   void ensure_workspace(int64_t tokens);
   BatchView upload_batch(const Batch& batch);
@@ -67,7 +69,12 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   SERVAL_CHECK(opts.block_size > 0, "runner: block_size must be positive, got ", opts.block_size);
   backend_ = create_backend(opts.device, opts.threads);
   load_weights(weights);
+  setup_rope(weights);
+  plan_kv_cache(opts);
+  ensure_workspace(std::min<int64_t>(cfg_.max_position, 512));
+}
 
+void BackendModelRunner::setup_rope(const WeightStore& weights) {
   std::vector<float> divisors;
   if (const TensorView* rf = weights.find("rope_freqs.weight")) {
     SERVAL_CHECK(rf->shape.size() == 1 && rf->shape[0] == cfg_.rope_dim / 2, "tensor \"rope_freqs.weight\" has shape ",
@@ -91,8 +98,6 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   rope_ = RopeParams{cfg_.rope_style, int32_t(cfg_.head_dim), int32_t(cfg_.rope_dim),
                      static_cast<const float*>(inv_freq_.data())};
 
-  plan_kv_cache(opts);
-  ensure_workspace(std::min<int64_t>(cfg_.max_position, 512));
 }
 
 std::unique_ptr<DeviceWeight> BackendModelRunner::upload(const WeightStore& ws, const std::string& name,
@@ -136,6 +141,8 @@ void BackendModelRunner::plan_kv_cache(const RunnerOptions& opts) {
   geom_.head_dim = int32_t(cfg_.head_dim);
   // K and V of one token in every layer.
   const int64_t bytes_per_token = 2 * cfg_.num_layers * dtype_bytes(backend_->kv_dtype(), cfg_.kv_dim());
+  SERVAL_CHECK(opts.kv_cache_tokens >= 0 && opts.kv_memory_bytes >= 0,
+               "runner: kv_cache_tokens and kv_memory_bytes must not be negative");
   int64_t tokens = 0;
   if (opts.kv_cache_tokens > 0) {
     tokens = opts.kv_cache_tokens;
@@ -147,8 +154,6 @@ void BackendModelRunner::plan_kv_cache(const RunnerOptions& opts) {
   } else {
     tokens = 4 * std::min<int64_t>(cfg_.max_position, 4096);
   }
-  SERVAL_CHECK(opts.kv_cache_tokens >= 0 && opts.kv_memory_bytes >= 0,
-               "runner: kv_cache_tokens and kv_memory_bytes must not be negative");
   geom_.num_blocks = (tokens + opts.block_size - 1) / opts.block_size;
   kv_.clear();
   for (int64_t l = 0; l < cfg_.num_layers; ++l) kv_.push_back(backend_->alloc_kv_layer(geom_));
@@ -279,7 +284,21 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
   be.tensor_to_host(out, logits.data());
 }
 
+void BackendModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+  for (const auto& [src, dst] : src_dst) {
+    SERVAL_CHECK(src >= 0 && src < geom_.num_blocks && dst >= 0 && dst < geom_.num_blocks, "copy_blocks: ", src,
+                 " -> ", dst, " is outside the pool of ", geom_.num_blocks, " blocks");
+  }
+  for (const KvLayer& layer : kv_)
+    for (const auto& [src, dst] : src_dst)
+      if (src != dst) backend_->copy_kv_block(layer, geom_, src, dst);
+}
+
 }  // namespace
+
+void ModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) {
+  fail("this model runner cannot copy KV blocks");
+}
 
 std::unique_ptr<ModelRunner> ModelRunner::create(const ModelConfig& config, const WeightStore& weights,
                                                  const RunnerOptions& opts) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model_config.h"
@@ -26,13 +27,24 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
   // Prepares weights for `opts.device` (for the CPU: converted to f32) and
   // allocates the KV pool. Throws serval::Error on unknown devices or missing
-  // or mis-shaped tensors.
+  // or mis-shaped tensors. `weights` may be released afterwards: the runner
+  // keeps its own copy. An optional rope_freqs.weight tensor (GGUF Llama 3.1)
+  // divides the RoPE frequencies and replaces llama3 rope_scaling.
   static std::unique_ptr<ModelRunner> create(const ModelConfig& config, const WeightStore& weights,
                                              const RunnerOptions& opts);
 
   // Runs one step. Writes K/V of the new tokens to batch.slot_mapping and
-  // returns logits of batch.logits_rows, row-major [R, vocab_size], in `logits`.
+  // returns logits of batch.logits_rows, row-major [R, vocab_size], in `logits`
+  // (empty when R == 0). The batch is validated first (Batch::validate, token
+  // ids < vocab_size, context_len <= max_position): a bad batch throws
+  // serval::Error and touches nothing. Not thread-safe: one caller at a time
+  // (the engine loop).
   virtual void forward(const Batch& batch, std::vector<float>& logits) = 0;
+
+  // Copies whole KV blocks (every layer, K and V): for each pair, block
+  // `first` to block `second`. For copy-on-write of a shared partial block
+  // when a sequence forks. Throws if a block id is outside the pool.
+  virtual void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst);
 
   virtual const ModelConfig& config() const = 0;
   virtual int32_t block_size() const = 0;

@@ -5,6 +5,8 @@
 //   → greedy: argmax (lowest id on ties), penalties included
 //   → otherwise: temperature, then top-k, top-p, min-p filtering, then a draw
 //     from the softmax of what is left, with the request's Rng.
+// Filter order is vLLM V0's (top-k, top-p, min-p: top-p's mass is measured
+// before min-p removes anything); vLLM V1 applies min-p before top-k/top-p.
 // Logprobs, when asked for, are of the raw distribution (see logprobs.h).
 //
 // One Sampler is reused for many rows: it keeps vocab-sized scratch buffers.

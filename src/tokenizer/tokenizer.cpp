@@ -1,6 +1,7 @@
 // Decoding shared by every tokenizer: whole sequences and streaming.
 #include "tokenizer/tokenizer.h"
 
+#include "core/error.h"
 #include "tokenizer/utf8.h"
 
 namespace serval {
@@ -9,10 +10,12 @@ namespace {
 
 // The bytes `id` contributes at this point of a text, or nothing when skipped.
 // `at_start` tracks whether no token has been emitted yet (SentencePiece drops
-// the space of the first "▁"). Ids outside the vocabulary (a model's padded
-// embedding rows) decode to nothing, as in Hugging Face tokenizers.
+// the space of the first "▁").
 std::string piece_bytes(const Tokenizer& tok, int32_t id, bool skip_special, bool& at_start) {
-  if (id < 0 || id >= tok.vocab_size()) return {};
+  SERVAL_CHECK(id >= 0, "token id ", id, " is negative");
+  // Models pad their vocabulary past the tokenizer's (Qwen: 151936 rows for 151669
+  // tokens); those rows have no text, and decode to nothing as in transformers.
+  if (id >= tok.vocab_size()) return {};
   if (skip_special && tok.is_special(id)) return {};
   std::string b = tok.token_bytes(id);
   if (at_start && tok.strips_leading_space() && !b.empty() && b[0] == ' ') b.erase(0, 1);

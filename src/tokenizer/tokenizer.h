@@ -38,7 +38,8 @@ class Tokenizer {
   virtual std::optional<int32_t> token_id(std::string_view piece) const = 0;
 
   // Decodes a whole sequence; invalid UTF-8 in the result is replaced by U+FFFD
-  // and ids outside the vocabulary are left out (as Hugging Face does).
+  // ids past the vocabulary (padded embedding rows) are left out, as in
+  // transformers; negative ids throw.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = true) const;
 
   int32_t bos_id = -1;

@@ -98,6 +98,50 @@ JsonVocab read_vocab(const json& tj, const std::string& path) {
   return v;
 }
 
+// Which special tokens encode(add_special) puts around a text, as transformers
+// decides: a TemplateProcessing post-processor in tokenizer.json says it
+// outright; Llama tokenizer classes rebuild that template from add_bos_token
+// (default true) and add_eos_token; any other class adds nothing.
+void set_special_tokens_added(const json& tj, const json& cfg, const std::unordered_map<std::string, int32_t>& ids,
+                              TokenizerSpec& spec) {
+  const json* tmpl = nullptr;
+  if (tj.contains("post_processor") && tj["post_processor"].is_object()) {
+    const json& pp = tj["post_processor"];
+    if (pp.value("type", "") == "TemplateProcessing") tmpl = &pp;
+    if (pp.value("type", "") == "Sequence" && pp.contains("processors") && pp["processors"].is_array())
+      for (const json& p : pp["processors"])
+        if (p.is_object() && p.value("type", "") == "TemplateProcessing") tmpl = &p;
+  }
+  const std::string cls = cfg.is_object() ? cfg.value("tokenizer_class", "") : "";
+  auto flag = [&](const char* key, bool dflt) {
+    return cfg.contains(key) && cfg[key].is_boolean() ? cfg[key].get<bool>() : dflt;
+  };
+  if (cls.find("Llama") != std::string::npos) {
+    spec.add_bos = flag("add_bos_token", true) && spec.bos_id >= 0;
+    spec.add_eos = flag("add_eos_token", false) && spec.eos_id >= 0;
+    return;
+  }
+  spec.add_bos = spec.add_eos = false;
+  if (!tmpl || !tmpl->contains("single") || !(*tmpl)["single"].is_array()) return;
+  bool before_text = true;
+  for (const json& item : (*tmpl)["single"]) {
+    if (item.contains("Sequence")) {
+      before_text = false;
+      continue;
+    }
+    if (!item.contains("SpecialToken")) continue;
+    auto it = ids.find(item["SpecialToken"].value("id", ""));
+    if (it == ids.end()) continue;
+    if (before_text) {
+      spec.add_bos = true;
+      if (spec.bos_id < 0) spec.bos_id = it->second;
+    } else {
+      spec.add_eos = true;
+      if (spec.eos_id < 0) spec.eos_id = it->second;
+    }
+  }
+}
+
 SpmVocab make_spm(const json& tj, JsonVocab v) {
   SpmVocab s;
   const size_t n = v.pieces.size();
@@ -213,11 +257,7 @@ TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::
     for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>"})
       if (auto it = ids.find(name); it != ids.end() && spec.eos_id < 0) spec.eos_id = it->second;
   }
-  // add_bos_token when given; otherwise a model that has a BOS token gets it.
-  spec.add_bos = cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()
-                     ? cfg["add_bos_token"].get<bool>()
-                     : spec.bos_id >= 0;
-  spec.add_eos = cfg.value("add_eos_token", false);
+  set_special_tokens_added(tj, cfg, ids, spec);
   if (cfg.contains("chat_template")) {
     const json& ct = cfg["chat_template"];
     if (ct.is_string()) {

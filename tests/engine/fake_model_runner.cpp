@@ -41,6 +41,8 @@ std::vector<int32_t> toy_greedy(std::vector<int32_t> tokens, int64_t vocab_size,
 
 void FakeModelRunner::forward(const Batch& b, std::vector<float>& logits) {
   batches.push_back(b);
+  // The runtime's own consistency check must accept every batch the engine builds.
+  ASSERT_NO_THROW(b.validate(block_size_, num_blocks_));
   const int32_t T = b.num_tokens(), S = b.num_seqs(), bs = block_size_;
   ASSERT_EQ(b.positions.size(), size_t(T));
   ASSERT_EQ(b.slot_mapping.size(), size_t(T));

@@ -157,8 +157,10 @@ TEST(Generator, CallbackStreamsEveryTokenWithFinishOnTheLast) {
   GenerationRequest b = greedy_request(iota_prompt(9, 2), 3);
   std::map<int32_t, std::vector<TokenEvent>> events;
   std::map<int32_t, std::vector<Logprobs>> logprobs;
+  std::vector<float> first_logits;
   const GenerationResult r = gen.generate({a, b}, [&](const TokenEvent& e) {
     events[e.seq_index].push_back(e);
+    if (e.seq_index == 1 && first_logits.empty()) first_logits.assign(e.logits.begin(), e.logits.end());
     if (e.logprobs) logprobs[e.seq_index].push_back(*e.logprobs);
   });
   for (int32_t s : {0, 1}) {
@@ -169,6 +171,7 @@ TEST(Generator, CallbackStreamsEveryTokenWithFinishOnTheLast) {
       EXPECT_EQ(ev[i].finish, i + 1 == ev.size() ? FinishReason::kLength : FinishReason::kNone);
     }
   }
+  EXPECT_EQ(first_logits, FakeModelRunner::toy_logits(b.prompt_ids, kVocab));
   ASSERT_EQ(logprobs[0].size(), 6u);
   EXPECT_TRUE(logprobs[1].empty());
   ASSERT_EQ(r.sequences[0].logprobs.size(), 6u);
@@ -200,6 +203,23 @@ TEST(Generator, TimingsAreReported) {
   EXPECT_EQ(r.stats.decode_tokens, 7);
   EXPECT_GT(r.stats.decode_tokens_per_s(), 0.0);
   EXPECT_GE(r.stats.total_s, r.stats.prefill_s + r.stats.decode_s);
+}
+
+TEST(Generator, AnExceptionMidRunFreesTheCacheAndLeavesTheGeneratorUsable) {
+  FakeModelRunner runner(kVocab, 4, 16);
+  Generator gen(runner);
+  const std::vector<GenerationRequest> requests = {greedy_request(iota_prompt(6, 1), 8),
+                                                   greedy_request(iota_prompt(3, 2), 8)};
+  int calls = 0;
+  EXPECT_THROW(gen.generate(requests,
+                            [&](const TokenEvent&) {
+                              if (++calls == 5) throw Error("client went away");
+                            }),
+               Error);
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(gen.kv().usage().used_blocks, 0);
+  const GenerationResult r = gen.generate(requests);
+  EXPECT_EQ(r.sequences[0].token_ids, toy_greedy(requests[0].prompt_ids, kVocab, 8));
 }
 
 TEST(Generator, RejectsBadRequestsBeforeRunningAnything) {

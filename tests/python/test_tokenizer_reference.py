@@ -107,16 +107,17 @@ def test_byte_level_decode_matches_hf_tokenizers(binary, corpus, tmp_path, name)
     assert not bad, report(bad, f"{name} round-trip")
 
 
-def test_byte_level_add_special_adds_bos_for_llama3_only(binary, tmp_path):
+@pytest.mark.parametrize("name", sorted(BYTE_LEVEL))
+def test_byte_level_add_special_matches_hf_tokenizers(binary, tmp_path, name):
+    """--add-special adds what the tokenizer's post-processor adds (these two
+    tokenizer.json files have none that adds BOS)."""
     from tokenizers import Tokenizer
 
-    llama3 = model_file(BYTE_LEVEL["llama3"])
-    qwen3 = model_file(BYTE_LEVEL["qwen3"])
-    ref = Tokenizer.from_file(str(llama3))
-    got = serval_batch(binary, llama3.parent, ["Hello world"], tmp_path, "--add-special")[0]
-    assert got == [128000] + ref.encode("Hello world", add_special_tokens=False).ids
-    got = serval_batch(binary, qwen3.parent, ["Hello world"], tmp_path, "--add-special")[0]
-    assert got == Tokenizer.from_file(str(qwen3)).encode("Hello world", add_special_tokens=False).ids
+    path = model_file(BYTE_LEVEL[name])
+    ref = Tokenizer.from_file(str(path))
+    texts = ["Hello world", "", "<|im_start|>x"]
+    got = serval_batch(binary, path.parent, texts, tmp_path, "--add-special")
+    assert got == [ref.encode(t, add_special_tokens=True).ids for t in texts]
 
 
 # ---- SentencePiece: Llama 2 through sentencepiece ----------------------------
@@ -212,7 +213,7 @@ def build_hf_llama2_tokenizer(sp, prepend_scheme):
     prepend_scheme "legacy" is Llama-2-7b-hf's (Prepend normalizer: every
     fragment between special tokens gets "▁"); "first" is transformers v5's
     Metaspace pre-tokenizer (only the fragment that starts the text)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     merges = []
@@ -233,6 +234,7 @@ def build_hf_llama2_tokenizer(sp, prepend_scheme):
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in LLAMA2_SPECIAL])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return tok
 
 
@@ -243,7 +245,8 @@ def test_sentencepiece_tokenizer_json_matches_hf(binary, corpus, tmp_path, llama
     folder.mkdir()
     ref.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "add_eos_token": False}))
+        {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+         "add_bos_token": True, "add_eos_token": False}))
     want = [ref.encode(t, add_special_tokens=False).ids for t in corpus]
     # The construction is faithful: on plain text the legacy one is
     # sentencepiece (Metaspace differs on purpose: no "▁" before a leading space).
@@ -257,4 +260,7 @@ def test_sentencepiece_tokenizer_json_matches_hf(binary, corpus, tmp_path, llama
     want_text = [ref.decode(i, skip_special_tokens=False) for i in want]
     bad = mismatches(corpus, got_text, want_text)
     assert not bad, report(bad, f"llama2 tokenizer.json ({scheme}) decode")
-    assert serval_batch(binary, folder, ["Hi"], tmp_path, "--add-special")[0] == [1] + llama2_sp.encode("Hi")
+    texts = ["Hi", "", "<s>x"]
+    got = serval_batch(binary, folder, texts, tmp_path, "--add-special")
+    assert got == [ref.encode(t, add_special_tokens=True).ids for t in texts]
+    assert got[0] == [1] + llama2_sp.encode("Hi")

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "core/error.h"
 #include "runtime/model_runner.h"
 #include "tiny_model.h"
 
@@ -15,7 +16,7 @@ namespace serval::testing {
 namespace {
 
 constexpr int32_t kBlock = 4;
-constexpr int32_t kPool = 64;
+constexpr int32_t kPool = 128;
 // Different GEMM shapes may round differently; anything beyond this is a bug.
 constexpr double kTol = 2e-5;
 
@@ -173,6 +174,49 @@ TEST(BatchInvariance, NoLogitsRowsReturnsEmptyLogitsButFillsCache) {
   EXPECT_TRUE(logits.empty());
   r->forward(seqs.step({s}, {{p.begin() + 8, p.end()}}, false), logits);
   EXPECT_LT(rel_error(logits, f.row(f.whole_prefill(p), p.size() - 1)), kTol);
+}
+
+TEST(BatchInvariance, BatchLargerThanTheWorkspaceGrowsIt) {
+  // The runner starts with room for min(max_position, 512) = 256 tokens a step.
+  Fixture f;
+  const std::vector<std::vector<int32_t>> prompts = {f.prompt(150, 13), f.prompt(140, 14)};
+  auto r = f.runner();
+  PagedSeqs seqs(kBlock, Fixture::contiguous(), 40);
+  std::vector<float> together;
+  r->forward(seqs.step({seqs.add_sequence(), seqs.add_sequence()}, prompts, false), together);
+  ASSERT_EQ(together.size(), 2 * size_t(f.cfg.vocab_size));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto alone = f.runner();
+    PagedSeqs one(kBlock, Fixture::contiguous(), 40);
+    std::vector<float> logits;
+    alone->forward(one.step({one.add_sequence()}, {prompts[i]}, false), logits);
+    EXPECT_LT(rel_error(f.row(together, i), logits), kTol) << "sequence " << i;
+  }
+}
+
+TEST(BatchInvariance, ForkWithCopiedPartialBlockEqualsFreshRuns) {
+  // Copy-on-write: B forks A after a 10-token prompt (2 full blocks shared, the
+  // partial third block copied), then both decode different tokens in one step.
+  Fixture f;
+  const std::vector<int32_t> p = f.prompt(10, 15);
+  auto r = f.runner();
+  std::vector<int32_t> blocks = Fixture::contiguous();
+  std::shuffle(blocks.begin(), blocks.end(), std::mt19937(5));
+  PagedSeqs seqs(kBlock, blocks, 16);
+  const int a = seqs.add_sequence();
+  std::vector<float> logits;
+  r->forward(seqs.step({a}, {p}, false), logits);
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  const int b = seqs.fork(a, copies);
+  ASSERT_EQ(copies.size(), 1u);
+  r->copy_blocks(copies);
+  r->forward(seqs.step({a, b}, {{3}, {4}}, false), logits);
+  std::vector<int32_t> pa = p, pb = p;
+  pa.push_back(3);
+  pb.push_back(4);
+  EXPECT_LT(rel_error(f.row(logits, 0), f.row(f.whole_prefill(pa), pa.size() - 1)), kTol);
+  EXPECT_LT(rel_error(f.row(logits, 1), f.row(f.whole_prefill(pb), pb.size() - 1)), kTol);
+  EXPECT_THROW(r->copy_blocks({{0, kPool}}), Error);
 }
 
 }  // namespace

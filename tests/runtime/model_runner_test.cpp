@@ -1,7 +1,7 @@
 // ModelRunner (CPU backend) against a naive double-precision reference on tiny
 // random models covering every config flag: GQA, head_dim != hidden/heads, qkv
 // bias, qk norm, tied embeddings, both RoPE styles, partial RoPE, llama3 and
-// linear scaling, rope_freqs divisors, f16/bf16 weight storage.
+// linear scaling, rope_freqs divisors, f16/bf16/q8_0/q4_0 weight storage.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -74,6 +74,13 @@ std::vector<Case> cases() {
     s.style = RopeStyle::Interleaved;
     s.seed = 5;
     out.push_back({"mha_interleaved_partial", s});
+  }
+  for (DType dt : {DType::Q8_0, DType::Q4_0}) {
+    TinySpec s;  // block-quantized weights (every input dimension a multiple of 32)
+    s.inter = 64;
+    s.matrix_dtype = dt;
+    s.seed = 6;
+    out.push_back({dt == DType::Q8_0 ? "q8_0_weights" : "q4_0_weights", s});
   }
   return out;
 }

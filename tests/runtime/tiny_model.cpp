@@ -250,6 +250,19 @@ int PagedSeqs::add_sequence() {
   return int(lens_.size()) - 1;
 }
 
+int PagedSeqs::fork(int parent, std::vector<std::pair<int32_t, int32_t>>& copies) {
+  const int child = add_sequence();
+  blocks_[child] = blocks_[parent];
+  lens_[child] = lens_[parent];
+  if (lens_[child] % block_size_ != 0) {
+    SERVAL_CHECK(next_free_ < free_.size(), "test pool exhausted");
+    const int32_t fresh = free_[next_free_++];
+    copies.emplace_back(blocks_[child].back(), fresh);
+    blocks_[child].back() = fresh;
+  }
+  return child;
+}
+
 Batch PagedSeqs::step(const std::vector<int>& ids, const std::vector<std::vector<int32_t>>& chunks, bool all_logits) {
   Batch b;
   b.max_blocks_per_seq = max_blocks_;

@@ -39,6 +39,10 @@ class PagedSeqs {
  public:
   PagedSeqs(int32_t block_size, std::vector<int32_t> free_blocks, int32_t max_blocks_per_seq);
   int add_sequence();
+  // A new sequence with `parent`'s tokens: full blocks are shared, a partially
+  // filled last block gets a fresh block, returned as a (parent block, new
+  // block) copy for ModelRunner::copy_blocks.
+  int fork(int parent, std::vector<std::pair<int32_t, int32_t>>& copies);
   // One step: sequence ids[i] appends chunks[i]. Logits rows: every token if
   // all_logits, else the last token of each chunk.
   Batch step(const std::vector<int>& ids, const std::vector<std::vector<int32_t>>& chunks, bool all_logits);

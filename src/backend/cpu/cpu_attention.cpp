@@ -22,6 +22,14 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_
   }
 }
 
+void CpuBackend::copy_kv_block(const KvLayer& kv, const KvGeometry& g, int64_t src, int64_t dst) {
+  const int64_t block = int64_t(g.block_size) * g.num_kv_heads * g.head_dim;
+  float* K = static_cast<float*>(kv.k.data());
+  float* V = static_cast<float*>(kv.v.data());
+  std::memcpy(K + dst * block, K + src * block, size_t(block) * sizeof(float));
+  std::memcpy(V + dst * block, V + src * block, size_t(block) * sizeof(float));
+}
+
 void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
                                  int32_t num_heads, float scale, Tensor out) {
   const int64_t D = g.head_dim;
@@ -60,6 +68,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = Q + t * num_heads * D + (kvh * group + h) * D;
         float dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
         scores[h * n_ctx + j] = dot * scale;
       }
@@ -84,6 +93,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
       for (int64_t h = 0; h < group; ++h) {
         const float p = scores[h * n_ctx + j];
         float* oh = O + t * num_heads * D + (kvh * group + h) * D;
+#pragma omp simd
         for (int64_t d = 0; d < D; ++d) oh[d] += p * vj[d];
       }
     }

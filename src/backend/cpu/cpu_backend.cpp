@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -25,8 +26,8 @@ const CpuWeight& as_cpu(const DeviceWeight& w) {
 CpuBackend::CpuBackend(int threads) {
   SERVAL_CHECK(threads >= 0, "cpu backend: threads must be >= 0, got ", threads);
   threads_ = threads > 0 ? threads : omp_get_num_procs();
-  // OpenBLAS keeps its own thread pool; give it the same budget.
-  openblas_set_num_threads(threads_);
+  // OpenBLAS runs single-threaded inside our OpenMP threads (see cpu_matmul.cpp).
+  openblas_set_num_threads(1);
   scores_.resize(threads_);
 }
 
@@ -58,35 +59,21 @@ std::unique_ptr<DeviceWeight> CpuBackend::upload_weight(const TensorView& view) 
   for (int64_t d : view.shape) n *= d;
   SERVAL_CHECK(view.data != nullptr || n == 0, "tensor \"", view.name, "\" has no data");
   std::vector<float> values(static_cast<size_t>(n));
-  to_f32(view.dtype, view.data, values.data(), n);
+  // Convert in block-aligned chunks on all threads: a 1B model is ~1.2G values.
+  const int64_t block = dtype_block_elems(view.dtype);
+  const int64_t chunk = std::max<int64_t>(1 << 16, (n / threads_ + block - 1) / block * block);
+  const auto* src = static_cast<const uint8_t*>(view.data);
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n > (1 << 20))
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    to_f32(view.dtype, src + dtype_bytes(view.dtype, start), values.data() + start, len);
+  }
   return std::make_unique<CpuWeight>(view.name, view.shape, std::move(values));
 }
 
 KvLayer CpuBackend::alloc_kv_layer(const KvGeometry& g) {
   const int64_t elems = g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim;
   return KvLayer{alloc(elems * int64_t(sizeof(float))), alloc(elems * int64_t(sizeof(float)))};
-}
-
-void CpuBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
-  const float* W = as_cpu(w).data();
-  const int64_t T = x.rows, in = x.cols, out = w.rows();
-  if (T == 0) return;
-  if (T == 1) {
-    // Decode: a matrix-vector product, bound by reading W once.
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, W, int(in), f32(x), 1, 0.0f, f32(y), 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, f32(x), int(in), W,
-                int(in), 0.0f, f32(y), int(out));
-  }
-  if (bias != nullptr) {
-    const float* b = as_cpu(*bias).data();
-    float* Y = f32(y);
-#pragma omp parallel for num_threads(threads_) if (T * out > 65536)
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = Y + t * out;
-      for (int64_t o = 0; o < out; ++o) row[o] += b[o];
-    }
-  }
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }

@@ -43,6 +43,7 @@ class CpuBackend : public Backend {
   void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) override;
   void add(Tensor x, const Tensor& delta) override;
   void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) override;
+  void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) override;
   void kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv,
                 const KvGeometry& geom) override;
   void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom, const BatchView& batch,

@@ -38,9 +38,11 @@ void CpuBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopePa
   const int64_t T = q.rows;
 #pragma omp parallel num_threads(threads_) if (T * (q.cols + k.cols) > 16384)
   {
-    std::vector<float> cs(size_t(2 * half));
-    float* cos = cs.data();
-    float* sin = cs.data() + half;
+    // cos/sin of one token; heads up to 1024 dims fit on the stack.
+    float stack[1024];
+    std::vector<float> heap(half > 512 ? size_t(2 * half) : 0);
+    float* cos = half > 512 ? heap.data() : stack;
+    float* sin = cos + half;
 #pragma omp for
     for (int64_t t = 0; t < T; ++t) {
       const float pos = float(positions[t]);

@@ -1,0 +1,41 @@
+#pragma once
+// Conversion to GGUF (`serval convert`): llama2.c checkpoints and Hugging Face
+// folders, with llama.cpp's metadata keys so that the files also load in llama.cpp.
+#include <string>
+
+#include "model/gguf.h"
+#include "model/llama2c.h"
+#include "model/model_config.h"
+
+namespace serval {
+
+// `input` is a folder with config.json (Hugging Face) or a llama2.c .bin file
+// (then `tokenizer` is its tokenizer.bin; empty means tokenizer.bin beside it).
+void convert_to_gguf(const std::string& input, const std::string& tokenizer, const std::string& out_path);
+
+void convert_llama2c_to_gguf(const std::string& bin_path, const std::string& tokenizer_path,
+                             const std::string& out_path);
+void convert_hf_to_gguf(const std::string& dir, const std::string& out_path);
+
+// `{arch}.*` hyperparameters (and llama3 rope scaling keys) of `c`.
+void set_gguf_model_metadata(GgufWriter& w, const ModelConfig& c);
+
+// tokenizer.ggml.* from a llama2.c vocabulary (SentencePiece pieces with byte tokens).
+void set_gguf_tokenizer_from_llama2c(GgufWriter& w, const Llama2cVocab& vocab);
+
+// tokenizer.ggml.* from a Hugging Face folder's tokenizer.json and
+// tokenizer_config.json: "gpt2" (byte-level BPE, with merges and pre-tokenizer
+// name) or "llama" (SentencePiece-style BPE with byte fallback). The vocabulary is
+// padded to `vocab_size` with [PADn] tokens when the model's embedding is larger.
+void set_gguf_tokenizer_from_hf(GgufWriter& w, const std::string& dir, const std::string& arch,
+                                int64_t vocab_size);
+
+// llama.cpp token types.
+enum class GgufTokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
+
+// The permutation llama.cpp's convert_hf_to_gguf applies to q/k rows of "llama"
+// models: within each head, rows (half, i) -> (i, half), so that RoPE rotates
+// adjacent pairs. `src` and `dst` hold n_head * head_dim rows of `row_bytes` each.
+void permute_qk_rows(const void* src, void* dst, int64_t n_head, int64_t head_dim, int64_t row_bytes);
+
+}  // namespace serval

@@ -1,0 +1,162 @@
+// Writes the fuzzers' seed corpora (tests/fuzz/corpus/{gguf,safetensors}) with
+// Serval's own writers. Disabled in normal runs; regenerate with
+//   SERVAL_FUZZ_CORPUS_OUT=tests/fuzz/corpus ./build/serval_tests \
+//     --gtest_also_run_disabled_tests --gtest_filter='FuzzCorpus.*'
+#include <cstdlib>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+#include "test_models.h"
+
+namespace serval {
+namespace {
+
+ModelConfig micro_config(const std::string& arch) {
+  ModelConfig c = testing::tiny_config(arch);
+  c.vocab_size = 8;
+  c.hidden_size = 8;
+  c.intermediate_size = 8;
+  c.num_layers = 1;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.rope_dim = 4;
+  return c;
+}
+
+std::vector<uint8_t> slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+void spit(const std::string& path, const std::vector<uint8_t>& b) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+}
+
+// Keeps a file and adds a truncated and a bit-flipped variant of it.
+void add_variants(const std::string& path) {
+  const std::vector<uint8_t> b = slurp(path);
+  spit(path + ".trunc", std::vector<uint8_t>(b.begin(), b.begin() + b.size() * 2 / 3));
+  std::vector<uint8_t> m = b;
+  for (size_t i = 9; i < m.size(); i += 97) m[i] ^= 0x40;
+  spit(path + ".flip", m);
+}
+
+std::string hf_config(const std::string& arch_class, const ModelConfig& c, const std::string& extra = "") {
+  nlohmann::json j = {{"architectures", {arch_class}}, {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
+                      {"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim},
+                      {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"max_position_embeddings", 64},
+                      {"tie_word_embeddings", c.tie_word_embeddings}};
+  if (!extra.empty()) j.update(nlohmann::json::parse(extra));
+  return j.dump();
+}
+
+// HF tensor names and shapes for a config (inverse of the loader's renaming).
+void write_hf_safetensors(const std::string& path, const ModelConfig& c, const std::string& config_json,
+                          const std::string& dtype) {
+  std::vector<SafetensorsWriteTensor> ts;
+  uint32_t seed = 1;
+  for (const ExpectedTensor& e : expected_tensors(c)) {
+    std::string n = e.name;
+    auto rep = [&](const std::string& from, const std::string& to) {
+      const size_t p = n.find(from);
+      if (p != std::string::npos) n.replace(p, from.size(), to);
+    };
+    rep("token_embd.weight", "model.embed_tokens.weight");
+    rep("output_norm.weight", "model.norm.weight");
+    rep("output.weight", "lm_head.weight");
+    rep("blk.", "model.layers.");
+    rep("attn_norm", "input_layernorm");
+    rep("ffn_norm", "post_attention_layernorm");
+    rep("attn_q_norm", "self_attn.q_norm");
+    rep("attn_k_norm", "self_attn.k_norm");
+    rep("attn_output", "self_attn.o_proj");
+    rep("attn_q.", "self_attn.q_proj.");
+    rep("attn_k.", "self_attn.k_proj.");
+    rep("attn_v.", "self_attn.v_proj.");
+    rep("ffn_gate", "mlp.gate_proj");
+    rep("ffn_up", "mlp.up_proj");
+    rep("ffn_down", "mlp.down_proj");
+    const DType dt = dtype == "F32" ? DType::F32 : dtype == "F16" ? DType::F16 : DType::BF16;
+    ts.push_back({n, dtype, e.shape, testing::random_tensor_bytes(dt, e.shape, seed++)});
+  }
+  write_safetensors(path, ts, {{"format", "pt"}, {"config", config_json}});
+}
+
+TEST(FuzzCorpus, DISABLED_WriteSeedCorpus) {
+  const char* out = std::getenv("SERVAL_FUZZ_CORPUS_OUT");
+  ASSERT_NE(out, nullptr) << "set SERVAL_FUZZ_CORPUS_OUT";
+  const std::string gg = std::string(out) + "/gguf/";
+  const std::string st = std::string(out) + "/safetensors/";
+  std::filesystem::create_directories(gg);
+  std::filesystem::create_directories(st);
+
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) {
+    ModelConfig c = micro_config(arch);
+    c.tie_word_embeddings = std::string(arch) == "qwen2";
+    const std::string p = gg + arch + ".gguf";
+    testing::write_tiny_gguf(p, c, std::string(arch) == "qwen3" ? DType::F16 : DType::F32);
+    add_variants(p);
+  }
+  {
+    ModelConfig c = micro_config("llama");
+    c.hidden_size = 32;
+    c.num_heads = 4;
+    c.head_dim = 8;
+    c.rope_dim = 8;
+    c.intermediate_size = 32;
+    testing::write_tiny_gguf(gg + "q8_0.gguf", c, DType::Q8_0);
+    testing::TinyGguf g;
+    testing::fill_tiny_gguf(g, c, DType::Q4_0);
+    g.writer.set_alignment(64);
+    g.writer.set_version(2);
+    g.add("rope_freqs.weight", DType::F32, {4}, 5);
+    g.writer.set_f32("llama.rope.scaling.factor", 8.0f);
+    g.writer.write(gg + "q4_0_v2_llama3.gguf");
+  }
+  {
+    // Every metadata type, nested arrays, a raw Q4_K tensor.
+    GgufWriter w;
+    w.set_u8("u8", 1); w.set_i8("i8", -1); w.set_u16("u16", 2); w.set_i16("i16", -2);
+    w.set_u64("u64", 3); w.set_i64("i64", -3); w.set_f64("f64", 0.5); w.set_bool("b", true);
+    w.set_string("general.architecture", "llama");
+    w.set_string_array("tokenizer.ggml.tokens", {"a", "b"});
+    w.set_f32_array("tokenizer.ggml.scores", {0.f, -1.f});
+    GgufValue nested;
+    nested.type = GgufType::ARRAY;
+    nested.elem_type = GgufType::ARRAY;
+    GgufValue inner;
+    inner.type = GgufType::ARRAY;
+    inner.elem_type = GgufType::INT32;
+    inner.ints = {1, 2};
+    nested.arrays = {inner, inner};
+    w.set_value("nested", nested);
+    std::vector<uint8_t> q4k(144, 7);
+    w.add_tensor_raw("token_embd.weight", uint32_t(GgmlType::Q4_K), {1, 256}, q4k.data(), 144);
+    w.write(gg + "metadata.gguf");
+  }
+  for (auto [cls, arch, extra] : {std::tuple{"LlamaForCausalLM", "llama",
+                                             R"({"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                 "original_max_position_embeddings": 32}})"},
+                                  std::tuple{"Qwen2ForCausalLM", "qwen2", ""},
+                                  std::tuple{"Qwen3ForCausalLM", "qwen3", R"({"attention_bias": false})"}}) {
+    ModelConfig c = micro_config(arch);
+    c.tie_word_embeddings = std::string(arch) != "llama";
+    const std::string p = st + arch + ".safetensors";
+    write_hf_safetensors(p, c, hf_config(cls, c, extra), std::string(arch) == "llama" ? "F32" : "BF16");
+    add_variants(p);
+  }
+  {
+    // A header with an unsupported dtype and an empty tensor.
+    write_safetensors(st + "other_dtypes.safetensors",
+                      {{"a", "I64", {2}, std::vector<uint8_t>(16, 1)}, {"b", "F16", {0, 3}, {}},
+                       {"model.norm.weight", "F32", {8}, std::vector<uint8_t>(32, 0)}});
+  }
+}
+
+}  // namespace
+}  // namespace serval
