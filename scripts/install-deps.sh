@@ -8,8 +8,7 @@ $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-rec
   build-essential cmake ninja-build pkg-config git python3 python3-pip \
   nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-dev libcpp-httplib-dev \
   libgtest-dev libgmock-dev libbenchmark-dev >/dev/null
-# Python oracles for the end-to-end tests (Hugging Face tokenizers, sentencepiece,
-# the openai client, jinja2). torch/transformers are optional: the logits tests
-# read fixtures made with them (tests/python/fixtures) and re-check live when present.
-python3 -m pip install -q --disable-pip-version-check \
-  "pytest>=7" "numpy" "tokenizers>=0.19" "sentencepiece>=0.1.99" "jinja2>=3" "openai>=1.0"
+# Python oracles for the end-to-end tests: Hugging Face transformers (with torch)
+# and tokenizers, sentencepiece, jinja2, and the official openai client.
+PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check \
+  "pytest>=7" "numpy" "torch" "transformers>=4.45" "safetensors" "tokenizers>=0.19" "sentencepiece>=0.1.99" "jinja2>=3" "openai>=1.0"

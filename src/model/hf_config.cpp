@@ -54,11 +54,25 @@ bool get_bool(const json& j, const char* key, bool dflt) {
   return j[key].get<bool>();
 }
 
+// transformers 4 writes "rope_theta" and "rope_scaling"; transformers 5 writes both
+// into one "rope_parameters" object ({"rope_type", "rope_theta", "factor", ...}).
+const char* rope_key(const json& j) {
+  return j.contains("rope_parameters") && !j["rope_parameters"].is_null() ? "rope_parameters" : "rope_scaling";
+}
+
+double rope_theta_from_hf(const json& j) {
+  if (j.contains("rope_theta")) return get_num(j, "rope_theta", 10000.0);
+  const char* key = rope_key(j);
+  if (j.contains(key) && j[key].is_object()) return get_num(j[key], "rope_theta", 10000.0);
+  return 10000.0;
+}
+
 RopeScaling rope_scaling_from_hf(const json& j) {
   RopeScaling rs;
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return rs;
-  const json& r = j["rope_scaling"];
-  if (!r.is_object()) fail("\"rope_scaling\" must be an object or null");
+  const char* key = rope_key(j);
+  if (!j.contains(key) || j[key].is_null()) return rs;
+  const json& r = j[key];
+  if (!r.is_object()) fail("\"", key, "\" must be an object or null");
   std::string type;
   if (r.contains("rope_type") && r["rope_type"].is_string()) type = r["rope_type"].get<std::string>();
   else if (r.contains("type") && r["type"].is_string()) type = r["type"].get<std::string>();
@@ -104,7 +118,7 @@ ModelConfig config_from_hf_json(const std::string& text, const std::string& labe
     c.rope_dim = c.head_dim;
     c.max_position = get_int(j, "max_position_embeddings", 2048);
     c.rms_eps = float(get_num(j, "rms_norm_eps", 1e-6));
-    c.rope_theta = float(get_num(j, "rope_theta", 10000.0));
+    c.rope_theta = float(rope_theta_from_hf(j));
     c.rope_scaling = rope_scaling_from_hf(j);
     c.rope_style = RopeStyle::Neox;  // HF checkpoints keep q/k rows in rotate_half order
     c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false);

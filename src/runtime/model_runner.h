@@ -17,8 +17,8 @@ struct RunnerOptions {
   std::string device = "cpu";
   int32_t block_size = 16;      // tokens per KV block
   int64_t kv_cache_tokens = 0;  // 0: size the pool from kv_memory_bytes
-  int64_t kv_memory_bytes = 0;  // 0: enough for max_position tokens x 4 sequences
-  int threads = 0;              // 0: all cores
+  int64_t kv_memory_bytes = 0;  // 0: 4 sequences of min(max_position, 4096) tokens
+  int threads = 0;              // CPU threads for kernels and BLAS; 0: all cores
 };
 
 class ModelRunner {

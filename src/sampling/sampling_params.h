@@ -6,18 +6,28 @@
 namespace serval {
 
 struct SamplingParams {
-  float temperature = 1.0f;        // 0: greedy
+  float temperature = 1.0f;        // [0, 100]; below kGreedyTemperature: greedy
   float top_p = 1.0f;              // (0, 1]
   int32_t top_k = 0;               // 0 or -1: disabled
   float min_p = 0.0f;              // [0, 1]
-  float repetition_penalty = 1.0f; // > 0; 1 disables (HF/vLLM: over prompt and output)
+  float repetition_penalty = 1.0f; // (0, 10]; 1 disables (HF/vLLM: over prompt and output)
   float presence_penalty = 0.0f;   // [-2, 2], over output tokens
   float frequency_penalty = 0.0f;  // [-2, 2], over output tokens
   std::optional<uint64_t> seed;    // reproducible sampling when set
-  int32_t logprobs = -1;           // -1: none; n >= 0: chosen token's logprob + top n
+  int32_t logprobs = -1;           // -1: none; n in [0, 20]: chosen token's logprob + top n
 
-  bool greedy() const { return temperature == 0.0f; }
-  // Throws serval::Error naming the first parameter out of range.
+  // Temperatures this small are treated as greedy (as vLLM does), since
+  // dividing logits by them would only amplify rounding noise.
+  static constexpr float kGreedyTemperature = 1e-5f;
+  static constexpr float kMaxTemperature = 100.0f;
+  static constexpr int32_t kMaxLogprobs = 20;
+
+  bool greedy() const { return temperature < kGreedyTemperature; }
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
+  // Throws serval::Error naming the first parameter out of range, e.g.
+  // "top_p must be in (0, 1], got 1.5".
   void validate() const;
 };
 

@@ -12,6 +12,8 @@
 
 namespace serval {
 
+class GgufFile;
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -51,6 +53,10 @@ class Tokenizer {
 // folder holding tokenizer.json (+ tokenizer_config.json), or a tokenizer.json
 // file. Throws serval::Error naming what is missing or malformed.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// The tokenizer described by an already opened GGUF file's tokenizer.ggml.* keys.
+std::unique_ptr<Tokenizer> load_tokenizer(const GgufFile& gguf);
+// From tokenizer.json (and tokenizer_config.json when `config_path` is not empty).
+std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& json_path, const std::string& config_path);
 
 // Streams text out of a growing token sequence. push() returns the newly
 // completed text: bytes of a UTF-8 character split across tokens are held back

@@ -1,0 +1,93 @@
+// Paged KV cache on the CPU: writing new K/V through the slot mapping, and
+// attention of each new token over its sequence's cached positions.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace serval {
+
+void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv,
+                          const KvGeometry& g) {
+  const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;  // one slot holds all KV heads of a token
+  float* K = static_cast<float*>(kv.k.data());
+  float* V = static_cast<float*>(kv.v.data());
+  for (int64_t t = 0; t < k.rows; ++t) {
+    const int64_t slot = slot_mapping[t];
+    std::memcpy(K + slot * row, f32(k) + t * row, size_t(row) * sizeof(float));
+    std::memcpy(V + slot * row, f32(v) + t * row, size_t(row) * sizeof(float));
+  }
+}
+
+void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
+                                 int32_t num_heads, float scale, Tensor out) {
+  const int64_t D = g.head_dim;
+  const int64_t kv_heads = g.num_kv_heads;
+  const int64_t group = num_heads / kv_heads;  // query heads per KV head (GQA)
+  const int64_t slot_stride = kv_heads * D;
+  const int64_t bs = g.block_size;
+  const float* K = static_cast<const float*>(kv.k.data());
+  const float* V = static_cast<const float*>(kv.v.data());
+  const float* Q = f32(q);
+  float* O = f32(out);
+
+  // Scores of one token for one GQA group: group x context floats per thread.
+  const size_t need = size_t(group) * size_t(b.max_context_len);
+  for (auto& s : scores_)
+    if (s.size() < need) s.resize(need);
+
+  const int64_t work = int64_t(b.num_tokens) * kv_heads;
+  // Waking threads costs microseconds: only worth it above ~64K multiply-adds.
+  const bool parallel = work > 1 && int64_t(b.num_tokens) * b.max_context_len * num_heads * D > 65536;
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) if (parallel)
+  for (int64_t item = 0; item < work; ++item) {
+    const int64_t t = item / kv_heads;
+    const int64_t kvh = item % kv_heads;
+    // The sequence owning token t: the last s with query_start[s] <= t.
+    const int32_t* qs_end = b.query_start + b.num_seqs + 1;
+    const int64_t s = (std::upper_bound(b.query_start, qs_end, int32_t(t)) - b.query_start) - 1;
+    const int32_t* table = b.block_table + s * b.max_blocks_per_seq;
+    const int64_t n_ctx = int64_t(b.positions[t]) + 1;  // causal: positions 0..p
+    float* scores = scores_[omp_get_thread_num()].data();
+
+    // scores[h][j] = q_h . k_j * scale
+    for (int64_t j = 0; j < n_ctx; ++j) {
+      const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
+      const float* kj = K + slot * slot_stride + kvh * D;
+      for (int64_t h = 0; h < group; ++h) {
+        const float* qh = Q + t * num_heads * D + (kvh * group + h) * D;
+        float dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
+        scores[h * n_ctx + j] = dot * scale;
+      }
+    }
+    // softmax over j, then out_h = sum_j p_j v_j
+    for (int64_t h = 0; h < group; ++h) {
+      float* sc = scores + h * n_ctx;
+      const float mx = *std::max_element(sc, sc + n_ctx);
+      double sum = 0;
+      for (int64_t j = 0; j < n_ctx; ++j) {
+        sc[j] = std::exp(sc[j] - mx);
+        sum += sc[j];
+      }
+      const float inv = float(1.0 / sum);
+      for (int64_t j = 0; j < n_ctx; ++j) sc[j] *= inv;
+      float* oh = O + t * num_heads * D + (kvh * group + h) * D;
+      std::fill(oh, oh + D, 0.0f);
+    }
+    for (int64_t j = 0; j < n_ctx; ++j) {
+      const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
+      const float* vj = V + slot * slot_stride + kvh * D;
+      for (int64_t h = 0; h < group; ++h) {
+        const float p = scores[h * n_ctx + j];
+        float* oh = O + t * num_heads * D + (kvh * group + h) * D;
+        for (int64_t d = 0; d < D; ++d) oh[d] += p * vj[d];
+      }
+    }
+  }
+}
+
+}  // namespace serval

@@ -1,0 +1,63 @@
+#pragma once
+// The CPU backend: f32 activations, weights and KV cache; OpenBLAS for matmuls,
+// OpenMP for everything else. It is the reference backend: its math follows
+// Hugging Face transformers in f32.
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace serval {
+
+// A weight converted to f32, row-major in its outermost-first shape.
+class CpuWeight : public DeviceWeight {
+ public:
+  CpuWeight(std::string name, std::vector<int64_t> shape, std::vector<float> values);
+  const float* data() const { return values_.data(); }
+
+ private:
+  std::vector<float> values_;
+};
+
+class CpuBackend : public Backend {
+ public:
+  // threads 0: all cores.
+  explicit CpuBackend(int threads);
+
+  std::string name() const override { return "cpu"; }
+  DType act_dtype() const override { return DType::F32; }
+  DType kv_dtype() const override { return DType::F32; }
+  int threads() const override { return threads_; }
+
+  DeviceBuffer alloc(int64_t bytes) override;
+  void copy_to_device(void* dst, const void* src, int64_t bytes) override;
+  void copy_to_host(void* dst, const void* src, int64_t bytes) override;
+  void tensor_to_host(const Tensor& t, float* dst) override;
+  void synchronize() override {}
+
+  std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
+  KvLayer alloc_kv_layer(const KvGeometry& geom) override;
+
+  void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) override;
+  void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) override;
+  void rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) override;
+  void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) override;
+  void add(Tensor x, const Tensor& delta) override;
+  void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) override;
+  void kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv,
+                const KvGeometry& geom) override;
+  void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom, const BatchView& batch,
+                       int32_t num_heads, float scale, Tensor out) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) override;
+
+ private:
+  int threads_;
+  // Per-thread attention scores, grown to the longest context seen.
+  std::vector<std::vector<float>> scores_;
+};
+
+// Checked downcasts (a weight of another backend is a programming error).
+const CpuWeight& as_cpu(const DeviceWeight& w);
+inline float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
+
+}  // namespace serval

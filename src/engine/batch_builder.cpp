@@ -1,0 +1,63 @@
+#include "engine/batch_builder.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace serval {
+
+BatchBuilder::BatchBuilder(int32_t block_size) : block_size_(block_size) {
+  SERVAL_CHECK(block_size >= 1, "KV block size must be at least 1, got ", block_size);
+}
+
+Batch BatchBuilder::build(std::span<const ScheduledSequence> items) const {
+  Batch batch;
+  build(items, batch);
+  return batch;
+}
+
+void BatchBuilder::build(std::span<const ScheduledSequence> items, Batch& batch) const {
+  batch.token_ids.clear();
+  batch.positions.clear();
+  batch.query_start.assign(1, 0);
+  batch.context_len.clear();
+  batch.slot_mapping.clear();
+  batch.logits_rows.clear();
+
+  int32_t max_blocks = 0;
+  for (const ScheduledSequence& item : items) {
+    const Sequence& seq = *item.seq;
+    const int64_t start = seq.num_computed_tokens();
+    const int64_t end = start + item.num_new_tokens;
+    SERVAL_CHECK(item.num_new_tokens >= 1 && end <= seq.num_tokens(), "sequence ", seq.id(),
+                 ": cannot schedule ", item.num_new_tokens, " new tokens (", start, " of ",
+                 seq.num_tokens(), " computed)");
+    const BlockTable& table = seq.block_table();
+    SERVAL_CHECK(table.block_size() == block_size_, "sequence ", seq.id(),
+                 ": block table has block size ", table.block_size(), ", the batch uses ",
+                 block_size_);
+    SERVAL_CHECK(table.num_tokens() >= end, "sequence ", seq.id(), ": KV slots cover ",
+                 table.num_tokens(), " tokens but the step needs ", end,
+                 " (allocate slots before building the batch)");
+    for (int64_t p = start; p < end; ++p) {
+      batch.token_ids.push_back(seq.token_at(p));
+      batch.positions.push_back(int32_t(p));
+      batch.slot_mapping.push_back(table.slot(p));
+    }
+    if (end == seq.num_tokens()) batch.logits_rows.push_back(int32_t(batch.token_ids.size()) - 1);
+    batch.query_start.push_back(int32_t(batch.token_ids.size()));
+    batch.context_len.push_back(int32_t(end));
+    max_blocks = std::max(max_blocks, int32_t((end + block_size_ - 1) / block_size_));
+  }
+
+  // Each row lists the blocks holding the sequence's context, padded with -1.
+  batch.max_blocks_per_seq = max_blocks;
+  batch.block_table.assign(items.size() * size_t(max_blocks), -1);
+  for (size_t s = 0; s < items.size(); ++s) {
+    const std::vector<BlockId>& blocks = items[s].seq->block_table().blocks();
+    const int32_t used = (batch.context_len[s] + block_size_ - 1) / block_size_;
+    std::copy_n(blocks.begin(), used, batch.block_table.begin() + s * max_blocks);
+  }
+}
+
+}  // namespace serval

@@ -1,0 +1,36 @@
+#pragma once
+// BatchBuilder: turns "these sequences, this many new tokens each" into the
+// flat Batch a forward pass takes (runtime/batch.h). Used by the simple
+// Generator now and by the Scheduler's engine loop later.
+#include <cstdint>
+#include <span>
+
+#include "runtime/batch.h"
+#include "sched/sequence.h"
+
+namespace serval {
+
+struct ScheduledSequence {
+  const Sequence* seq = nullptr;
+  // The next num_new_tokens uncomputed tokens, starting at num_computed_tokens.
+  int32_t num_new_tokens = 0;
+};
+
+class BatchBuilder {
+ public:
+  // Throws serval::Error if block_size < 1.
+  explicit BatchBuilder(int32_t block_size);
+
+  // Fills `batch` (reusing its storage) for `items`, in their order. A sequence
+  // gets a logits row (its last new token) when this step computes all of its
+  // known tokens, i.e. a decode step or the last chunk of its prompt.
+  // Throws serval::Error if an item has no new tokens, more than it has
+  // uncomputed, or its block table lacks slots for them (allocate first).
+  void build(std::span<const ScheduledSequence> items, Batch& batch) const;
+  Batch build(std::span<const ScheduledSequence> items) const;
+
+ private:
+  int32_t block_size_;
+};
+
+}  // namespace serval

@@ -1,0 +1,176 @@
+#pragma once
+// Backend: the narrow device interface the model is written against. A backend
+// owns device memory and supplies one kernel per op; ModelRunner strings the
+// ops together and holds no device-specific code.
+//
+// Conventions (shared by every backend):
+//  - Activations are Tensors: non-owning 2-D views [rows, cols], row-major and
+//    contiguous, in the backend's activation dtype (`act_dtype()`: f32 on the
+//    CPU, bf16 on CUDA). Their memory comes from `alloc()`.
+//  - Weights are uploaded once through `upload_weight()` into a backend-specific
+//    format (the CPU keeps f32; a GPU may keep bf16/int8/int4 blocks). The model
+//    only passes the resulting handles back to ops.
+//  - Integer batch metadata (token ids, positions, slot mapping, block tables...)
+//    is copied to device memory once per step (BatchView holds device pointers).
+//  - Ops are asynchronous with respect to the host on devices that can be (CUDA
+//    streams); `copy_to_host()` and `synchronize()` are the only waits. On the CPU
+//    every op completes before it returns.
+//  - Ops never validate indices: the runner validates the Batch on the host first.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/model_config.h"
+#include "model/weights.h"
+
+namespace serval {
+
+// Device memory owned by a backend; freed when the last copy goes away.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(std::shared_ptr<void> mem, int64_t bytes) : mem_(std::move(mem)), bytes_(bytes) {}
+  void* data() const { return mem_.get(); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<void> mem_;
+  int64_t bytes_ = 0;
+};
+
+// A non-owning view of a contiguous, row-major [rows, cols] tensor in device memory.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  int64_t numel() const { return rows * cols; }
+  // Rows [start, start + n) of this tensor.
+  Tensor rows_view(int64_t start, int64_t n) const {
+    return {static_cast<char*>(data) + dtype_bytes(dtype, start * cols), dtype, n, cols};
+  }
+  // The same memory seen as [numel / new_cols, new_cols] (e.g. [T, H * D] as [T * H, D]).
+  Tensor reshaped(int64_t new_cols) const { return {data, dtype, numel() / new_cols, new_cols}; }
+};
+
+// A weight prepared for one backend. Shape is outermost first: {out, in} for a
+// linear layer, {n} for a norm or bias vector, {vocab, hidden} for embeddings.
+class DeviceWeight {
+ public:
+  virtual ~DeviceWeight() = default;
+  const std::string& name() const { return name_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t rows() const { return shape_.size() == 2 ? shape_[0] : 1; }
+  int64_t cols() const { return shape_.back(); }
+
+ protected:
+  std::string name_;
+  std::vector<int64_t> shape_;
+};
+
+// One layer's paged KV cache: K and V pools of [num_blocks, block_size,
+// num_kv_heads, head_dim] in the backend's `kv_dtype()`.
+struct KvLayer {
+  DeviceBuffer k;
+  DeviceBuffer v;
+};
+
+struct KvGeometry {
+  int64_t num_blocks = 0;
+  int32_t block_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// The integer arrays of a Batch in device memory (see runtime/batch.h for
+// their meaning), plus host-side sizes for launching kernels.
+struct BatchView {
+  const int32_t* token_ids = nullptr;     // [T]
+  const int32_t* positions = nullptr;     // [T]
+  const int32_t* query_start = nullptr;   // [S + 1]
+  const int32_t* context_len = nullptr;   // [S]
+  const int32_t* block_table = nullptr;   // [S, max_blocks_per_seq]
+  const int64_t* slot_mapping = nullptr;  // [T]
+  const int32_t* logits_rows = nullptr;   // [R]
+  int32_t num_tokens = 0;                 // T
+  int32_t num_seqs = 0;                   // S
+  int32_t num_logits_rows = 0;            // R
+  int32_t max_blocks_per_seq = 0;
+  int32_t max_query_len = 0;    // longest run of new tokens of one sequence
+  int32_t max_context_len = 0;  // longest context_len
+};
+
+// How to rotate q and k. `inv_freq` holds rope_dim / 2 f32 frequencies in
+// device memory (scaling and per-dimension divisors already applied; see
+// runtime/rope.h). The angle of pair i at position p is float(p) * inv_freq[i],
+// in f32 as Hugging Face computes it. Dimensions from rope_dim up pass through.
+struct RopeParams {
+  RopeStyle style = RopeStyle::Neox;
+  int32_t head_dim = 0;
+  int32_t rope_dim = 0;
+  const float* inv_freq = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual DType act_dtype() const = 0;
+  virtual DType kv_dtype() const = 0;
+  virtual int threads() const { return 1; }
+
+  // ---- memory ----
+  virtual DeviceBuffer alloc(int64_t bytes) = 0;
+  virtual void copy_to_device(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, int64_t bytes) = 0;
+  // Copies a tensor into host f32 (converting from the activation dtype).
+  virtual void tensor_to_host(const Tensor& t, float* dst) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- weights ----
+  // Converts `view` (any DType of core/dtype.h) into the backend's format.
+  virtual std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) = 0;
+  // Allocates one layer's K and V pools.
+  virtual KvLayer alloc_kv_layer(const KvGeometry& geom) = 0;
+
+  // ---- ops ----
+  // out[t, :] = table[ids[t], :] for t < out.rows.
+  virtual void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) = 0;
+  // y = x @ W^T (+ bias if non-null); x [T, in], W {out, in}, y [T, out].
+  virtual void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) = 0;
+  // out = rmsnorm(x) * w, row by row; out may alias x. w has x.cols entries
+  // (per-head norm: pass x.reshaped(head_dim)).
+  virtual void rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) = 0;
+  // residual += delta; then out = rmsnorm(residual) * w.
+  virtual void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps,
+                           Tensor out) = 0;
+  // x += delta.
+  virtual void add(Tensor x, const Tensor& delta) = 0;
+  // Rotates q [T, num_heads * head_dim] and k [T, num_kv_heads * head_dim] in place
+  // at positions[t].
+  virtual void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) = 0;
+  // Writes k, v [T, num_kv_heads * head_dim] to the pools at slot_mapping[t].
+  virtual void kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping,
+                        const KvLayer& kv, const KvGeometry& geom) = 0;
+  // out [T, num_heads * head_dim] = softmax(q k^T * scale) v for each sequence of
+  // the batch: the query at position p attends to positions 0..p of its sequence,
+  // read from the pools through its block table. Query head h reads KV head
+  // h / (num_heads / num_kv_heads).
+  virtual void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom,
+                               const BatchView& batch, int32_t num_heads, float scale,
+                               Tensor out) = 0;
+  // out = silu(gate) * up, elementwise.
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
+  // out[r, :] = x[rows[r], :] for r < out.rows.
+  virtual void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) = 0;
+};
+
+// Creates the backend for `device` ("cpu"); `threads` 0 means all cores.
+// Throws serval::Error for devices this build does not have.
+std::unique_ptr<Backend> create_backend(const std::string& device, int threads);
+
+}  // namespace serval

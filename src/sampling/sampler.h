@@ -1,0 +1,52 @@
+#pragma once
+// Sampler: picks the next token of one sequence from its row of logits, with
+// vLLM's semantics:
+//   penalties (repetition, frequency, presence; see penalties.h)
+//   → greedy: argmax (lowest id on ties), penalties included
+//   → otherwise: temperature, then top-k, top-p, min-p filtering, then a draw
+//     from the softmax of what is left, with the request's Rng.
+// Logprobs, when asked for, are of the raw distribution (see logprobs.h).
+//
+// One Sampler is reused for many rows: it keeps vocab-sized scratch buffers.
+// Not thread-safe; use one per thread.
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "sampling/logprobs.h"
+#include "sampling/penalties.h"
+#include "sampling/rng.h"
+#include "sampling/sampling_params.h"
+
+namespace serval {
+
+struct SampleResult {
+  int32_t token = -1;
+  std::optional<Logprobs> logprobs;  // set when params.logprobs >= 0
+};
+
+class Sampler {
+ public:
+  // Throws serval::Error if the logits are empty, contain NaN or +inf, are all
+  // -inf, or a token id in the history is outside the vocabulary. Draws exactly
+  // one value from `rng` when not greedy, none when greedy.
+  SampleResult sample(std::span<const float> logits, const SamplingParams& params,
+                      std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids,
+                      Rng& rng);
+
+ private:
+  int32_t sample_filtered(std::span<const float> x, const SamplingParams& params, Rng& rng);
+  float kth_largest(std::span<const float> x, float max, int32_t k);
+  void apply_top_p(std::span<const float> x, float max, float top_p);
+
+  PenaltyApplier penalties_;
+  std::vector<float> work_;          // penalized (and scaled) logits
+  std::vector<int32_t> candidates_;  // token ids still in the running
+  std::vector<float> values_;        // scratch for selecting the k-th largest value
+  std::vector<float> weights_;       // exp(x - max) of the candidates, in order
+  std::vector<uint16_t> bucket_of_;  // top-k/top-p: bucket of each token/candidate
+  std::vector<int32_t> boundary_;    // top-p: candidates of the boundary bucket
+};
+
+}  // namespace serval

@@ -1,0 +1,27 @@
+#include "sampling/sampling_params.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace serval {
+
+void SamplingParams::validate() const {
+  // NaN fails every comparison below, so each check is written so that NaN is rejected.
+  SERVAL_CHECK(temperature >= 0.0f && temperature <= kMaxTemperature,
+               "temperature must be in [0, ", kMaxTemperature, "], got ", temperature);
+  SERVAL_CHECK(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got ", top_p);
+  SERVAL_CHECK(top_k == -1 || top_k >= 0,
+               "top_k must be -1 or 0 (disabled) or at least 1, got ", top_k);
+  SERVAL_CHECK(min_p >= 0.0f && min_p <= 1.0f, "min_p must be in [0, 1], got ", min_p);
+  SERVAL_CHECK(repetition_penalty > 0.0f && repetition_penalty <= 10.0f,
+               "repetition_penalty must be in (0, 10], got ", repetition_penalty);
+  SERVAL_CHECK(presence_penalty >= -2.0f && presence_penalty <= 2.0f,
+               "presence_penalty must be in [-2, 2], got ", presence_penalty);
+  SERVAL_CHECK(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
+               "frequency_penalty must be in [-2, 2], got ", frequency_penalty);
+  SERVAL_CHECK(logprobs >= -1 && logprobs <= kMaxLogprobs, "logprobs must be in [0, ",
+               kMaxLogprobs, "] (or -1 for none), got ", logprobs);
+}
+
+}  // namespace serval

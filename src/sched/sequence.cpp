@@ -1,0 +1,44 @@
+#include "sched/sequence.h"
+
+#include "core/error.h"
+
+namespace serval {
+
+Sequence::Sequence(int64_t id, std::vector<int32_t> prompt_ids, SamplingParams params,
+                   StopCriteria stop, BlockTable block_table)
+    : id_(id),
+      prompt_ids_(std::move(prompt_ids)),
+      block_table_(std::move(block_table)),
+      params_(params),
+      stop_(std::move(stop)),
+      rng_(params.seed ? *params.seed : random_seed()) {
+  SERVAL_CHECK(!prompt_ids_.empty(), "sequence ", id_, ": the prompt is empty (no tokens)");
+  for (int32_t t : prompt_ids_)
+    SERVAL_CHECK(t >= 0, "sequence ", id_, ": prompt token id ", t, " is negative");
+}
+
+int32_t Sequence::token_at(int64_t position) const {
+  SERVAL_CHECK(position >= 0 && position < num_tokens(), "sequence ", id_, ": position ",
+               position, " is outside its ", num_tokens(), " tokens");
+  return position < num_prompt_tokens() ? prompt_ids_[position]
+                                        : output_ids_[position - num_prompt_tokens()];
+}
+
+void Sequence::advance_computed(int64_t n) {
+  SERVAL_CHECK(n >= 0 && num_computed_tokens_ + n <= num_tokens(), "sequence ", id_,
+               ": cannot mark ", n, " more tokens computed (", num_computed_tokens_, " of ",
+               num_tokens(), " are)");
+  num_computed_tokens_ += n;
+}
+
+FinishReason Sequence::append_output(int32_t token, std::optional<Logprobs> logprobs,
+                                     int64_t max_model_len) {
+  SERVAL_CHECK(!finished(), "sequence ", id_, " is finished; cannot append token ", token);
+  output_ids_.push_back(token);
+  if (logprobs) output_logprobs_.push_back(std::move(*logprobs));
+  finish_reason_ = stop_.check(token, int64_t(output_ids_.size()), num_tokens(), max_model_len);
+  if (finish_reason_ == FinishReason::kStop) stop_token_ = token;
+  return finish_reason_;
+}
+
+}  // namespace serval

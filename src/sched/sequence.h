@@ -1,0 +1,75 @@
+#pragma once
+// Sequence: the state of one generation stream inside the engine loop: its
+// tokens (prompt, then output), how many of them have K/V in the cache, its
+// KV blocks, how it samples and when it stops.
+//
+// Tokens [0, num_computed_tokens) have been through the model; the rest are
+// known but not yet computed (the whole prompt at first, then the one token
+// just sampled). Owned by the engine loop thread.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kv/block_table.h"
+#include "sampling/logprobs.h"
+#include "sampling/rng.h"
+#include "sampling/sampling_params.h"
+#include "sched/stop_criteria.h"
+
+namespace serval {
+
+class Sequence {
+ public:
+  // The Rng is keyed by params.seed, or by a fresh random seed when unset.
+  // Throws serval::Error on an empty prompt or negative token ids.
+  Sequence(int64_t id, std::vector<int32_t> prompt_ids, SamplingParams params, StopCriteria stop,
+           BlockTable block_table);
+
+  int64_t id() const { return id_; }
+  const std::vector<int32_t>& prompt_ids() const { return prompt_ids_; }
+  const std::vector<int32_t>& output_ids() const { return output_ids_; }
+  int64_t num_prompt_tokens() const { return int64_t(prompt_ids_.size()); }
+  int64_t num_tokens() const { return num_prompt_tokens() + int64_t(output_ids_.size()); }
+  // Token at `position` of prompt + output.
+  int32_t token_at(int64_t position) const;
+
+  int64_t num_computed_tokens() const { return num_computed_tokens_; }
+  int64_t num_uncomputed_tokens() const { return num_tokens() - num_computed_tokens_; }
+  bool prompt_computed() const { return num_computed_tokens_ >= num_prompt_tokens(); }
+  // Records that n more tokens went through the model. Throws past num_tokens().
+  void advance_computed(int64_t n);
+
+  BlockTable& block_table() { return block_table_; }
+  const BlockTable& block_table() const { return block_table_; }
+  const SamplingParams& params() const { return params_; }
+  const StopCriteria& stop() const { return stop_; }
+  Rng& rng() { return rng_; }
+  uint64_t seed() const { return rng_.seed(); }
+
+  // Appends a sampled token (and its logprobs, when requested) and applies the
+  // stop criteria; returns the finish reason (kNone: keep going).
+  FinishReason append_output(int32_t token, std::optional<Logprobs> logprobs,
+                             int64_t max_model_len);
+  const std::vector<Logprobs>& output_logprobs() const { return output_logprobs_; }
+
+  void abort() { finish_reason_ = FinishReason::kAbort; }
+  bool finished() const { return finish_reason_ != FinishReason::kNone; }
+  FinishReason finish_reason() const { return finish_reason_; }
+  // The token that triggered a kStop finish (EOS or a stop token).
+  std::optional<int32_t> stop_token() const { return stop_token_; }
+
+ private:
+  int64_t id_;
+  std::vector<int32_t> prompt_ids_;
+  std::vector<int32_t> output_ids_;
+  std::vector<Logprobs> output_logprobs_;
+  int64_t num_computed_tokens_ = 0;
+  BlockTable block_table_;
+  SamplingParams params_;
+  StopCriteria stop_;
+  Rng rng_;
+  FinishReason finish_reason_ = FinishReason::kNone;
+  std::optional<int32_t> stop_token_;
+};
+
+}  // namespace serval

@@ -1,0 +1,37 @@
+#include "sched/stop_criteria.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace serval {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone: break;
+  }
+  return nullptr;
+}
+
+void StopCriteria::validate() const {
+  SERVAL_CHECK(max_tokens >= 1, "max_tokens must be at least 1, got ", max_tokens);
+  for (int32_t id : stop_token_ids)
+    SERVAL_CHECK(id >= 0, "stop_token_ids must be token ids (>= 0), got ", id);
+}
+
+FinishReason StopCriteria::check(int32_t token, int64_t num_output, int64_t num_tokens,
+                                 int64_t max_model_len) const {
+  auto contains = [token](const std::vector<int32_t>& ids) {
+    return std::find(ids.begin(), ids.end(), token) != ids.end();
+  };
+  if (!ignore_eos && contains(eos_token_ids)) return FinishReason::kStop;
+  if (contains(stop_token_ids)) return FinishReason::kStop;
+  if (num_output >= max_tokens) return FinishReason::kLength;
+  if (max_model_len > 0 && num_tokens >= max_model_len) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+}  // namespace serval

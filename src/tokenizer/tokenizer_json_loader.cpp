@@ -1,0 +1,262 @@
+// Hugging Face tokenizer.json (+ tokenizer_config.json). model.type BPE with
+// byte_fallback is SentencePiece-style (Llama 2); BPE without it is byte-level
+// (Llama 3, Qwen).
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/loader_util.h"
+#include "tokenizer/pretokenizer_regex.h"
+#include "tokenizer/spm_tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace serval {
+
+using json = nlohmann::json;
+
+namespace {
+
+json read_json(const std::string& path) {
+  std::ifstream f(path);
+  SERVAL_CHECK(f, "cannot open \"", path, "\"");
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    fail("\"", path, "\" is not valid JSON: ", e.what());
+  }
+}
+
+// Every object of `node` (a pre-tokenizer or normalizer, or a Sequence of them).
+std::vector<const json*> flatten(const json& node, const char* list_key) {
+  std::vector<const json*> out;
+  if (!node.is_object()) return out;
+  if (node.value("type", "") == "Sequence" && node.contains(list_key)) {
+    for (const auto& n : node[list_key]) {
+      auto sub = flatten(n, list_key);
+      out.insert(out.end(), sub.begin(), sub.end());
+    }
+  } else {
+    out.push_back(&node);
+  }
+  return out;
+}
+
+// tokenizer_config.json writes special tokens as a string or {"content": ...}.
+std::string token_text(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return {};
+}
+
+std::pair<std::string, std::string> parse_merge(const json& m, const std::string& path) {
+  if (m.is_array() && m.size() == 2) return {m[0].get<std::string>(), m[1].get<std::string>()};
+  if (m.is_string()) {
+    const std::string& s = m.get_ref<const std::string&>();
+    size_t sp = s.find(' ', 1);
+    if (sp != std::string::npos) return {s.substr(0, sp), s.substr(sp + 1)};
+  }
+  fail("\"", path, "\": malformed merge ", m.dump());
+}
+
+struct JsonVocab {
+  std::vector<std::string> pieces;
+  std::vector<AddedToken> added;
+  std::vector<std::pair<std::string, std::string>> merges;
+};
+
+JsonVocab read_vocab(const json& tj, const std::string& path) {
+  const json& model = tj["model"];
+  SERVAL_CHECK(model.contains("vocab") && model["vocab"].is_object(), "\"", path, "\": model.vocab is missing");
+  JsonVocab v;
+  int64_t max_id = -1;
+  for (const auto& [piece, id] : model["vocab"].items()) max_id = std::max<int64_t>(max_id, id.get<int64_t>());
+  if (tj.contains("added_tokens"))
+    for (const auto& t : tj["added_tokens"]) max_id = std::max<int64_t>(max_id, t.at("id").get<int64_t>());
+  SERVAL_CHECK(max_id >= 0 && max_id < (1 << 24), "\"", path, "\": vocabulary ids out of range (max ", max_id, ")");
+  v.pieces.assign(static_cast<size_t>(max_id + 1), std::string());
+  for (const auto& [piece, id] : model["vocab"].items()) {
+    int64_t i = id.get<int64_t>();
+    SERVAL_CHECK(i >= 0, "\"", path, "\": negative id for \"", piece, "\"");
+    v.pieces[static_cast<size_t>(i)] = piece;
+  }
+  if (tj.contains("added_tokens")) {
+    for (const auto& t : tj["added_tokens"]) {
+      AddedToken a;
+      a.content = t.at("content").get<std::string>();
+      a.id = t.at("id").get<int32_t>();
+      a.special = t.value("special", false);
+      a.lstrip = t.value("lstrip", false);
+      a.rstrip = t.value("rstrip", false);
+      SERVAL_CHECK(a.id >= 0, "\"", path, "\": added token \"", a.content, "\" has a negative id");
+      v.pieces[static_cast<size_t>(a.id)] = a.content;
+      v.added.push_back(std::move(a));
+    }
+  }
+  if (model.contains("merges"))
+    for (const auto& m : model["merges"]) v.merges.push_back(parse_merge(m, path));
+  return v;
+}
+
+
+// Which special tokens encode(add_special) puts around a text, as transformers
+// decides: a TemplateProcessing post-processor in tokenizer.json says it
+// outright; Llama tokenizer classes rebuild that template from add_bos_token
+// (default true) and add_eos_token; any other class adds nothing.
+void set_special_tokens_added(const json& tj, const json& cfg, Tokenizer& tok) {
+  const json* tmpl = nullptr;
+  if (tj.contains("post_processor") && tj["post_processor"].is_object()) {
+    const json& pp = tj["post_processor"];
+    if (pp.value("type", "") == "TemplateProcessing") tmpl = &pp;
+    if (pp.value("type", "") == "Sequence" && pp.contains("processors") && pp["processors"].is_array())
+      for (const json& p : pp["processors"])
+        if (p.is_object() && p.value("type", "") == "TemplateProcessing") tmpl = &p;
+  }
+  const std::string cls = cfg.is_object() ? cfg.value("tokenizer_class", "") : "";
+  auto flag = [&](const char* key, bool dflt) {
+    return cfg.contains(key) && cfg[key].is_boolean() ? cfg[key].get<bool>() : dflt;
+  };
+  if (cls.find("Llama") != std::string::npos) {
+    tok.add_bos = flag("add_bos_token", true) && tok.bos_id >= 0;
+    tok.add_eos = flag("add_eos_token", false) && tok.eos_id >= 0;
+    return;
+  }
+  tok.add_bos = tok.add_eos = false;
+  if (!tmpl || !tmpl->contains("single") || !(*tmpl)["single"].is_array()) return;
+  bool before_text = true;
+  for (const json& item : (*tmpl)["single"]) {
+    if (item.contains("Sequence")) { before_text = false; continue; }
+    if (!item.contains("SpecialToken")) continue;
+    const auto id = tok.token_id(item["SpecialToken"].value("id", ""));
+    if (!id) continue;
+    if (before_text) { tok.add_bos = true; if (tok.bos_id < 0) tok.bos_id = *id; }
+    else { tok.add_eos = true; if (tok.eos_id < 0) tok.eos_id = *id; }
+  }
+}
+
+std::unique_ptr<Tokenizer> make_spm(const json& tj, JsonVocab v, const std::string& path) {
+  SpmVocab s;
+  const size_t n = v.pieces.size();
+  // HF lists a merge for every pair whose concatenation is a piece, ordered by
+  // the piece's SentencePiece score; the rank of a piece's first merge orders
+  // pieces the same way. Pieces no merge produces are not reachable by merging.
+  std::unordered_map<std::string, int32_t> ids;
+  for (size_t i = 0; i < n; ++i) ids.emplace(v.pieces[i], static_cast<int32_t>(i));
+  s.scores.assign(n, -std::numeric_limits<float>::infinity());
+  std::vector<bool> produced(n, false);
+  for (size_t r = 0; r < v.merges.size(); ++r) {
+    auto it = ids.find(v.merges[r].first + v.merges[r].second);
+    if (it != ids.end() && !produced[it->second]) {
+      produced[it->second] = true;
+      s.scores[it->second] = -static_cast<float>(r);
+    }
+  }
+  s.types.assign(n, TokenType::Normal);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& p = v.pieces[i];
+    bool single_char = !p.empty() && utf8::char_len(static_cast<unsigned char>(p[0])) >= p.size();
+    if (p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>')
+      s.types[i] = TokenType::Byte;
+    else if (!produced[i] && !single_char)
+      s.types[i] = TokenType::Unused;
+  }
+  for (const auto& a : v.added) s.types[a.id] = a.special ? TokenType::Control : TokenType::UserDefined;
+  const json& model = tj["model"];
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto it = ids.find(model["unk_token"].get<std::string>());
+    if (it != ids.end()) {
+      s.unk_id = it->second;
+      s.types[it->second] = TokenType::Unknown;
+    }
+  }
+  // Where the "▁" prefix comes from: a Prepend normalizer (legacy Llama 2: every
+  // fragment between added tokens) or a Metaspace pre-tokenizer (prepend_scheme).
+  s.add_dummy_prefix = false;
+  s.prefix_every_fragment = true;
+  const json normalizer = tj.value("normalizer", json()), pre_tokenizer = tj.value("pre_tokenizer", json());
+  for (const json* nrm : flatten(normalizer, "normalizers"))
+    if (nrm->value("type", "") == "Prepend") s.add_dummy_prefix = true;
+  for (const json* pre : flatten(pre_tokenizer, "pretokenizers")) {
+    if (pre->value("type", "") != "Metaspace") continue;
+    std::string scheme = pre->value("prepend_scheme", pre->value("add_prefix_space", true) ? "always" : "never");
+    s.add_dummy_prefix = scheme != "never";
+    s.prefix_every_fragment = scheme == "always";
+  }
+  s.pieces = std::move(v.pieces);
+  s.added = std::move(v.added);
+  return std::make_unique<SpmTokenizer>(std::move(s));
+}
+
+std::unique_ptr<Tokenizer> make_byte_level(const json& tj, JsonVocab v, const std::string& path) {
+  BpeVocab b;
+  b.pieces = std::move(v.pieces);
+  b.merges = std::move(v.merges);
+  b.added = std::move(v.added);
+  b.ignore_merges = tj["model"].value("ignore_merges", false);
+  b.pattern = kGpt2Pattern;
+  const json normalizer = tj.value("normalizer", json()), pre_tokenizer = tj.value("pre_tokenizer", json());
+  for (const json* pre : flatten(pre_tokenizer, "pretokenizers")) {
+    std::string type = pre->value("type", "");
+    if (type == "Split" && pre->contains("pattern")) {
+      const json& pat = (*pre)["pattern"];
+      SERVAL_CHECK(pat.contains("Regex"), "\"", path, "\": Split pre-tokenizer without a Regex pattern");
+      b.pattern = pat["Regex"].get<std::string>();
+    }
+  }
+  for (const json* nrm : flatten(normalizer, "normalizers")) {
+    std::string type = nrm->value("type", "");
+    if (type == "NFC")
+      b.nfc = true;
+    else
+      fail("\"", path, "\": normalizer \"", type, "\" is not supported for byte-level BPE (supported: NFC)");
+  }
+  return std::make_unique<BpeTokenizer>(std::move(b));
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& json_path, const std::string& config_path) {
+  json tj = read_json(json_path);
+  SERVAL_CHECK(tj.contains("model") && tj["model"].is_object(), "\"", json_path, "\" has no \"model\" object");
+  std::string type = tj["model"].value("type", "BPE");
+  SERVAL_CHECK(type == "BPE", "\"", json_path, "\": tokenizer model type \"", type,
+               "\" is not supported (supported: BPE)");
+  bool spm_style = tj["model"].value("byte_fallback", false);
+  JsonVocab v = read_vocab(tj, json_path);
+  std::unique_ptr<Tokenizer> tok = spm_style ? make_spm(tj, std::move(v), json_path)
+                                             : make_byte_level(tj, std::move(v), json_path);
+
+  json cfg = config_path.empty() ? json::object() : read_json(config_path);
+  auto lookup = [&](const char* key) -> int32_t {
+    if (!cfg.contains(key)) return -1;
+    std::string text = token_text(cfg[key]);
+    if (text.empty()) return -1;
+    auto id = tok->token_id(text);
+    SERVAL_CHECK(id.has_value(), "\"", config_path, "\": ", key, " \"", text, "\" is not in the vocabulary");
+    return *id;
+  };
+  tok->bos_id = lookup("bos_token");
+  tok->eos_id = lookup("eos_token");
+  if (config_path.empty()) {  // no config: the usual names
+    for (const char* name : {"<s>", "<|begin_of_text|>"})
+      if (auto id = tok->token_id(name); id && tok->bos_id < 0) tok->bos_id = *id;
+    for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>"})
+      if (auto id = tok->token_id(name); id && tok->eos_id < 0) tok->eos_id = *id;
+  }
+  set_special_tokens_added(tj, cfg, *tok);
+  if (cfg.contains("chat_template")) {
+    const json& ct = cfg["chat_template"];
+    if (ct.is_string()) {
+      tok->chat_template = ct.get<std::string>();
+    } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
+      for (const auto& t : ct)
+        if (t.value("name", "") == "default") tok->chat_template = t.value("template", "");
+    }
+  }
+  collect_eos_ids(*tok);
+  return tok;
+}
+
+}  // namespace serval

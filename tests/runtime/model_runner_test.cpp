@@ -1,0 +1,182 @@
+// ModelRunner (CPU backend) against a naive double-precision reference on tiny
+// random models covering every config flag: GQA, head_dim != hidden/heads, qkv
+// bias, qk norm, tied embeddings, both RoPE styles, partial RoPE, llama3 and
+// linear scaling, rope_freqs divisors, f16/bf16 weight storage.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "runtime/model_runner.h"
+#include "tiny_model.h"
+
+namespace serval::testing {
+namespace {
+
+struct Case {
+  const char* name;
+  TinySpec spec;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  {
+    TinySpec s;  // Llama 3 style: GQA 4:2, head_dim 8, interleaved, llama3 scaling, f16 weights
+    s.style = RopeStyle::Interleaved;
+    s.scaling.type = RopeScaling::Type::Llama3;
+    s.scaling.factor = 8;
+    s.scaling.low_freq_factor = 1;
+    s.scaling.high_freq_factor = 4;
+    s.scaling.original_max_position = 64;  // puts the 4 frequencies in all three bands
+    s.matrix_dtype = DType::F16;
+    out.push_back({"llama3_gqa4to2_interleaved", s});
+  }
+  {
+    TinySpec s;  // Qwen2 style: GQA 8:2, head_dim 16, qkv bias, tied embeddings, bf16 weights
+    s.arch = "qwen2";
+    s.hidden = 48;
+    s.heads = 8;
+    s.kv_heads = 2;
+    s.head_dim = 16;
+    s.bias = true;
+    s.tied = true;
+    s.matrix_dtype = DType::BF16;
+    s.seed = 2;
+    out.push_back({"qwen2_gqa8to2_bias_tied", s});
+  }
+  {
+    TinySpec s;  // Qwen3 style: q/k norm, head_dim 16 with hidden 32 (q_dim 64), linear scaling
+    s.arch = "qwen3";
+    s.head_dim = 16;
+    s.qk_norm = true;
+    s.scaling.type = RopeScaling::Type::Linear;
+    s.scaling.factor = 2;
+    s.seed = 3;
+    out.push_back({"qwen3_qknorm_linear", s});
+  }
+  {
+    TinySpec s;  // partial Neox RoPE with per-dimension divisors (GGUF rope_freqs.weight)
+    s.heads = 8;
+    s.kv_heads = 2;
+    s.rope_dim = 4;
+    s.rope_freqs = true;
+    s.layers = 2;
+    s.seed = 4;
+    out.push_back({"neox_partial_rope_freqs", s});
+  }
+  {
+    TinySpec s;  // multi-head (no GQA), partial interleaved RoPE
+    s.heads = 4;
+    s.kv_heads = 4;
+    s.head_dim = 16;
+    s.hidden = 40;
+    s.rope_dim = 8;
+    s.style = RopeStyle::Interleaved;
+    s.seed = 5;
+    out.push_back({"mha_interleaved_partial", s});
+  }
+  return out;
+}
+
+class RunnerVsReference : public ::testing::TestWithParam<Case> {};
+
+int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
+
+TEST_P(RunnerVsReference, PrefillAndDecodeMatchReference) {
+  const TinySpec& spec = GetParam().spec;
+  const ModelConfig cfg = tiny_config(spec);
+  const WeightStore weights = tiny_weights(cfg, spec);
+  RunnerOptions opts;
+  opts.block_size = 4;
+  opts.kv_cache_tokens = 128;
+  auto runner = ModelRunner::create(cfg, weights, opts);
+  ASSERT_EQ(runner->block_size(), 4);
+  ASSERT_EQ(runner->num_blocks(), 32);
+
+  std::vector<int32_t> tokens = {1, 7, 30, 12, 60, 5, 5, 41, 9, 22, 33, 18, 2, 57, 44, 3, 29};
+  std::vector<int32_t> blocks(32);
+  for (int i = 0; i < 32; ++i) blocks[i] = 31 - i;  // physical order unlike logical
+  PagedSeqs seqs(4, blocks, 8);
+  const int s = seqs.add_sequence();
+
+  // Prefill with logits for every position.
+  std::vector<float> logits;
+  runner->forward(seqs.step({s}, {tokens}, /*all_logits=*/true), logits);
+  auto ref = reference_logits(cfg, weights, tokens);
+  ASSERT_EQ(logits.size(), tokens.size() * size_t(cfg.vocab_size));
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    std::vector<float> row(logits.begin() + t * cfg.vocab_size, logits.begin() + (t + 1) * cfg.vocab_size);
+    EXPECT_LT(rel_error(row, ref[t]), 1e-4) << "prefill position " << t;
+  }
+
+  // Greedy decode steps, each checked against a full recompute of the reference.
+  int32_t next = argmax(logits.data() + (tokens.size() - 1) * cfg.vocab_size, cfg.vocab_size);
+  for (int step = 0; step < 6; ++step) {
+    tokens.push_back(next);
+    runner->forward(seqs.step({s}, {{next}}, false), logits);
+    ASSERT_EQ(logits.size(), size_t(cfg.vocab_size));
+    ref = reference_logits(cfg, weights, tokens);
+    EXPECT_LT(rel_error(logits, ref.back()), 1e-4) << "decode step " << step;
+    next = argmax(logits.data(), cfg.vocab_size);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, RunnerVsReference, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ModelRunner, MissingOrMisShapedTensorsFailWithTheirName) {
+  TinySpec spec;
+  const ModelConfig cfg = tiny_config(spec);
+  WeightStore w = tiny_weights(cfg, spec);
+  WeightStore partial;
+  for (const auto& [name, view] : w.all())
+    if (name != "blk.1.ffn_up.weight") partial.add(view);
+  try {
+    ModelRunner::create(cfg, partial, RunnerOptions{});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blk.1.ffn_up.weight"), std::string::npos) << e.what();
+  }
+  ModelConfig wrong = cfg;
+  wrong.intermediate_size = 40;
+  try {
+    ModelRunner::create(wrong, w, RunnerOptions{});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ffn_gate.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelRunner, RejectsUnknownDeviceAndBadTokens) {
+  TinySpec spec;
+  const ModelConfig cfg = tiny_config(spec);
+  const WeightStore w = tiny_weights(cfg, spec);
+  RunnerOptions opts;
+  opts.device = "tpu";
+  EXPECT_THROW(ModelRunner::create(cfg, w, opts), Error);
+
+  auto runner = ModelRunner::create(cfg, w, RunnerOptions{});
+  PagedSeqs seqs(runner->block_size(), {0, 1, 2}, 3);
+  const int s = seqs.add_sequence();
+  std::vector<float> logits;
+  EXPECT_THROW(runner->forward(seqs.step({s}, {{1, int32_t(cfg.vocab_size)}}, false), logits), Error);
+}
+
+TEST(ModelRunner, KvPoolSizeFromTokensOrBytes) {
+  TinySpec spec;
+  const ModelConfig cfg = tiny_config(spec);
+  const WeightStore w = tiny_weights(cfg, spec);
+  RunnerOptions opts;
+  opts.block_size = 16;
+  opts.kv_cache_tokens = 100;
+  EXPECT_EQ(ModelRunner::create(cfg, w, opts)->num_blocks(), 7);  // ceil(100 / 16)
+  opts.kv_cache_tokens = 0;
+  // 2 (K, V) x 3 layers x 16 kv_dim x 4 bytes = 384 bytes per token.
+  opts.kv_memory_bytes = 384 * 64;
+  EXPECT_EQ(ModelRunner::create(cfg, w, opts)->num_blocks(), 4);
+  opts.kv_memory_bytes = 384;
+  EXPECT_THROW(ModelRunner::create(cfg, w, opts), Error);  // less than one block
+}
+
+}  // namespace
+}  // namespace serval::testing
