@@ -1,6 +1,8 @@
 #pragma once
 // Helpers for model tests: tiny models written with Serval's own writers, the
 // shared test models' paths, and a scratch directory.
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <random>
