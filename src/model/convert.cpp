@@ -10,6 +10,7 @@
 #include "model/hf_model.h"
 #include "model/model_shapes.h"
 #include "model/rope_factors.h"
+#include "tokenizer/tokenizer_gguf.h"
 
 namespace serval {
 
@@ -156,7 +157,7 @@ void convert_hf_to_gguf(const std::string& dir, const std::string& out_path) {
   set_gguf_model_metadata(w, c);
   const TensorView& embd = m.weights.get("token_embd.weight");
   w.set_u32("general.file_type", file_type_of(embd.dtype));
-  set_gguf_tokenizer_from_hf(w, dir, c.architecture, c.vocab_size);
+  add_tokenizer_metadata(dir, w);
 
   // llama: Hugging Face rows are in rotate_half order; llama.cpp's "llama" GGUF
   // has them interleaved, so q/k (and their biases) are permuted per head.

@@ -23,13 +23,6 @@ void set_gguf_model_metadata(GgufWriter& w, const ModelConfig& c);
 // tokenizer.ggml.* from a llama2.c vocabulary (SentencePiece pieces with byte tokens).
 void set_gguf_tokenizer_from_llama2c(GgufWriter& w, const Llama2cVocab& vocab);
 
-// tokenizer.ggml.* from a Hugging Face folder's tokenizer.json and
-// tokenizer_config.json: "gpt2" (byte-level BPE, with merges and pre-tokenizer
-// name) or "llama" (SentencePiece-style BPE with byte fallback). The vocabulary is
-// padded to `vocab_size` with [PADn] tokens when the model's embedding is larger.
-void set_gguf_tokenizer_from_hf(GgufWriter& w, const std::string& dir, const std::string& arch,
-                                int64_t vocab_size);
-
 // llama.cpp token types.
 enum class GgufTokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
 
