@@ -22,7 +22,7 @@ for f in "${fuzzers[@]}"; do
   mkdir -p "$corpus"
   echo "== $f for ${seconds}s"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    "build-fuzz/$f" -max_total_time="$seconds" -jobs=1 -workers=1 -rss_limit_mb=2048 -max_len=65536 \
+    "build-fuzz/$f" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 \
     -timeout=10 -print_final_stats=1 -artifact_prefix=build-fuzz/crashes/ \
     "$corpus" "tests/fuzz/corpus/${f#fuzz_}"
 done
