@@ -14,7 +14,7 @@ namespace {
 
 TEST(GeneratorStories, GreedyMatchesLlama2c) {
   const std::string path = models_dir() + "/stories260K/stories260K.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (set SERVAL_MODELS)";
+  if (!std::filesystem::exists(path)) GTEST_FAIL() << path << " not found (set SERVAL_MODELS)";
   const LoadedModel model = load_model(path);
   RunnerOptions opts;
   opts.threads = 2;

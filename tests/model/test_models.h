@@ -24,10 +24,10 @@ namespace serval::testing {
 
 inline std::string shared_model(const std::string& rel) { return models_dir() + "/" + rel; }
 
-// Skips the test when a shared model is missing (e.g. SERVAL_MODELS unset).
+// Fails the test when a shared model is missing: a skip would hide a broken setup.
 #define SERVAL_REQUIRE_MODEL(path)                                                    \
   do {                                                                                \
-    if (!std::filesystem::exists(path)) GTEST_SKIP() << "missing test model " << path; \
+    if (!std::filesystem::exists(path)) GTEST_FAIL() << "missing test model " << path << " (set SERVAL_MODELS)"; \
   } while (0)
 
 // A fresh directory under the system temp dir, removed at destruction.

@@ -24,7 +24,7 @@ void expect_golden(const std::vector<int32_t>& generated) {
 }
 
 TEST(StoriesGolden, GreedyDecodeReproducesLlama2c) {
-  if (!std::filesystem::exists(stories_path())) GTEST_SKIP() << stories_path() << " not found; set SERVAL_MODELS";
+  if (!std::filesystem::exists(stories_path())) GTEST_FAIL() << stories_path() << " not found; set SERVAL_MODELS";
   LoadedModel model = load_model(stories_path());
   RunnerOptions opts;
   opts.kv_cache_tokens = 512;
@@ -33,7 +33,7 @@ TEST(StoriesGolden, GreedyDecodeReproducesLlama2c) {
 }
 
 TEST(StoriesGolden, ThreeSequencesWithChunkedPrefillInOneBatch) {
-  if (!std::filesystem::exists(stories_path())) GTEST_SKIP() << stories_path() << " not found; set SERVAL_MODELS";
+  if (!std::filesystem::exists(stories_path())) GTEST_FAIL() << stories_path() << " not found; set SERVAL_MODELS";
   LoadedModel model = load_model(stories_path());
   RunnerOptions opts;
   opts.block_size = 8;
