@@ -11,8 +11,9 @@
 // registry's lifetime).
 //
 // Exposition order is deterministic: families by name, children by label
-// values. Values are printed as Python's prometheus_client prints them ("1.0",
-// "0.25", "+Inf"), so the output matches vLLM's byte for byte where names do.
+// values; within a histogram series, as the Go reference client: buckets with
+// le as the last label, then _sum, then _count. Values are printed as Python's
+// prometheus_client (and so vLLM) prints them: "1.0", "0.25", "1e-05", "+Inf".
 #include <atomic>
 #include <cstdint>
 #include <map>
