@@ -34,7 +34,7 @@ size_t StopStringMatcher::longest_partial_suffix() const {
   return best;
 }
 
-StopStringMatcher::Result StopStringMatcher::feed(std::string_view delta) {
+StopStringMatcher::Result StopStringMatcher::feed(std::string_view delta, bool check_stop) {
   Result result;
   if (stopped() || flushed_ || delta.empty()) return result;
   if (stops_.empty()) {
@@ -52,7 +52,7 @@ StopStringMatcher::Result StopStringMatcher::feed(std::string_view delta) {
   // earlier were looked for on previous deltas). std::string::find gives the
   // earliest start of each stop string, hence its earliest end.
   size_t best = stops_.size(), best_begin = 0, best_end = 0;
-  for (size_t i = 0; i < stops_.size(); ++i) {
+  for (size_t i = 0; check_stop && i < stops_.size(); ++i) {
     const std::string& stop = stops_[i];
     const size_t from = old_size + 1 > stop.size() ? old_size + 1 - stop.size() : 0;
     const size_t begin = window_.find(stop, from);

@@ -49,7 +49,11 @@ class StopStringMatcher {
 
   // Feeds the next text delta. After a match the matcher is stopped and
   // further deltas are ignored (empty result, no match).
-  Result feed(std::string_view delta);
+  //
+  // check_stop = false (vLLM's min_tokens: no stop-string check before that
+  // many output tokens): no match may end inside this delta, but one that
+  // starts in it and ends in a later checked delta is still found.
+  Result feed(std::string_view delta, bool check_stop = true);
 
   // Generation ended (any reason but a stop string): returns the held-back
   // text. Returns "" after a match or a previous flush.

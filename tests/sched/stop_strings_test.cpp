@@ -187,24 +187,41 @@ TEST(StopStringMatcher, LongStopStringAcrossManySmallDeltas) {
   EXPECT_EQ(s.match->match_begin, 10u);
 }
 
+TEST(StopStringMatcher, UncheckedDeltasForMinTokens) {
+  StopStringMatcher m({"ab"});
+  // Inside min_tokens a complete stop string is ordinary text...
+  EXPECT_EQ(m.feed("xab", /*check_stop=*/false).text, "xab");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.feed("c").text, "c");  // ...and is not found later either.
+  // A stop string that starts before the end of min_tokens and ends after it
+  // is found (as vLLM); its start was held back meanwhile.
+  EXPECT_EQ(m.feed("da", false).text, "d");
+  StopStringMatcher::Result r = m.feed("b!");
+  ASSERT_TRUE(r.match);
+  EXPECT_EQ(r.match->match_begin, 5u);
+  EXPECT_EQ(m.output_text(), "xabcd");
+}
+
 TEST(StopStringMatcher, RejectsEmptyStopString) {
   EXPECT_THROW(StopStringMatcher({"ok", ""}), Error);
   StopStringMatcher m({"a"});
   EXPECT_THROW(m.matched_string(), Error);
 }
 
-// Reference: the earliest-ending occurrence (longest on ties) in the whole text.
+// Reference: the earliest-ending occurrence (longest on ties) in the whole
+// text, among those ending after the first `unchecked` bytes.
 std::string reference_output(const std::string& text, const std::vector<std::string>& stops,
-                             bool include, std::optional<size_t>* stop_index) {
+                             bool include, size_t unchecked, std::optional<size_t>* stop_index) {
   size_t best_end = std::string::npos, best_begin = 0;
   for (size_t i = 0; i < stops.size(); ++i) {
-    size_t begin = text.find(stops[i]);
-    if (begin == std::string::npos) continue;
-    size_t end = begin + stops[i].size();
-    if (end < best_end || (end == best_end && begin < best_begin)) {
-      best_end = end;
-      best_begin = begin;
-      *stop_index = i;
+    for (size_t begin = 0; begin + stops[i].size() <= text.size(); ++begin) {
+      const size_t end = begin + stops[i].size();
+      if (end <= unchecked || text.compare(begin, stops[i].size(), stops[i]) != 0) continue;
+      if (end < best_end || (end == best_end && begin < best_begin)) {
+        best_end = end;
+        best_begin = begin;
+        *stop_index = i;
+      }
     }
   }
   if (best_end == std::string::npos) return text;
@@ -238,11 +255,16 @@ TEST(StopStringMatcher, RandomTextsAndSplitsMatchTheReference) {
       deltas.push_back(text.substr(pos, len));
       pos += len;
     }
+    // The first deltas are sometimes unchecked (min_tokens).
+    const size_t num_unchecked = rng() % 4 == 0 ? rng() % (deltas.size() + 1) : 0;
+    size_t unchecked_bytes = 0;
+    for (size_t i = 0; i < num_unchecked; ++i) unchecked_bytes += deltas[i].size();
     StopStringMatcher m(stops, include);
     std::string so_far, emitted;
-    for (const std::string& d : deltas) {
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      const std::string& d = deltas[i];
       if (m.stopped()) break;
-      emitted += m.feed(d).text;
+      emitted += m.feed(d, /*check_stop=*/i >= num_unchecked).text;
       so_far += d;
       if (!m.stopped()) {  // everything but the minimal possible stop start is out
         size_t hold = include ? 0 : reference_hold(so_far, stops);
@@ -252,7 +274,7 @@ TEST(StopStringMatcher, RandomTextsAndSplitsMatchTheReference) {
     }
     emitted += m.flush();
     std::optional<size_t> stop_index;
-    ASSERT_EQ(emitted, reference_output(text, stops, include, &stop_index))
+    ASSERT_EQ(emitted, reference_output(text, stops, include, unchecked_bytes, &stop_index))
         << "trial " << trial << " text " << text;
     ASSERT_EQ(m.stopped(), stop_index.has_value());
     if (stop_index) {
