@@ -67,6 +67,19 @@ EngineMetrics::EngineMetrics(Registry& r, int64_t max_model_len)
       request_generation_tokens(
           r.histogram("serval:request_generation_tokens", "Number of generation tokens processed.",
                       metrics::buckets_1_2_5(static_cast<double>(max_model_len)))),
+      iteration_tokens_total(r.histogram(
+          "serval:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+          {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384})),
+      request_max_num_generation_tokens(
+          r.histogram("serval:request_max_num_generation_tokens",
+                      "Histogram of maximum number of requested generation tokens.",
+                      metrics::buckets_1_2_5(static_cast<double>(max_model_len)))),
+      request_params_n(r.histogram("serval:request_params_n",
+                                   "Histogram of the n request parameter.", {1, 2, 5, 10, 20})),
+      request_params_max_tokens(
+          r.histogram("serval:request_params_max_tokens",
+                      "Histogram of the max_tokens request parameter.",
+                      metrics::buckets_1_2_5(static_cast<double>(max_model_len)))),
       time_to_first_token_seconds(r.histogram("serval:time_to_first_token_seconds",
                                               "Histogram of time to first token in seconds.",
                                               ttft_buckets())),
@@ -118,6 +131,10 @@ void EngineMetrics::record(const IterationStats& s) {
   prompt_tokens_total.inc(static_cast<double>(s.num_prompt_tokens));
   generation_tokens_total.inc(static_cast<double>(s.num_generation_tokens));
   num_preemptions_total.inc(static_cast<double>(s.num_preemptions));
+  iteration_tokens_total.observe(static_cast<double>(s.num_prompt_tokens + s.num_generation_tokens));
+  for (int64_t n : s.n_params) request_params_n.observe(static_cast<double>(n));
+  for (int64_t t : s.max_num_generation_tokens)
+    request_max_num_generation_tokens.observe(static_cast<double>(t));
   for (double t : s.time_to_first_token_s) time_to_first_token_seconds.observe(t);
   for (double t : s.inter_token_latency_s) {
     inter_token_latency_seconds.observe(t);
@@ -134,6 +151,8 @@ void EngineMetrics::record(const FinishedRequestStats& s) {
     request_success_total.labels({std::string(s.finish_reason)}).inc();
   request_prompt_tokens.observe(static_cast<double>(s.num_prompt_tokens));
   request_generation_tokens.observe(static_cast<double>(s.num_generation_tokens));
+  if (s.max_tokens_param > 0)
+    request_params_max_tokens.observe(static_cast<double>(s.max_tokens_param));
   e2e_request_latency_seconds.observe(s.e2e_latency_s);
   request_queue_time_seconds.observe(s.queued_time_s);
   request_inference_time_seconds.observe(s.prefill_time_s + s.decode_time_s);

@@ -35,6 +35,10 @@ struct IterationStats {
   int64_t num_preemptions = 0;
   std::vector<double> time_to_first_token_s;  // requests that got their first token
   std::vector<double> inter_token_latency_s;  // per later token: time since the previous one
+  std::vector<int64_t> n_params;  // `n` of each request that arrived
+  // Per request whose n sequences have all finished: the most tokens any of
+  // them generated.
+  std::vector<int64_t> max_num_generation_tokens;
 };
 
 // A request that finished, with its timeline (seconds).
@@ -46,6 +50,7 @@ struct FinishedRequestStats {
   double queued_time_s = 0;   // arrival -> first scheduled
   double prefill_time_s = 0;  // first scheduled -> first token
   double decode_time_s = 0;   // first token -> last token
+  int64_t max_tokens_param = 0;  // the request's max_tokens; 0 if not given
 };
 
 class EngineMetrics {
@@ -80,6 +85,10 @@ class EngineMetrics {
   metrics::CounterFamily& request_success_total;  // label finished_reason
   metrics::Histogram& request_prompt_tokens;
   metrics::Histogram& request_generation_tokens;
+  metrics::Histogram& iteration_tokens_total;
+  metrics::Histogram& request_max_num_generation_tokens;
+  metrics::Histogram& request_params_n;
+  metrics::Histogram& request_params_max_tokens;
   metrics::Histogram& time_to_first_token_seconds;
   metrics::Histogram& time_per_output_token_seconds;
   metrics::Histogram& inter_token_latency_seconds;

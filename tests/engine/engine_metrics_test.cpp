@@ -52,6 +52,10 @@ TEST(EngineMetrics, RegistersVllmNamedMetricsWithTheirTypes) {
       {"serval:request_decode_time_seconds", "histogram"},
       {"serval:request_prompt_tokens", "histogram"},
       {"serval:request_generation_tokens", "histogram"},
+      {"serval:iteration_tokens_total", "histogram"},
+      {"serval:request_max_num_generation_tokens", "histogram"},
+      {"serval:request_params_n", "histogram"},
+      {"serval:request_params_max_tokens", "histogram"},
       {"serval:num_requests_running", "gauge"},
       {"serval:num_requests_waiting", "gauge"},
       {"serval:kv_cache_usage_perc", "gauge"},
@@ -136,6 +140,8 @@ TEST(EngineMetrics, RecordsSchedulerIterationAndFinishedStats) {
   it.num_preemptions = 1;
   it.time_to_first_token_s = {0.03, 0.3};
   it.inter_token_latency_s = {0.02, 0.02, 0.5};
+  it.n_params = {1, 4};
+  it.max_num_generation_tokens = {5};
   m.record(it);
 
   FinishedRequestStats done;
@@ -146,7 +152,9 @@ TEST(EngineMetrics, RecordsSchedulerIterationAndFinishedStats) {
   done.queued_time_s = 0.25;
   done.prefill_time_s = 0.5;
   done.decode_time_s = 1.0;
+  done.max_tokens_param = 16;
   m.record(done);
+  done.max_tokens_param = 0;  // not given: not observed
   done.finish_reason = "cancelled_by_moon";  // an unknown reason still counts
   done.num_generation_tokens = 1;
   m.record(done);
@@ -190,6 +198,14 @@ TEST(EngineMetrics, RecordsSchedulerIterationAndFinishedStats) {
   EXPECT_EQ(v("serval:request_prompt_tokens_bucket", {{"le", "10.0"}}), 2);
   EXPECT_EQ(v("serval:request_generation_tokens_bucket", {{"le", "1.0"}}), 1);
   EXPECT_EQ(v("serval:request_generation_tokens_sum"), 6);
+  EXPECT_EQ(v("serval:iteration_tokens_total_count"), 1);
+  EXPECT_EQ(v("serval:iteration_tokens_total_bucket", {{"le", "64.0"}}), 0);
+  EXPECT_EQ(v("serval:iteration_tokens_total_bucket", {{"le", "128.0"}}), 1);
+  EXPECT_EQ(v("serval:request_params_n_bucket", {{"le", "2.0"}}), 1);
+  EXPECT_EQ(v("serval:request_params_n_bucket", {{"le", "5.0"}}), 2);
+  EXPECT_EQ(v("serval:request_max_num_generation_tokens_sum"), 5);
+  EXPECT_EQ(v("serval:request_params_max_tokens_count"), 1);
+  EXPECT_EQ(v("serval:request_params_max_tokens_bucket", {{"le", "20.0"}}), 1);
   // decode 1.0 s over 4 tokens after the first; the one-token request adds none.
   EXPECT_EQ(v("serval:request_time_per_output_token_seconds_count"), 1);
   EXPECT_EQ(v("serval:request_time_per_output_token_seconds_sum"), 0.25);
