@@ -6,7 +6,7 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 $SUDO apt-get update -qq
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config git python3 python3-pip \
-  nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-dev libcpp-httplib-dev \
+  nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libopenblas-dev libcpp-httplib-dev \
   libgtest-dev libgmock-dev libbenchmark-dev >/dev/null
 # Python oracles for the end-to-end tests: Hugging Face transformers (with torch)
 # and tokenizers, sentencepiece, jinja2, and the official openai client.

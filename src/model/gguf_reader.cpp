@@ -247,7 +247,9 @@ class GgufParser {
       error("tensor \"", t.name, "\" of type ", traits->name, " has a row of ", t.ne[0],
             " elements, not a multiple of its block size ", traits->block_elems);
     const int64_t rows = numel / t.ne[0];
-    if (__builtin_mul_overflow(rows, t.ne[0] / traits->block_elems * traits->block_bytes, &t.nbytes))
+    int64_t row_bytes = 0;
+    if (__builtin_mul_overflow(t.ne[0] / traits->block_elems, traits->block_bytes, &row_bytes) ||
+        __builtin_mul_overflow(rows, row_bytes, &t.nbytes))
       error("tensor \"", t.name, "\" is too large (its byte size overflows)");
     t.offset = read<uint64_t>("tensor offset");
     return t;

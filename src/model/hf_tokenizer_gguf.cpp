@@ -117,7 +117,11 @@ void set_gguf_tokenizer_from_hf(GgufWriter& w, const std::string& dir, const std
         place(a.at("id").get<int64_t>(), text, t);
       }
     // The embedding may be larger than the tokenizer (Qwen pads to a multiple of 128).
-    if (vocab_size > int64_t(tokens.size())) place(vocab_size - 1, "", GgufTokenType::Unused);
+    if (vocab_size > int64_t(tokens.size())) {
+      tokens.resize(size_t(vocab_size));
+      types.resize(size_t(vocab_size), int32_t(GgufTokenType::Unused));
+      filled.resize(size_t(vocab_size), false);
+    }
     for (size_t i = 0; i < tokens.size(); ++i)
       if (!filled[i]) tokens[i] = "[PAD" + std::to_string(i) + "]";
     if (int64_t(tokens.size()) > vocab_size)

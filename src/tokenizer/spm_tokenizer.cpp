@@ -35,6 +35,7 @@ SpmTokenizer::SpmTokenizer(SpmVocab v)
       types_(std::move(v.types)),
       add_dummy_prefix_(v.add_dummy_prefix),
       prefix_every_fragment_(v.prefix_every_fragment),
+      prefix_unless_leading_space_(v.prefix_unless_leading_space),
       unk_id_(v.unk_id) {
   const size_t n = pieces_.size();
   if (scores_.empty()) scores_.assign(n, 0.0f);
@@ -108,7 +109,9 @@ std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_specia
       continue;
     }
     bool at_start = frag.text.data() == clean.data();
-    encode_fragment(frag.text, add_dummy_prefix_ && (prefix_every_fragment_ || at_start), ids);
+    bool prefix = add_dummy_prefix_ && (prefix_every_fragment_ || at_start) &&
+                  !(prefix_unless_leading_space_ && (frag.text[0] == ' ' || frag.text.substr(0, 3) == kSpace));
+    encode_fragment(frag.text, prefix, ids);
   }
   if (add_special && add_eos && eos_id >= 0) ids.push_back(eos_id);
   return ids;

@@ -40,6 +40,7 @@ class SpmTokenizer : public Tokenizer {
   SpecialSplitter splitter_;
   bool add_dummy_prefix_;
   bool prefix_every_fragment_;
+  bool prefix_unless_leading_space_;
   int32_t unk_id_;
 };
 

@@ -8,15 +8,11 @@ namespace serval {
 
 namespace {
 
-void check_id(const Tokenizer& tok, int32_t id) {
-  SERVAL_CHECK(id >= 0, "token id ", id, " is negative");
-}
-
 // The bytes `id` contributes at this point of a text, or nothing when skipped.
 // `at_start` tracks whether no token has been emitted yet (SentencePiece drops
 // the space of the first "▁").
 std::string piece_bytes(const Tokenizer& tok, int32_t id, bool skip_special, bool& at_start) {
-  check_id(tok, id);
+  SERVAL_CHECK(id >= 0, "token id ", id, " is negative");
   // Models pad their vocabulary past the tokenizer's (Qwen: 151936 rows for 151669
   // tokens); those rows have no text, and decode to nothing as in transformers.
   if (id >= tok.vocab_size()) return {};

@@ -37,8 +37,9 @@ class Tokenizer {
   virtual bool strips_leading_space() const { return false; }
   virtual std::optional<int32_t> token_id(std::string_view piece) const = 0;
 
-  // Decodes a whole sequence (valid UTF-8 assumed in the result; invalid bytes are
-  // replaced by U+FFFD).
+  // Decodes a whole sequence; invalid UTF-8 in the result is replaced by U+FFFD
+  // ids past the vocabulary (padded embedding rows) are left out, as in
+  // transformers; negative ids throw.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = true) const;
 
   int32_t bos_id = -1;

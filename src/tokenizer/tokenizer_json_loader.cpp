@@ -7,10 +7,8 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/loader_util.h"
 #include "tokenizer/pretokenizer_regex.h"
-#include "tokenizer/spm_tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace serval {
@@ -100,12 +98,12 @@ JsonVocab read_vocab(const json& tj, const std::string& path) {
   return v;
 }
 
-
 // Which special tokens encode(add_special) puts around a text, as transformers
 // decides: a TemplateProcessing post-processor in tokenizer.json says it
 // outright; Llama tokenizer classes rebuild that template from add_bos_token
 // (default true) and add_eos_token; any other class adds nothing.
-void set_special_tokens_added(const json& tj, const json& cfg, Tokenizer& tok) {
+void set_special_tokens_added(const json& tj, const json& cfg, const std::unordered_map<std::string, int32_t>& ids,
+                              TokenizerSpec& spec) {
   const json* tmpl = nullptr;
   if (tj.contains("post_processor") && tj["post_processor"].is_object()) {
     const json& pp = tj["post_processor"];
@@ -119,24 +117,32 @@ void set_special_tokens_added(const json& tj, const json& cfg, Tokenizer& tok) {
     return cfg.contains(key) && cfg[key].is_boolean() ? cfg[key].get<bool>() : dflt;
   };
   if (cls.find("Llama") != std::string::npos) {
-    tok.add_bos = flag("add_bos_token", true) && tok.bos_id >= 0;
-    tok.add_eos = flag("add_eos_token", false) && tok.eos_id >= 0;
+    spec.add_bos = flag("add_bos_token", true) && spec.bos_id >= 0;
+    spec.add_eos = flag("add_eos_token", false) && spec.eos_id >= 0;
     return;
   }
-  tok.add_bos = tok.add_eos = false;
+  spec.add_bos = spec.add_eos = false;
   if (!tmpl || !tmpl->contains("single") || !(*tmpl)["single"].is_array()) return;
   bool before_text = true;
   for (const json& item : (*tmpl)["single"]) {
-    if (item.contains("Sequence")) { before_text = false; continue; }
+    if (item.contains("Sequence")) {
+      before_text = false;
+      continue;
+    }
     if (!item.contains("SpecialToken")) continue;
-    const auto id = tok.token_id(item["SpecialToken"].value("id", ""));
-    if (!id) continue;
-    if (before_text) { tok.add_bos = true; if (tok.bos_id < 0) tok.bos_id = *id; }
-    else { tok.add_eos = true; if (tok.eos_id < 0) tok.eos_id = *id; }
+    auto it = ids.find(item["SpecialToken"].value("id", ""));
+    if (it == ids.end()) continue;
+    if (before_text) {
+      spec.add_bos = true;
+      if (spec.bos_id < 0) spec.bos_id = it->second;
+    } else {
+      spec.add_eos = true;
+      if (spec.eos_id < 0) spec.eos_id = it->second;
+    }
   }
 }
 
-std::unique_ptr<Tokenizer> make_spm(const json& tj, JsonVocab v, const std::string& path) {
+SpmVocab make_spm(const json& tj, JsonVocab v) {
   SpmVocab s;
   const size_t n = v.pieces.size();
   // HF lists a merge for every pair whose concatenation is a piece, ordered by
@@ -183,13 +189,14 @@ std::unique_ptr<Tokenizer> make_spm(const json& tj, JsonVocab v, const std::stri
     std::string scheme = pre->value("prepend_scheme", pre->value("add_prefix_space", true) ? "always" : "never");
     s.add_dummy_prefix = scheme != "never";
     s.prefix_every_fragment = scheme == "always";
+    s.prefix_unless_leading_space = true;
   }
   s.pieces = std::move(v.pieces);
   s.added = std::move(v.added);
-  return std::make_unique<SpmTokenizer>(std::move(s));
+  return s;
 }
 
-std::unique_ptr<Tokenizer> make_byte_level(const json& tj, JsonVocab v, const std::string& path) {
+BpeVocab make_byte_level(const json& tj, JsonVocab v, const std::string& path) {
   BpeVocab b;
   b.pieces = std::move(v.pieces);
   b.merges = std::move(v.merges);
@@ -212,51 +219,55 @@ std::unique_ptr<Tokenizer> make_byte_level(const json& tj, JsonVocab v, const st
     else
       fail("\"", path, "\": normalizer \"", type, "\" is not supported for byte-level BPE (supported: NFC)");
   }
-  return std::make_unique<BpeTokenizer>(std::move(b));
+  return b;
 }
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& json_path, const std::string& config_path) {
+TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::string& config_path) {
   json tj = read_json(json_path);
   SERVAL_CHECK(tj.contains("model") && tj["model"].is_object(), "\"", json_path, "\" has no \"model\" object");
   std::string type = tj["model"].value("type", "BPE");
   SERVAL_CHECK(type == "BPE", "\"", json_path, "\": tokenizer model type \"", type,
                "\" is not supported (supported: BPE)");
-  bool spm_style = tj["model"].value("byte_fallback", false);
+  TokenizerSpec spec;
+  spec.spm = tj["model"].value("byte_fallback", false);
   JsonVocab v = read_vocab(tj, json_path);
-  std::unique_ptr<Tokenizer> tok = spm_style ? make_spm(tj, std::move(v), json_path)
-                                             : make_byte_level(tj, std::move(v), json_path);
+  std::unordered_map<std::string, int32_t> ids;
+  for (size_t i = 0; i < v.pieces.size(); ++i) ids.emplace(v.pieces[i], static_cast<int32_t>(i));
+  if (spec.spm)
+    spec.spm_vocab = make_spm(tj, std::move(v));
+  else
+    spec.bpe_vocab = make_byte_level(tj, std::move(v), json_path);
 
   json cfg = config_path.empty() ? json::object() : read_json(config_path);
   auto lookup = [&](const char* key) -> int32_t {
     if (!cfg.contains(key)) return -1;
     std::string text = token_text(cfg[key]);
     if (text.empty()) return -1;
-    auto id = tok->token_id(text);
-    SERVAL_CHECK(id.has_value(), "\"", config_path, "\": ", key, " \"", text, "\" is not in the vocabulary");
-    return *id;
+    auto it = ids.find(text);
+    SERVAL_CHECK(it != ids.end(), "\"", config_path, "\": ", key, " \"", text, "\" is not in the vocabulary");
+    return it->second;
   };
-  tok->bos_id = lookup("bos_token");
-  tok->eos_id = lookup("eos_token");
+  spec.bos_id = lookup("bos_token");
+  spec.eos_id = lookup("eos_token");
   if (config_path.empty()) {  // no config: the usual names
     for (const char* name : {"<s>", "<|begin_of_text|>"})
-      if (auto id = tok->token_id(name); id && tok->bos_id < 0) tok->bos_id = *id;
+      if (auto it = ids.find(name); it != ids.end() && spec.bos_id < 0) spec.bos_id = it->second;
     for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>"})
-      if (auto id = tok->token_id(name); id && tok->eos_id < 0) tok->eos_id = *id;
+      if (auto it = ids.find(name); it != ids.end() && spec.eos_id < 0) spec.eos_id = it->second;
   }
-  set_special_tokens_added(tj, cfg, *tok);
+  set_special_tokens_added(tj, cfg, ids, spec);
   if (cfg.contains("chat_template")) {
     const json& ct = cfg["chat_template"];
     if (ct.is_string()) {
-      tok->chat_template = ct.get<std::string>();
+      spec.chat_template = ct.get<std::string>();
     } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
       for (const auto& t : ct)
-        if (t.value("name", "") == "default") tok->chat_template = t.value("template", "");
+        if (t.value("name", "") == "default") spec.chat_template = t.value("template", "");
     }
   }
-  collect_eos_ids(*tok);
-  return tok;
+  return spec;
 }
 
 }  // namespace serval

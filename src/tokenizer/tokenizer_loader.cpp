@@ -5,7 +5,9 @@
 
 #include "core/error.h"
 #include "model/gguf.h"
+#include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/loader_util.h"
+#include "tokenizer/spm_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace serval {
@@ -24,6 +26,25 @@ void collect_eos_ids(Tokenizer& tok, const std::vector<int32_t>& extra) {
     if (id && tok.is_special(*id)) add(*id);
   }
   tok.eos_ids = std::move(ids);
+}
+
+std::unique_ptr<Tokenizer> build_tokenizer(TokenizerSpec spec) {
+  std::unique_ptr<Tokenizer> tok;
+  if (spec.spm)
+    tok = std::make_unique<SpmTokenizer>(std::move(spec.spm_vocab));
+  else
+    tok = std::make_unique<BpeTokenizer>(std::move(spec.bpe_vocab));
+  tok->bos_id = spec.bos_id;
+  tok->eos_id = spec.eos_id;
+  tok->add_bos = spec.add_bos && spec.bos_id >= 0;
+  tok->add_eos = spec.add_eos && spec.eos_id >= 0;
+  tok->chat_template = std::move(spec.chat_template);
+  collect_eos_ids(*tok);
+  return tok;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& json_path, const std::string& config_path) {
+  return build_tokenizer(read_tokenizer_json_spec(json_path, config_path));
 }
 
 namespace {

@@ -30,6 +30,8 @@ struct SpmVocab {
   // Llama 2 "legacy" normalizer, llama.cpp); false: only the one that starts the text
   // (HF Metaspace prepend_scheme "first").
   bool prefix_every_fragment = true;
+  // HF Metaspace adds no "▁" to a fragment that already starts with a space.
+  bool prefix_unless_leading_space = false;
   int32_t unk_id = 0;
 };
 
@@ -40,6 +42,17 @@ struct BpeVocab {
   std::string pattern;         // pre-tokenizer regex
   bool ignore_merges = false;  // a pre-token that is itself in the vocab is emitted whole
   bool nfc = false;            // NFC-normalize text before pre-tokenizing (Qwen)
+};
+
+// Everything a tokenizer is made of, as read from tokenizer.json (+ config);
+// turned into a Tokenizer by build_tokenizer() or written to GGUF metadata.
+struct TokenizerSpec {
+  bool spm = false;  // SentencePiece-style (spm_vocab) or byte-level (bpe_vocab)
+  SpmVocab spm_vocab;
+  BpeVocab bpe_vocab;
+  int32_t bos_id = -1, eos_id = -1;
+  bool add_bos = false, add_eos = false;
+  std::string chat_template;
 };
 
 }  // namespace serval

@@ -43,49 +43,6 @@ void add_variants(const std::string& path) {
   spit(path + ".flip", m);
 }
 
-std::string hf_config(const std::string& arch_class, const ModelConfig& c, const std::string& extra = "") {
-  nlohmann::json j = {{"architectures", {arch_class}}, {"vocab_size", c.vocab_size},
-                      {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
-                      {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
-                      {"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim},
-                      {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"max_position_embeddings", 64},
-                      {"tie_word_embeddings", c.tie_word_embeddings}};
-  if (!extra.empty()) j.update(nlohmann::json::parse(extra));
-  return j.dump();
-}
-
-// HF tensor names and shapes for a config (inverse of the loader's renaming).
-void write_hf_safetensors(const std::string& path, const ModelConfig& c, const std::string& config_json,
-                          const std::string& dtype) {
-  std::vector<SafetensorsWriteTensor> ts;
-  uint32_t seed = 1;
-  for (const ExpectedTensor& e : expected_tensors(c)) {
-    std::string n = e.name;
-    auto rep = [&](const std::string& from, const std::string& to) {
-      const size_t p = n.find(from);
-      if (p != std::string::npos) n.replace(p, from.size(), to);
-    };
-    rep("token_embd.weight", "model.embed_tokens.weight");
-    rep("output_norm.weight", "model.norm.weight");
-    rep("output.weight", "lm_head.weight");
-    rep("blk.", "model.layers.");
-    rep("attn_norm", "input_layernorm");
-    rep("ffn_norm", "post_attention_layernorm");
-    rep("attn_q_norm", "self_attn.q_norm");
-    rep("attn_k_norm", "self_attn.k_norm");
-    rep("attn_output", "self_attn.o_proj");
-    rep("attn_q.", "self_attn.q_proj.");
-    rep("attn_k.", "self_attn.k_proj.");
-    rep("attn_v.", "self_attn.v_proj.");
-    rep("ffn_gate", "mlp.gate_proj");
-    rep("ffn_up", "mlp.up_proj");
-    rep("ffn_down", "mlp.down_proj");
-    const DType dt = dtype == "F32" ? DType::F32 : dtype == "F16" ? DType::F16 : DType::BF16;
-    ts.push_back({n, dtype, e.shape, testing::random_tensor_bytes(dt, e.shape, seed++)});
-  }
-  write_safetensors(path, ts, {{"format", "pt"}, {"config", config_json}});
-}
-
 TEST(FuzzCorpus, DISABLED_WriteSeedCorpus) {
   const char* out = std::getenv("SERVAL_FUZZ_CORPUS_OUT");
   ASSERT_NE(out, nullptr) << "set SERVAL_FUZZ_CORPUS_OUT";
@@ -147,7 +104,7 @@ TEST(FuzzCorpus, DISABLED_WriteSeedCorpus) {
     ModelConfig c = micro_config(arch);
     c.tie_word_embeddings = std::string(arch) != "llama";
     const std::string p = st + arch + ".safetensors";
-    write_hf_safetensors(p, c, hf_config(cls, c, extra), std::string(arch) == "llama" ? "F32" : "BF16");
+    testing::write_hf_safetensors(p, c, testing::hf_config_json(cls, c, extra), std::string(arch) == "llama" ? "F32" : "BF16");
     add_variants(p);
   }
   {

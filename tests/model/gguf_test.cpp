@@ -571,6 +571,12 @@ TEST(GgufBadFiles, HostileHeaders) {
   }
   {
     RawGguf r(1, 0);
+    r.tensor("t", {(1ull << 62) + 4}, 0, 0);  // element count fits, byte count does not (fuzzer find)
+    r.pad_and_data(64);
+    expect_error([&] { parse_bytes(r.b); }, {"tensor \"t\" is too large"});
+  }
+  {
+    RawGguf r(1, 0);
     r.tensor("t", {1, 1, 1, 1, 1}, 0, 0);
     r.pad_and_data(64);
     expect_error([&] { parse_bytes(r.b); }, {"tensor \"t\" has 5 dimensions"});

@@ -1,6 +1,8 @@
 #pragma once
 // Helpers for model tests: tiny models written with Serval's own writers, the
 // shared test models' paths, and a scratch directory.
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <random>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -15,6 +18,7 @@
 #include "model/model_config.h"
 #include "model/model_loader.h"
 #include "model/model_shapes.h"
+#include "model/safetensors.h"
 
 namespace serval::testing {
 
@@ -116,6 +120,57 @@ inline void write_tiny_gguf(const std::string& path, const ModelConfig& c, DType
   TinyGguf g;
   fill_tiny_gguf(g, c, dtype);
   g.writer.write(path);
+}
+
+// A config.json text for `c` (HF keys); `extra` is a JSON object merged in.
+inline std::string hf_config_json(const std::string& arch_class, const ModelConfig& c, const std::string& extra = "") {
+  nlohmann::json j = {{"architectures", {arch_class}}, {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
+                      {"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim},
+                      {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"max_position_embeddings", 64},
+                      {"tie_word_embeddings", c.tie_word_embeddings}, {"hidden_act", "silu"}};
+  if (!extra.empty()) j.update(nlohmann::json::parse(extra));
+  return j.dump();
+}
+
+// The Hugging Face name of a GGUF tensor name (inverse of the loader's renaming).
+inline std::string hf_name_from_gguf(std::string n) {
+  auto rep = [&](const std::string& from, const std::string& to) {
+    const size_t p = n.find(from);
+    if (p != std::string::npos) n.replace(p, from.size(), to);
+  };
+  if (n == "token_embd.weight") return "model.embed_tokens.weight";
+  if (n == "output_norm.weight") return "model.norm.weight";
+  if (n == "output.weight") return "lm_head.weight";
+  rep("blk.", "model.layers.");
+  rep("attn_norm", "input_layernorm");
+  rep("ffn_norm", "post_attention_layernorm");
+  rep("attn_q_norm", "self_attn.q_norm");
+  rep("attn_k_norm", "self_attn.k_norm");
+  rep("attn_output", "self_attn.o_proj");
+  rep("attn_q.", "self_attn.q_proj.");
+  rep("attn_k.", "self_attn.k_proj.");
+  rep("attn_v.", "self_attn.v_proj.");
+  rep("ffn_gate", "mlp.gate_proj");
+  rep("ffn_up", "mlp.up_proj");
+  rep("ffn_down", "mlp.down_proj");
+  return n;
+}
+
+// Random HF-named tensors of `c`'s shapes; the config text goes into __metadata__.
+inline std::vector<SafetensorsWriteTensor> hf_tensors(const ModelConfig& c, const std::string& dtype) {
+  std::vector<SafetensorsWriteTensor> ts;
+  uint32_t seed = 1;
+  const DType dt = dtype == "F32" ? DType::F32 : dtype == "F16" ? DType::F16 : DType::BF16;
+  for (const ExpectedTensor& e : expected_tensors(c))
+    ts.push_back({hf_name_from_gguf(e.name), dtype, e.shape, random_tensor_bytes(dt, e.shape, seed++)});
+  return ts;
+}
+
+inline void write_hf_safetensors(const std::string& path, const ModelConfig& c, const std::string& config_json,
+                                 const std::string& dtype) {
+  write_safetensors(path, hf_tensors(c, dtype), {{"format", "pt"}, {"config", config_json}});
 }
 
 // Asserts that `fn` throws serval::Error whose message contains every piece.

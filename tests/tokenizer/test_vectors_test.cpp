@@ -11,38 +11,6 @@ namespace {
 
 using namespace serval::testing;
 
-struct Vector {
-  std::string text;
-  std::vector<int32_t> ids;
-};
-
-std::vector<Vector> read_vectors(const std::string& name) {
-  std::string inp = read_file(model_path("tokenizer-tests/" + name + ".inp"));
-  std::string out = read_file(model_path("tokenizer-tests/" + name + ".out"));
-  EXPECT_FALSE(inp.empty()) << "missing " << model_path("tokenizer-tests/" + name + ".inp");
-  std::vector<std::string> texts;
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  size_t pos = 0;
-  while (true) {
-    size_t next = inp.find(sep, pos);
-    if (next == std::string::npos) break;
-    texts.push_back(inp.substr(pos, next - pos));
-    pos = next + sep.size();
-  }
-  std::vector<Vector> vs;
-  std::istringstream lines(out);
-  std::string line;
-  for (const auto& t : texts) {
-    std::getline(lines, line);
-    Vector v{t, {}};
-    std::istringstream nums(line);
-    int32_t id;
-    while (nums >> id) v.ids.push_back(id);
-    vs.push_back(std::move(v));
-  }
-  return vs;
-}
-
 void check_vectors(const char* tokenizer_rel, const std::string& name) {
   const Tokenizer* tok = shared_tokenizer(tokenizer_rel);
   ASSERT_NE(tok, nullptr);

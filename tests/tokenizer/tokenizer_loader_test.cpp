@@ -47,6 +47,9 @@ TEST(TokenizerLoader, Llama3FromFolder) {
   EXPECT_EQ(tok->eos_ids.size(), 2u);  // Llama 3.0 has no <|eom_id|> (3.1 does)
   EXPECT_FALSE(tok->chat_template.empty());
   EXPECT_EQ(tok->encode("Hi", true), (std::vector<int32_t>{13347}));
+  // ignore_merges: " việc" is a vocabulary entry that the merges alone would
+  // split into [3355, 26298, 66] (checked with HF tokenizers, ignore_merges off).
+  EXPECT_EQ(tok->encode(" việc", false), std::vector<int32_t>{100769});
 }
 
 TEST(TokenizerLoader, Qwen3FromFolder) {
@@ -118,6 +121,7 @@ TEST(TokenizerLoader, MinimalByteLevelJson) {
   // transformers; negative ids are an error.
   EXPECT_EQ(tok->decode({4, 6}), tok->decode({4}));
   EXPECT_THROW(tok->decode({-1}), Error);
+  EXPECT_THROW(tok->token_bytes(6), Error);
 }
 
 }  // namespace

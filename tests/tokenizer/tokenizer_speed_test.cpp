@@ -1,8 +1,11 @@
 // Long inputs must not blow up quadratically (the server tokenizes on request
-// threads): 100 KB of text of several shapes encodes in well under a second.
+// threads): 100 KB of text of several shapes encodes in well under a second
+// (a quadratic merge loop would take minutes on these).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <iostream>
 #include <random>
 
 #include "tokenizer_test_util.h"
@@ -39,7 +42,9 @@ void check_speed(const char* rel) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<int32_t> ids = tok->encode(text, false);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(s, 0.5) << rel << " " << name << ": " << s << " s";
+    EXPECT_LT(s, 0.75) << rel << " " << name << ": " << s << " s";
+    // SERVAL_TOK_TIMES=1 prints the times (~0.01-0.08 s each in Release).
+    if (std::getenv("SERVAL_TOK_TIMES")) std::cerr << rel << " " << name << " " << s << "\n";
     EXPECT_FALSE(ids.empty());
     if (name != "mixed words") {
       EXPECT_EQ(tok->decode(ids, false), text) << rel << " " << name;
