@@ -8,10 +8,10 @@ namespace serval {
 
 KvCacheManager::KvCacheManager(int64_t num_blocks, int32_t block_size, bool enable_prefix_cache,
                                BlockHashFn block_hash)
-    : block_size_(block_size), pool_(num_blocks) {
+    : block_size_(block_size), pool_(std::make_unique<BlockPool>(num_blocks)) {
   SERVAL_CHECK(block_size >= 1, "KV block size must be at least 1, got ", block_size);
   if (enable_prefix_cache)
-    tree_ = std::make_unique<PrefixTree>(pool_, block_size, std::move(block_hash));
+    tree_ = std::make_unique<PrefixTree>(*pool_, block_size, std::move(block_hash));
 }
 
 void KvCacheManager::check_table(const BlockTable& table) const {
@@ -20,31 +20,31 @@ void KvCacheManager::check_table(const BlockTable& table) const {
 }
 
 void KvCacheManager::acquire(BlockId block) {
-  if (pool_.incref(block) && tree_) tree_->on_ref_count_changed(block);
+  if (pool_->incref(block) && tree_) tree_->on_ref_count_changed(block);
 }
 
 void KvCacheManager::release(BlockId block) {
-  if (pool_.free(block) && tree_) tree_->on_ref_count_changed(block);
+  if (pool_->free(block) && tree_) tree_->on_ref_count_changed(block);
 }
 
 bool KvCacheManager::make_free(int64_t n) {
-  if (n <= pool_.num_free()) return true;
-  if (n > pool_.num_free() + pool_.num_cached_evictable() || !tree_) return false;
-  const int64_t evicted = tree_->evict(n - pool_.num_free());
+  if (n <= pool_->num_free()) return true;
+  if (n > pool_->num_free() + pool_->num_cached_evictable() || !tree_) return false;
+  const int64_t evicted = tree_->evict(n - pool_->num_free());
   stats_.evicted_blocks += evicted;
-  return n <= pool_.num_free();
+  return n <= pool_->num_free();
 }
 
 // Appending into a partially filled block that another table also holds.
 bool KvCacheManager::needs_copy_on_write(const BlockTable& table, int64_t n) const {
   return n > 0 && table.num_tokens() % block_size_ != 0 &&
-         pool_.ref_count(table.blocks().back()) > 1;
+         pool_->ref_count(table.blocks().back()) > 1;
 }
 
 bool KvCacheManager::can_allocate(const BlockTable& table, int64_t n) const {
   check_table(table);
   const int64_t need = table.blocks_needed(n) + (needs_copy_on_write(table, n) ? 1 : 0);
-  return need <= pool_.num_free() + pool_.num_cached_evictable();
+  return need <= pool_->num_free() + pool_->num_cached_evictable();
 }
 
 std::optional<SlotAllocation> KvCacheManager::allocate_slots(BlockTable& table, int64_t n) {
@@ -54,14 +54,14 @@ std::optional<SlotAllocation> KvCacheManager::allocate_slots(BlockTable& table, 
   SlotAllocation out;
   if (cow) {
     std::vector<BlockId> copy;
-    SERVAL_CHECK(pool_.allocate(1, copy), "internal error: no free KV block for a copy");
+    SERVAL_CHECK(pool_->allocate(1, copy), "internal error: no free KV block for a copy");
     const BlockId src = table.blocks_.back();
     out.copies.emplace_back(src, copy[0]);
     table.blocks_.back() = copy[0];
     release(src);
     ++stats_.cow_copies;
   }
-  auto slots = table.append_slots(pool_, n);
+  auto slots = table.append_slots(*pool_, n);
   SERVAL_CHECK(slots.has_value(), "internal error: KV blocks vanished during allocation");
   out.slots = std::move(*slots);
   return out;
@@ -102,9 +102,9 @@ bool KvCacheManager::can_adopt_and_allocate(const PrefixMatch& match, int64_t n)
   const int64_t need = (match.num_tokens + n + block_size_ - 1) / block_size_ - matched;
   // Adopting takes the matched unreferenced blocks out of the evictable ones.
   int64_t adopted_evictable = 0;
-  for (BlockId b : match.blocks) adopted_evictable += pool_.ref_count(b) == 0;
+  for (BlockId b : match.blocks) adopted_evictable += pool_->ref_count(b) == 0;
   return std::max<int64_t>(need, 0) + adopted_evictable <=
-         pool_.num_free() + pool_.num_cached_evictable();
+         pool_->num_free() + pool_->num_cached_evictable();
 }
 
 void KvCacheManager::adopt_prefix(BlockTable& table, const PrefixMatch& match) {
@@ -150,10 +150,10 @@ void KvCacheManager::commit_full_blocks(BlockTable& table, std::span<const int32
 
 KvUsage KvCacheManager::usage() const {
   KvUsage u;
-  u.num_blocks = pool_.num_blocks();
-  u.free_blocks = pool_.num_free();
-  u.cached_blocks = pool_.num_cached_evictable();
-  u.used_blocks = pool_.num_referenced();
+  u.num_blocks = pool_->num_blocks();
+  u.free_blocks = pool_->num_free();
+  u.cached_blocks = pool_->num_cached_evictable();
+  u.used_blocks = pool_->num_referenced();
   u.block_size = block_size_;
   return u;
 }
@@ -161,13 +161,13 @@ KvUsage KvCacheManager::usage() const {
 PrefixCacheStats KvCacheManager::prefix_cache_stats() const { return stats_; }
 
 void KvCacheManager::check_invariants() const {
-  pool_.check_invariants();
+  pool_->check_invariants();
   if (tree_) {
     tree_->check_invariants();
     SERVAL_CHECK(tree_->num_evicted() == stats_.evicted_blocks,
                  "KV cache: eviction counter out of step with the tree");
   } else {
-    SERVAL_CHECK(pool_.num_cached_evictable() == 0, "KV cache: cached blocks without a tree");
+    SERVAL_CHECK(pool_->num_cached_evictable() == 0, "KV cache: cached blocks without a tree");
   }
 }
 

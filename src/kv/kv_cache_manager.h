@@ -84,9 +84,9 @@ class KvCacheManager {
                  BlockHashFn block_hash = {});
 
   int32_t block_size() const { return block_size_; }
-  int64_t num_blocks() const { return pool_.num_blocks(); }
+  int64_t num_blocks() const { return pool_->num_blocks(); }
   bool prefix_cache_enabled() const { return tree_ != nullptr; }
-  const BlockPool& pool() const { return pool_; }
+  const BlockPool& pool() const { return *pool_; }
 
   // An empty table for a new sequence.
   BlockTable new_table() const { return BlockTable(block_size_); }
@@ -138,7 +138,8 @@ class KvCacheManager {
   void release(BlockId block);
 
   int32_t block_size_;
-  BlockPool pool_;
+  // On the heap so the tree's reference to it survives a move of the manager.
+  std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<PrefixTree> tree_;
   PrefixCacheStats stats_;
 };

@@ -416,5 +416,20 @@ TEST(PrefixCache, MisuseThrows) {
   kv.check_invariants();
 }
 
+TEST(PrefixCache, SurvivesAMoveOfTheManager) {
+  KvCacheManager first(4, 2, true);
+  ShadowKv shadow(4, 2);
+  BlockTable a = first.new_table();
+  admit(first, shadow, a, {1, 2, 3});
+  KvCacheManager kv = std::move(first);
+  kv.free(a);
+  kv.check_invariants();
+  EXPECT_EQ(kv.usage().cached_blocks, 1);
+  BlockTable b = kv.new_table();
+  EXPECT_EQ(admit(kv, shadow, b, {1, 2, 4}), 1);
+  kv.free(b);
+  kv.check_invariants();
+}
+
 }  // namespace
 }  // namespace serval
