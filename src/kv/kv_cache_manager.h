@@ -116,8 +116,11 @@ class KvCacheManager {
   // then has match.num_tokens tokens. Counts the query and hit tokens.
   // Throws if blocks were evicted since match_prefix (the match is stale).
   void adopt_prefix(BlockTable& table, const PrefixMatch& match);
-  // After a forward wrote K/V for `tokens` (the sequence's tokens so far,
-  // at most table.num_tokens()), caches the table's newly filled full blocks.
+  // After a forward wrote K/V for `tokens`, caches the table's newly filled
+  // full blocks. `tokens` must be exactly the tokens whose K/V is written
+  // (the first num_computed_tokens of the sequence, not a just-sampled token
+  // nor slots allocated for a later chunk): a block cached too early would
+  // serve K/V that was never computed. Throws if tokens exceed the table.
   // A block whose prefix is already cached in another block stays private
   // (blocks are never swapped under a running sequence), and so do the
   // table's later blocks.
