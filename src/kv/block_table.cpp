@@ -34,6 +34,7 @@ void BlockTable::release(BlockPool& pool) {
   for (BlockId id : blocks_) pool.free(id);
   blocks_.clear();
   num_tokens_ = 0;
+  num_committed_blocks_ = 0;
 }
 
 }  // namespace serval

@@ -2,6 +2,10 @@
 // BlockTable: the KV blocks of one sequence in logical order. Token at
 // position p lives in slot blocks[p / block_size] * block_size + p % block_size.
 // Blocks are taken from the pool only when appended tokens need them.
+//
+// With the prefix cache, tables are filled through KvCacheManager (adopt,
+// fork, allocate_slots with copy-on-write, commit); append_slots/release
+// below are the plain, cache-unaware path.
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -9,6 +13,8 @@
 #include "kv/block_pool.h"
 
 namespace serval {
+
+class KvCacheManager;
 
 class BlockTable {
  public:
@@ -20,6 +26,9 @@ class BlockTable {
   int64_t num_blocks() const { return int64_t(blocks_.size()); }
   // Tokens that have a slot.
   int64_t num_tokens() const { return num_tokens_; }
+  // Leading full blocks already offered to the prefix cache (adopted from it,
+  // or passed to KvCacheManager::commit_full_blocks).
+  int64_t num_committed_blocks() const { return num_committed_blocks_; }
   // Blocks still to take from the pool to give n more tokens a slot.
   int64_t blocks_needed(int64_t n) const;
 
@@ -35,9 +44,12 @@ class BlockTable {
   void release(BlockPool& pool);
 
  private:
+  friend class KvCacheManager;
+
   int32_t block_size_;
   std::vector<BlockId> blocks_;
   int64_t num_tokens_ = 0;
+  int64_t num_committed_blocks_ = 0;
 };
 
 }  // namespace serval

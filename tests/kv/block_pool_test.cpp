@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "core/error.h"
@@ -82,6 +83,52 @@ TEST(BlockPool, MisuseThrowsWithMessage) {
   EXPECT_THROW(pool.ref_count(3), Error);
   EXPECT_THROW(BlockPool(-1), Error);
   EXPECT_EQ(pool.num_free(), 3);
+}
+
+TEST(BlockPool, CachedBlocksStayEvictableUntilUncached) {
+  BlockPool pool(3);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.allocate(2, got));
+  pool.mark_cached(got[0]);
+  EXPECT_TRUE(pool.is_cached(got[0]));
+  EXPECT_FALSE(pool.is_cached(got[1]));
+  EXPECT_TRUE(pool.free(got[0]));  // unreferenced, but kept for reuse
+  EXPECT_TRUE(pool.free(got[1]));
+  pool.check_invariants();
+  EXPECT_EQ(pool.num_free(), 2);
+  EXPECT_EQ(pool.num_cached_evictable(), 1);
+  EXPECT_EQ(pool.num_referenced(), 0);
+  // A cache hit revives it; allocation never hands it out.
+  EXPECT_TRUE(pool.incref(got[0]));
+  EXPECT_FALSE(pool.incref(got[0]));
+  EXPECT_EQ(pool.num_cached_evictable(), 0);
+  std::vector<BlockId> more;
+  EXPECT_FALSE(pool.allocate(3, more));
+  ASSERT_TRUE(pool.allocate(2, more));
+  EXPECT_EQ(std::count(more.begin(), more.end(), got[0]), 0);
+  pool.check_invariants();
+  pool.free(got[0]);
+  pool.free(got[0]);
+  EXPECT_EQ(pool.num_cached_evictable(), 1);
+  pool.uncache(got[0]);  // evicted
+  EXPECT_EQ(pool.num_free(), 1);
+  EXPECT_EQ(pool.num_cached_evictable(), 0);
+  EXPECT_THROW(pool.incref(got[0]), Error);
+  pool.check_invariants();
+}
+
+TEST(BlockPool, CacheStateMisuseThrows) {
+  BlockPool pool(2);
+  EXPECT_THROW(pool.mark_cached(0), Error);  // not referenced
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.allocate(1, got));
+  EXPECT_THROW(pool.uncache(got[0]), Error);  // not cached
+  pool.mark_cached(got[0]);
+  EXPECT_THROW(pool.mark_cached(got[0]), Error);
+  pool.uncache(got[0]);  // referenced: stays referenced
+  EXPECT_EQ(pool.ref_count(got[0]), 1);
+  EXPECT_EQ(pool.num_referenced(), 1);
+  pool.check_invariants();
 }
 
 }  // namespace
