@@ -31,6 +31,13 @@ void Sequence::advance_computed(int64_t n) {
   num_computed_tokens_ += n;
 }
 
+void Sequence::finish(FinishReason reason) {
+  SERVAL_CHECK(reason != FinishReason::kNone, "sequence ", id_, ": finish needs a reason");
+  SERVAL_CHECK(!finished(), "sequence ", id_, " is already finished (",
+               finish_reason_name(finish_reason_), ")");
+  finish_reason_ = reason;
+}
+
 FinishReason Sequence::append_output(int32_t token, std::optional<Logprobs> logprobs,
                                      int64_t max_model_len) {
   SERVAL_CHECK(!finished(), "sequence ", id_, " is finished; cannot append token ", token);

@@ -38,6 +38,9 @@ class Sequence {
   bool prompt_computed() const { return num_computed_tokens_ >= num_prompt_tokens(); }
   // Records that n more tokens went through the model. Throws past num_tokens().
   void advance_computed(int64_t n);
+  // Forgets all computed K/V (preemption by recompute: the scheduler freed the
+  // blocks; every known token, outputs included, goes through the model again).
+  void reset_computed() { num_computed_tokens_ = 0; }
 
   BlockTable& block_table() { return block_table_; }
   const BlockTable& block_table() const { return block_table_; }
@@ -53,6 +56,9 @@ class Sequence {
   const std::vector<Logprobs>& output_logprobs() const { return output_logprobs_; }
 
   void abort() { finish_reason_ = FinishReason::kAbort; }
+  // Ends the sequence for a reason decided outside the stop criteria
+  // (kTimeout, kError, kAbort). Throws on kNone or if already finished.
+  void finish(FinishReason reason);
   bool finished() const { return finish_reason_ != FinishReason::kNone; }
   FinishReason finish_reason() const { return finish_reason_; }
   // The token that triggered a kStop finish (EOS or a stop token).

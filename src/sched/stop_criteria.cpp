@@ -11,6 +11,8 @@ const char* finish_reason_name(FinishReason reason) {
     case FinishReason::kStop: return "stop";
     case FinishReason::kLength: return "length";
     case FinishReason::kAbort: return "abort";
+    case FinishReason::kTimeout: return "timeout";
+    case FinishReason::kError: return "error";
     case FinishReason::kNone: break;
   }
   return nullptr;

@@ -11,9 +11,11 @@ enum class FinishReason {
   kStop,    // an EOS token or one of stop_token_ids was generated
   kLength,  // max_tokens reached, or the model's context is full
   kAbort,   // cancelled by the client
+  kTimeout, // waited or ran past its deadline
+  kError,   // failed; the engine reports the message
 };
 
-// "stop", "length", "abort"; nullptr for kNone (OpenAI's null finish_reason).
+// "stop", "length", "abort", "timeout", "error"; nullptr for kNone (OpenAI's null finish_reason).
 const char* finish_reason_name(FinishReason reason);
 
 struct StopCriteria {

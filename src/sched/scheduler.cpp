@@ -1,0 +1,250 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace serval {
+
+// A request inside the scheduler: its sequence, ordering and all its tokens in
+// one array (the prefix cache hashes contiguous token spans).
+struct Scheduler::Entry {
+  Sequence seq;
+  int32_t priority = 0;
+  uint64_t arrival = 0;
+  std::optional<SchedulerClock::time_point> deadline;
+  std::vector<int32_t> tokens;  // prompt + output, mirrors seq
+  bool running = false;
+
+  // Order of service: priority first, then arrival.
+  bool before(const Entry& o) const {
+    return priority != o.priority ? priority < o.priority : arrival < o.arrival;
+  }
+};
+
+void SchedulerConfig::validate() const {
+  SERVAL_CHECK(max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1, got ",
+               max_num_batched_tokens);
+  SERVAL_CHECK(max_num_seqs >= 1, "max_num_seqs must be at least 1, got ", max_num_seqs);
+  SERVAL_CHECK(max_queued_requests >= 1, "max_queued_requests must be at least 1, got ",
+               max_queued_requests);
+  SERVAL_CHECK(max_model_len >= 0, "max_model_len must be >= 0 (0: unlimited), got ",
+               max_model_len);
+}
+
+Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv) : config_(config), kv_(kv) {
+  config_.validate();
+}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::check_fits(const Sequence& seq) const {
+  const int64_t prompt = seq.num_prompt_tokens();
+  const int64_t max_len = prompt + seq.stop().max_tokens;
+  if (config_.max_model_len > 0)
+    SERVAL_CHECK(max_len <= config_.max_model_len, "request ", seq.id(), ": ", prompt,
+                 " prompt tokens + max_tokens ", seq.stop().max_tokens, " = ", max_len,
+                 " exceed the model's context of ", config_.max_model_len, " tokens");
+  // Every token but the last generated one goes through the model.
+  const int64_t bs = kv_.block_size();
+  const int64_t need = (max_len - 1 + bs - 1) / bs;
+  SERVAL_CHECK(need <= kv_.num_blocks(), "request ", seq.id(), ": ", prompt,
+               " prompt tokens + max_tokens ", seq.stop().max_tokens, " need ", need,
+               " KV blocks of ", bs, " tokens but the whole cache has ", kv_.num_blocks(),
+               "; lower max_tokens or give the KV cache more memory");
+}
+
+void Scheduler::add(Sequence seq, RequestOptions options) {
+  SERVAL_CHECK(int64_t(waiting_.size()) < config_.max_queued_requests, "request ", seq.id(),
+               " refused: the waiting queue is full (", waiting_.size(),
+               " requests, max_queued_requests ", config_.max_queued_requests, ")");
+  SERVAL_CHECK(!entries_.count(seq.id()), "request ", seq.id(), " is already scheduled");
+  SERVAL_CHECK(!seq.finished() && seq.num_computed_tokens() == 0 &&
+                   seq.block_table().num_blocks() == 0,
+               "request ", seq.id(), ": a new request must be unstarted (no computed tokens, "
+               "no KV blocks, not finished)");
+  SERVAL_CHECK(seq.block_table().block_size() == kv_.block_size(), "request ", seq.id(),
+               ": block table has block size ", seq.block_table().block_size(),
+               " but the KV cache uses ", kv_.block_size());
+  check_fits(seq);
+  auto e = std::make_unique<Entry>(Entry{std::move(seq), options.priority, next_arrival_++,
+                                         options.deadline, {}, false});
+  e->tokens = e->seq.prompt_ids();
+  e->tokens.insert(e->tokens.end(), e->seq.output_ids().begin(), e->seq.output_ids().end());
+  Entry* raw = e.get();
+  entries_.emplace(raw->seq.id(), std::move(e));
+  insert_waiting(raw);
+}
+
+void Scheduler::insert_waiting(Entry* e) {
+  e->running = false;
+  auto it = std::upper_bound(waiting_.begin(), waiting_.end(), e,
+                             [](const Entry* a, const Entry* b) { return a->before(*b); });
+  waiting_.insert(it, e);
+}
+
+void Scheduler::insert_running(Entry* e) {
+  e->running = true;
+  auto it = std::upper_bound(running_.begin(), running_.end(), e,
+                             [](const Entry* a, const Entry* b) { return a->before(*b); });
+  running_.insert(it, e);
+}
+
+void Scheduler::retire(Entry* e) {
+  if (e->seq.block_table().num_blocks() > 0) kv_.free(e->seq.block_table());
+  if (e->running)
+    std::erase(running_, e);
+  else
+    std::erase(waiting_, e);
+  finished_.push_back(std::move(e->seq));
+  entries_.erase(finished_.back().id());
+}
+
+void Scheduler::preempt(Entry* e) {
+  kv_.free(e->seq.block_table());
+  e->seq.reset_computed();
+  std::erase(running_, e);
+  insert_waiting(e);
+  ++num_preemptions_;
+}
+
+void Scheduler::expire_deadlines(SchedulerClock::time_point now, StepPlan& plan) {
+  std::vector<Entry*> expired;
+  for (auto& [id, e] : entries_)
+    if (e->deadline && *e->deadline <= now) expired.push_back(e.get());
+  // Deterministic order: by arrival.
+  std::sort(expired.begin(), expired.end(),
+            [](const Entry* a, const Entry* b) { return a->arrival < b->arrival; });
+  for (Entry* e : expired) {
+    e->seq.finish(FinishReason::kTimeout);
+    plan.finished.push_back(e->seq.id());
+    retire(e);
+  }
+}
+
+bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
+  Sequence& seq = e->seq;
+  const int64_t n = std::min(seq.num_uncomputed_tokens(), budget);
+  const int64_t end = seq.num_computed_tokens() + n;
+  const int64_t missing = std::max<int64_t>(0, end - seq.block_table().num_tokens());
+  while (!kv_.can_allocate(seq.block_table(), missing)) {
+    // running_ is sorted, and everything before e is already scheduled: the
+    // victim (lowest priority, latest arrival) is the last one, maybe e.
+    Entry* victim = running_.back();
+    preempt(victim);
+    ++plan.num_preempted;
+    if (victim == e) return false;
+  }
+  auto alloc = kv_.allocate_slots(seq.block_table(), missing);
+  SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
+  plan.copies.insert(plan.copies.end(), alloc->copies.begin(), alloc->copies.end());
+  plan.items.push_back(ScheduledChunk{&seq, int32_t(n)});
+  if (end == seq.num_tokens()) plan.sample_rows.push_back(&seq);
+  budget -= n;
+  plan.num_tokens += n;
+  return true;
+}
+
+void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan) {
+  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < config_.max_num_seqs) {
+    Entry* e = waiting_.front();
+    Sequence& seq = e->seq;
+    // Look up the prefix cache, then check, adopt and allocate, in that
+    // order with nothing in between (an eviction would make the match stale).
+    const PrefixMatch match = kv_.match_prefix(e->tokens);
+    const int64_t n = std::min(seq.num_tokens() - match.num_tokens, budget);
+    // Head-of-line: the next request in order waits for blocks rather than
+    // being overtaken, so no request starves.
+    if (!kv_.can_adopt_and_allocate(match, n)) break;
+    kv_.adopt_prefix(seq.block_table(), match);
+    seq.reset_computed();
+    seq.advance_computed(match.num_tokens);
+    auto alloc = kv_.allocate_slots(seq.block_table(), n);
+    SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after the check");
+    plan.copies.insert(plan.copies.end(), alloc->copies.begin(), alloc->copies.end());
+    waiting_.pop_front();
+    insert_running(e);
+    plan.items.push_back(ScheduledChunk{&seq, int32_t(n)});
+    if (match.num_tokens + n == seq.num_tokens()) plan.sample_rows.push_back(&seq);
+    budget -= n;
+    plan.num_tokens += n;
+  }
+}
+
+StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
+  SERVAL_CHECK(!in_flight_, "schedule() called again before commit() of the previous plan");
+  StepPlan plan;
+  expire_deadlines(now, plan);
+  int64_t budget = config_.max_num_batched_tokens;
+  // Index loop: preemption removes entries from the back of running_.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    if (schedule_running(running_[i], budget, plan)) ++i;
+  }
+  if (plan.num_preempted == 0) admit_waiting(budget, plan);
+  in_flight_ = !plan.items.empty();
+  return plan;
+}
+
+void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
+  SERVAL_CHECK(sampled.size() == plan.sample_rows.size(), "commit: ", sampled.size(),
+               " sampled tokens for ", plan.sample_rows.size(), " logits rows");
+  in_flight_ = false;
+  for (const ScheduledChunk& item : plan.items) {
+    Sequence& seq = *item.seq;
+    Entry* e = entries_.at(seq.id()).get();
+    seq.advance_computed(item.num_new_tokens);
+    // Only tokens whose K/V this step wrote: never the token sampled below.
+    kv_.commit_full_blocks(seq.block_table(),
+                           std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
+  }
+  for (size_t row = 0; row < sampled.size(); ++row) {
+    Sequence& seq = *plan.sample_rows[row];
+    Entry* e = entries_.at(seq.id()).get();
+    const FinishReason finish = seq.append_output(sampled[row].token,
+                                                  std::move(sampled[row].logprobs),
+                                                  config_.max_model_len);
+    e->tokens.push_back(sampled[row].token);
+    if (finish != FinishReason::kNone) retire(e);
+  }
+  std::vector<int64_t> aborts = std::move(pending_aborts_);
+  pending_aborts_.clear();
+  for (int64_t id : aborts) abort(id);
+}
+
+bool Scheduler::abort(int64_t id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  if (in_flight_) {
+    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), id) == pending_aborts_.end())
+      pending_aborts_.push_back(id);
+    return true;
+  }
+  Entry* e = it->second.get();
+  e->seq.finish(FinishReason::kAbort);
+  retire(e);
+  return true;
+}
+
+std::vector<Sequence> Scheduler::take_finished() {
+  std::vector<Sequence> out = std::move(finished_);
+  finished_.clear();
+  return out;
+}
+
+const Sequence* Scheduler::find(int64_t id) const {
+  auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : &it->second->seq;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.num_running = int64_t(running_.size());
+  s.num_waiting = int64_t(waiting_.size());
+  s.num_preemptions = num_preemptions_;
+  const PrefixCacheStats p = kv_.prefix_cache_stats();
+  s.prefix_query_tokens = p.query_tokens;
+  s.prefix_hit_tokens = p.hit_tokens;
+  return s;
+}
+
+}  // namespace serval

@@ -1,0 +1,157 @@
+#pragma once
+// Scheduler: continuous batching over the paged KV cache (DESIGN.md §3).
+//
+// One rule covers prefill, chunked prefill and decode: each step a request
+// gets min(remaining, budget) tokens, remaining = num_tokens -
+// num_computed_tokens. Per step, schedule(now):
+//   1. finishes (kTimeout) every request past its deadline, waiting or running;
+//   2. running requests, highest priority first: each gets its tokens and KV
+//      slots; when blocks run out, the lowest-priority, latest-arrived running
+//      request is preempted (blocks freed, computed tokens forgotten, back to
+//      waiting; recomputed later, possibly from the prefix cache);
+//   3. waiting requests in (priority, arrival) order while the token budget,
+//      max_num_seqs and the KV pool allow (none in a step that preempted);
+//      admission looks up the prefix cache first.
+// The engine then copies plan.copies, builds the Batch from plan.items
+// (BatchBuilder), runs the forward, samples one token per plan.sample_rows
+// entry (the Batch's logits rows, same order) and calls commit().
+//
+// Priority: lower value = more important (as vLLM). Ties go by arrival.
+// Engine loop thread only: no locks.
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+#include "sched/sequence.h"
+
+namespace serval {
+
+using SchedulerClock = std::chrono::steady_clock;
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 2048;  // tokens per step (the chunk budget)
+  int64_t max_num_seqs = 256;             // running requests at once
+  int64_t max_queued_requests = 4096;     // waiting requests; add() refuses beyond
+  int64_t max_model_len = 0;              // context length; 0: unlimited
+  // Throws serval::Error naming the bad field.
+  void validate() const;
+};
+
+// How a request is ordered and when it gives up.
+struct RequestOptions {
+  int32_t priority = 0;  // lower first
+  std::optional<SchedulerClock::time_point> deadline;
+};
+
+// The next num_new_tokens uncomputed tokens of a sequence (the engine hands
+// these to BatchBuilder as ScheduledSequence; sched/ does not know engine/).
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int32_t num_new_tokens = 0;
+};
+
+// What one step computes. Items point at sequences the scheduler owns; they
+// stay valid until commit().
+struct StepPlan {
+  std::vector<ScheduledChunk> items;  // in batch order
+  // The items whose step ends at their last known token, i.e. the Batch's
+  // logits rows in order: one sampled token each goes to commit().
+  std::vector<Sequence*> sample_rows;
+  // KV block copies (src, dst) to make before the forward (copy-on-write).
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  // Requests the scheduler finished itself this step (deadline: kTimeout).
+  std::vector<int64_t> finished;
+  int64_t num_tokens = 0;       // scheduled tokens, <= max_num_batched_tokens
+  int64_t num_preempted = 0;    // preemptions during this step
+
+  bool empty() const { return items.empty(); }
+};
+
+struct SampledToken {
+  int32_t token = -1;
+  std::optional<Logprobs> logprobs;
+};
+
+struct SchedulerStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_preemptions = 0;        // total since construction
+  int64_t prefix_query_tokens = 0;    // from the KV cache's counters
+  int64_t prefix_hit_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  // `kv` must outlive the scheduler; the scheduler is its only user.
+  Scheduler(SchedulerConfig config, KvCacheManager& kv);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a new sequence (no tokens computed, empty block table). Throws
+  // serval::Error, leaving the scheduler unchanged, when the waiting queue is
+  // full, the id is already known, or the request could never fit: prompt +
+  // max_tokens beyond max_model_len, or more KV blocks than the whole pool.
+  void add(Sequence seq, RequestOptions options = {});
+
+  // Plans the next step (see the top of this file).
+  StepPlan schedule(SchedulerClock::time_point now = SchedulerClock::now());
+
+  // After the forward and sampling of `plan`: advances computed tokens,
+  // caches newly written full blocks, appends `sampled` (one per
+  // plan.sample_rows entry, same order), applies stop criteria and frees
+  // finished sequences' blocks. Throws on a size mismatch.
+  void commit(const StepPlan& plan, std::span<SampledToken> sampled);
+
+  // Ends a waiting or running request with kAbort and frees its blocks;
+  // false if the id is unknown or already finished. Called between schedule()
+  // and commit(), it takes effect at commit().
+  bool abort(int64_t id);
+
+  // Finished sequences (stop, length, timeout, abort) since the last call,
+  // in finishing order; the scheduler forgets them.
+  std::vector<Sequence> take_finished();
+
+  bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+  int64_t num_running() const { return int64_t(running_.size()); }
+  int64_t num_waiting() const { return int64_t(waiting_.size()); }
+  SchedulerStats stats() const;
+  const SchedulerConfig& config() const { return config_; }
+  // A request still in the scheduler (waiting or running), or nullptr.
+  const Sequence* find(int64_t id) const;
+
+ private:
+  struct Entry;
+
+  void check_fits(const Sequence& seq) const;
+  void insert_waiting(Entry* e);
+  void insert_running(Entry* e);
+  // Schedules running request e, preempting others (or e itself) for blocks;
+  // false if e was preempted.
+  bool schedule_running(Entry* e, int64_t& budget, StepPlan& plan);
+  void admit_waiting(int64_t& budget, StepPlan& plan);
+  void preempt(Entry* e);
+  // Frees e's blocks, moves its sequence to finished_ and forgets it.
+  void retire(Entry* e);
+  void expire_deadlines(SchedulerClock::time_point now, StepPlan& plan);
+
+  SchedulerConfig config_;
+  KvCacheManager& kv_;
+  std::unordered_map<int64_t, std::unique_ptr<Entry>> entries_;
+  std::deque<Entry*> waiting_;  // sorted by (priority, arrival)
+  std::vector<Entry*> running_;  // sorted by (priority, arrival)
+  std::vector<Sequence> finished_;
+  std::vector<int64_t> pending_aborts_;  // abort() while a plan is in flight
+  bool in_flight_ = false;
+  uint64_t next_arrival_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace serval

@@ -1,0 +1,419 @@
+// Scheduler tests with a fake model: the "forward" writes (token, position)
+// into a shadow KV store at each scheduled slot and checks that every context
+// position of a sequence reads back its own token through the block table
+// (so a wrong prefix-cache adoption, copy or preemption shows up); the
+// "sampler" picks a token that depends only on the sequence's tokens, so a
+// request's output is independent of batching, chunking and preemption.
+#include "sched/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+
+#include "core/error.h"
+
+namespace serval {
+namespace {
+
+constexpr int32_t kVocab = 97;
+
+int32_t next_token(const std::vector<int32_t>& tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : tokens) h = (h ^ uint64_t(t)) * 1099511628211ull;
+  return int32_t(h % kVocab);
+}
+
+// The continuation a request gets alone.
+std::vector<int32_t> reference(std::vector<int32_t> prompt, int max_tokens) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_tokens; ++i) {
+    out.push_back(next_token(prompt));
+    prompt.push_back(out.back());
+  }
+  return out;
+}
+
+std::vector<int32_t> make_prompt(int64_t len, int32_t salt) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < len; ++i) p.push_back(int32_t((i * 7 + salt * 13 + 1) % kVocab));
+  return p;
+}
+
+RequestOptions prio(int32_t priority) {
+  RequestOptions o;
+  o.priority = priority;
+  return o;
+}
+
+RequestOptions deadline(SchedulerClock::time_point t) {
+  RequestOptions o;
+  o.deadline = t;
+  return o;
+}
+
+std::vector<int32_t> all_tokens(const Sequence& seq) {
+  std::vector<int32_t> t = seq.prompt_ids();
+  t.insert(t.end(), seq.output_ids().begin(), seq.output_ids().end());
+  return t;
+}
+
+struct Harness {
+  Harness(int64_t num_blocks, int32_t block_size, bool prefix_cache, SchedulerConfig config)
+      : kv(num_blocks, block_size, prefix_cache),
+        sched(config, kv),
+        store(size_t(num_blocks * block_size), {-1, -1}) {}
+
+  void add(int64_t id, std::vector<int32_t> prompt, int max_tokens, RequestOptions opt = {}) {
+    StopCriteria stop;
+    stop.max_tokens = max_tokens;
+    SamplingParams params;
+    params.seed = 1;
+    sched.add(Sequence(id, std::move(prompt), params, stop, kv.new_table()), opt);
+  }
+
+  // One engine step; returns the plan (its sequence pointers are stale
+  // afterwards: finished sequences moved out; `ids` lists the items' ids).
+  StepPlan step(SchedulerClock::time_point now = SchedulerClock::now()) {
+    StepPlan plan = sched.schedule(now);
+    EXPECT_LE(plan.num_tokens, sched.config().max_num_batched_tokens);
+    EXPECT_LE(sched.num_running(), sched.config().max_num_seqs);
+    const int32_t bs = kv.block_size();
+    for (auto [src, dst] : plan.copies)
+      for (int32_t o = 0; o < bs; ++o) store[size_t(dst * bs + o)] = store[size_t(src * bs + o)];
+    int64_t total = 0;
+    ids.clear();
+    for (const ScheduledChunk& item : plan.items) {
+      ids.push_back(item.seq->id());
+      const Sequence& seq = *item.seq;
+      EXPECT_GE(item.num_new_tokens, 1);
+      total += item.num_new_tokens;
+      const int64_t end = seq.num_computed_tokens() + item.num_new_tokens;
+      for (int64_t p = seq.num_computed_tokens(); p < end; ++p)
+        store[size_t(seq.block_table().slot(p))] = {seq.token_at(p), int32_t(p)};
+    }
+    // Attention reads: every context position holds this sequence's token.
+    for (const ScheduledChunk& item : plan.items) {
+      const Sequence& seq = *item.seq;
+      const int64_t end = seq.num_computed_tokens() + item.num_new_tokens;
+      for (int64_t p = 0; p < end; ++p) {
+        auto [tok, pos] = store[size_t(seq.block_table().slot(p))];
+        if (tok != seq.token_at(p) || pos != p) {
+          ADD_FAILURE() << "seq " << seq.id() << " position " << p << " reads token " << tok
+                        << " of position " << pos << ", expected " << seq.token_at(p);
+          break;
+        }
+      }
+    }
+    EXPECT_EQ(total, plan.num_tokens);
+    std::vector<SampledToken> sampled;
+    for (Sequence* seq : plan.sample_rows) sampled.push_back({next_token(all_tokens(*seq)), {}});
+    sched.commit(plan, sampled);
+    kv.check_invariants();
+    for (Sequence& s : sched.take_finished()) done.emplace(s.id(), std::move(s));
+    ++steps;
+    return plan;
+  }
+
+  void run_all(int max_steps = 100000) {
+    for (int i = 0; i < max_steps && sched.has_unfinished(); ++i) step();
+    ASSERT_FALSE(sched.has_unfinished());
+    EXPECT_EQ(kv.usage().used_blocks, 0);
+  }
+
+  KvCacheManager kv;
+  Scheduler sched;
+  std::vector<std::pair<int32_t, int32_t>> store;  // slot -> (token, position)
+  std::map<int64_t, Sequence> done;
+  std::vector<int64_t> ids;  // the last step's items
+  int steps = 0;
+};
+
+SchedulerConfig config(int64_t budget, int64_t max_seqs = 256, int64_t max_queue = 4096) {
+  SchedulerConfig c;
+  c.max_num_batched_tokens = budget;
+  c.max_num_seqs = max_seqs;
+  c.max_queued_requests = max_queue;
+  return c;
+}
+
+TEST(SchedulerTest, TokenBudgetRespectedAndOutputsMatchReference) {
+  for (int64_t budget : {1, 7, 16, 64, 4096}) {
+    Harness h(256, 4, /*prefix_cache=*/true, config(budget));
+    for (int i = 0; i < 12; ++i) h.add(i, make_prompt(3 + i * 5, i % 4), 5 + i % 3);
+    h.run_all();
+    for (int i = 0; i < 12; ++i) {
+      const Sequence& s = h.done.at(i);
+      EXPECT_EQ(s.finish_reason(), FinishReason::kLength);
+      EXPECT_EQ(s.output_ids(), reference(make_prompt(3 + i * 5, i % 4), 5 + i % 3))
+          << "budget " << budget << " request " << i;
+    }
+  }
+}
+
+TEST(SchedulerTest, MaxNumSeqsBoundsRunningRequests) {
+  Harness h(256, 4, false, config(4096, /*max_seqs=*/3));
+  for (int i = 0; i < 10; ++i) h.add(i, make_prompt(5, i), 4);
+  int max_items = 0;
+  while (h.sched.has_unfinished()) {
+    const StepPlan plan = h.step();
+    max_items = std::max(max_items, int(plan.items.size()));
+    EXPECT_LE(h.sched.num_running(), 3);
+  }
+  EXPECT_EQ(max_items, 3);
+  EXPECT_EQ(h.done.size(), 10u);
+}
+
+TEST(SchedulerTest, ChunkedPrefillSplitsLongPromptAndMixesWithDecode) {
+  Harness h(256, 4, false, config(32));
+  h.add(0, make_prompt(6, 1), 20);
+  h.step();  // request 0's prompt: 6 tokens, then decodes
+  h.add(1, make_prompt(100, 2), 3);
+  std::vector<int> chunks;
+  for (int i = 0; i < 4; ++i) {
+    const StepPlan plan = h.step();
+    ASSERT_EQ(plan.items.size(), 2u);
+    EXPECT_EQ(h.ids, (std::vector<int64_t>{0, 1}));  // the decode comes first
+    EXPECT_EQ(plan.items[0].num_new_tokens, 1);
+    chunks.push_back(plan.items[1].num_new_tokens);
+    // Request 1 gets logits only with its last chunk.
+    EXPECT_EQ(plan.sample_rows.size(), i < 3 ? 1u : 2u);
+    EXPECT_EQ(plan.num_tokens, 1 + chunks.back());
+  }
+  EXPECT_EQ(chunks, (std::vector<int>{31, 31, 31, 7}));
+  h.run_all();
+  EXPECT_EQ(h.done.at(1).output_ids(), reference(make_prompt(100, 2), 3));
+  EXPECT_EQ(h.done.at(0).output_ids(), reference(make_prompt(6, 1), 20));
+}
+
+TEST(SchedulerTest, WaitingRequestIsNotStarvedUnderContinuousLoad) {
+  // Two slots; new short requests arrive every step. The long request queued
+  // behind the first two must be admitted once one of them finishes, not
+  // overtaken by later arrivals.
+  Harness h(1024, 4, false, config(64, /*max_seqs=*/2));
+  h.add(0, make_prompt(8, 0), 6);
+  h.add(1, make_prompt(8, 1), 6);
+  h.add(2, make_prompt(40, 2), 4);
+  int64_t next_id = 3;
+  int admitted_at = -1;
+  for (int step = 0; step < 50 && admitted_at < 0; ++step) {
+    h.add(next_id, make_prompt(4, int32_t(next_id % 5)), 2);
+    ++next_id;
+    h.step();
+    for (int64_t id : h.ids)
+      if (id == 2) admitted_at = step;
+  }
+  // Requests 0 and 1 need 6 steps (1 prefill + 5 decodes); 2 comes right after.
+  EXPECT_EQ(admitted_at, 6);
+  h.run_all();
+  EXPECT_EQ(h.done.at(2).output_ids(), reference(make_prompt(40, 2), 4));
+}
+
+TEST(SchedulerTest, PreemptsLatestArrivedAmongEqualPriorityAndRecomputes) {
+  // 4 blocks of 4 tokens; three 4-token prompts take one block each. At the
+  // first decode, 0 takes the last free block; 1 needs one: 2 (latest) goes.
+  Harness h(4, 4, false, config(4096));
+  for (int i = 0; i < 3; ++i) h.add(i, make_prompt(4, i), 6);
+  h.step();
+  EXPECT_EQ(h.sched.num_running(), 3);
+  const StepPlan plan = h.step();
+  EXPECT_EQ(plan.num_preempted, 1);
+  EXPECT_EQ(h.sched.stats().num_preemptions, 1);
+  ASSERT_NE(h.sched.find(2), nullptr);
+  EXPECT_EQ(h.sched.find(2)->num_computed_tokens(), 0);
+  EXPECT_EQ(h.sched.find(2)->output_ids().size(), 1u);  // its sampled token stays
+  EXPECT_EQ(h.sched.num_waiting(), 1);
+  h.run_all();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(h.done.at(i).output_ids(), reference(make_prompt(4, i), 6)) << i;
+}
+
+TEST(SchedulerTest, PreemptsLowestPriorityFirst) {
+  Harness h(4, 4, false, config(4096));
+  h.add(0, make_prompt(4, 0), 6, prio(0));
+  h.add(1, make_prompt(4, 1), 6, prio(5));  // least important
+  h.add(2, make_prompt(4, 2), 6, prio(0));  // latest, but more important
+  h.step();
+  const StepPlan plan = h.step();
+  EXPECT_EQ(plan.num_preempted, 1);
+  EXPECT_EQ(h.sched.find(1)->num_computed_tokens(), 0);
+  EXPECT_GT(h.sched.find(2)->num_computed_tokens(), 0);
+  h.run_all();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(h.done.at(i).output_ids(), reference(make_prompt(4, i), 6)) << i;
+}
+
+TEST(SchedulerTest, WaitingRequestsServedInPriorityOrder) {
+  Harness h(256, 4, false, config(4096, /*max_seqs=*/1));
+  h.add(0, make_prompt(4, 0), 1, prio(3));
+  h.add(1, make_prompt(4, 1), 1, prio(1));
+  h.add(2, make_prompt(4, 2), 1, prio(1));
+  std::vector<int64_t> order;
+  while (h.sched.has_unfinished()) {
+    h.step();
+    order.insert(order.end(), h.ids.begin(), h.ids.end());
+  }
+  EXPECT_EQ(order, (std::vector<int64_t>{1, 2, 0}));
+}
+
+TEST(SchedulerTest, TightPoolForcesPreemptionsYetOutputsMatch) {
+  for (bool prefix_cache : {false, true}) {
+    for (int64_t budget : {5, 16, 4096}) {
+      Harness h(12, 4, prefix_cache, config(budget));
+      for (int i = 0; i < 16; ++i)
+        h.add(i, make_prompt(2 + (i * 7) % 20, i % 3), 4 + (i * 5) % 17, prio(i % 2));
+      h.run_all();
+      EXPECT_GT(h.sched.stats().num_preemptions, 0);
+      for (int i = 0; i < 16; ++i)
+        EXPECT_EQ(h.done.at(i).output_ids(),
+                  reference(make_prompt(2 + (i * 7) % 20, i % 3), 4 + (i * 5) % 17))
+            << "request " << i << " budget " << budget << " cache " << prefix_cache;
+    }
+  }
+}
+
+TEST(SchedulerTest, DeadlineExpiryFinishesWithTimeout) {
+  Harness h(256, 4, false, config(4096, /*max_seqs=*/1));
+  const auto t0 = SchedulerClock::now();
+  using std::chrono::milliseconds;
+  h.add(0, make_prompt(6, 0), 50, deadline(t0 + milliseconds(30)));  // runs, then expires
+  h.add(1, make_prompt(6, 1), 5, deadline(t0 + milliseconds(10)));   // expires waiting
+  h.add(2, make_prompt(6, 2), 3);
+  h.step(t0);
+  EXPECT_EQ(h.kv.usage().used_blocks, 2);
+  StepPlan plan = h.step(t0 + milliseconds(20));
+  EXPECT_EQ(plan.finished, (std::vector<int64_t>{1}));
+  plan = h.step(t0 + milliseconds(30));
+  EXPECT_EQ(plan.finished, (std::vector<int64_t>{0}));
+  EXPECT_EQ(h.ids, (std::vector<int64_t>{2}));  // request 2 takes the freed slot at once
+  EXPECT_EQ(h.done.at(0).finish_reason(), FinishReason::kTimeout);
+  EXPECT_EQ(h.done.at(1).finish_reason(), FinishReason::kTimeout);
+  EXPECT_STREQ(finish_reason_name(FinishReason::kTimeout), "timeout");
+  EXPECT_STREQ(finish_reason_name(FinishReason::kError), "error");
+  h.run_all();
+  EXPECT_EQ(h.done.at(2).finish_reason(), FinishReason::kLength);
+}
+
+TEST(SchedulerTest, FullQueueRefusesNewRequests) {
+  Harness h(256, 4, false, config(4096, 256, /*max_queue=*/2));
+  h.add(0, make_prompt(4, 0), 2);
+  h.add(1, make_prompt(4, 1), 2);
+  try {
+    h.add(2, make_prompt(4, 2), 2);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting queue is full"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(h.sched.num_waiting(), 2);
+  h.step();  // both admitted: the queue has room again
+  h.add(2, make_prompt(4, 2), 2);
+  h.run_all();
+  EXPECT_EQ(h.done.size(), 3u);
+}
+
+TEST(SchedulerTest, RequestThatCanNeverFitIsRefusedAtSubmission) {
+  SchedulerConfig c = config(4096);
+  c.max_model_len = 64;
+  Harness h(8, 4, false, c);  // 32 tokens of KV in all
+  try {
+    h.add(0, make_prompt(60, 0), 10);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
+  }
+  try {
+    h.add(1, make_prompt(30, 0), 10);  // 39 tokens through the model > 32 slots
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV blocks"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(h.sched.has_unfinished());
+  h.add(2, make_prompt(30, 0), 3);  // 32 tokens: fits exactly
+  h.add(3, make_prompt(4, 1), 2);
+  EXPECT_THROW(h.add(3, make_prompt(4, 1), 2), Error);  // id 3 is already queued
+  h.run_all();
+  EXPECT_EQ(h.done.at(2).output_ids(), reference(make_prompt(30, 0), 3));
+}
+
+TEST(SchedulerTest, PrefixCacheHitReducesComputedTokens) {
+  for (bool prefix_cache : {false, true}) {
+    Harness h(256, 4, prefix_cache, config(4096));
+    std::vector<int32_t> first = make_prompt(40, 1);
+    h.add(0, first, 3);
+    h.run_all();
+    std::vector<int32_t> second(first.begin(), first.begin() + 33);
+    for (int i = 0; i < 9; ++i) second.push_back(int32_t(50 + i));
+    h.add(1, second, 3);
+    const StepPlan plan = h.step();
+    ASSERT_EQ(plan.items.size(), 1u);
+    // 32 shared tokens = 8 full blocks (the 33rd shared token is in a block
+    // that differs afterwards).
+    EXPECT_EQ(plan.items[0].num_new_tokens, prefix_cache ? 42 - 32 : 42);
+    EXPECT_EQ(h.sched.stats().prefix_hit_tokens, prefix_cache ? 32 : 0);
+    h.run_all();
+    EXPECT_EQ(h.done.at(1).output_ids(), reference(second, 3));
+  }
+}
+
+TEST(SchedulerTest, AbortFreesBlocksWaitingRunningAndInFlight) {
+  Harness h(256, 4, true, config(8));
+  h.add(0, make_prompt(30, 0), 10);
+  h.add(1, make_prompt(5, 1), 10);
+  h.add(2, make_prompt(5, 2), 10);
+  h.step();  // 0 takes the whole budget: 1 and 2 wait
+  EXPECT_TRUE(h.sched.abort(2));
+  EXPECT_FALSE(h.sched.abort(2));
+  EXPECT_FALSE(h.sched.abort(42));
+  // Abort while a plan is in flight: applied at commit.
+  StepPlan plan = h.sched.schedule();
+  EXPECT_TRUE(h.sched.abort(0));
+  std::vector<SampledToken> sampled;
+  for (Sequence* seq : plan.sample_rows) sampled.push_back({next_token(all_tokens(*seq)), {}});
+  h.sched.commit(plan, sampled);
+  h.kv.check_invariants();
+  for (Sequence& s : h.sched.take_finished()) h.done.emplace(s.id(), std::move(s));
+  EXPECT_EQ(h.done.at(0).finish_reason(), FinishReason::kAbort);
+  EXPECT_EQ(h.done.at(2).finish_reason(), FinishReason::kAbort);
+  h.run_all();
+  EXPECT_EQ(h.done.at(1).output_ids(), reference(make_prompt(5, 1), 10));
+}
+
+TEST(SchedulerTest, RandomizedOperationsKeepKvConsistentAndLeakNothing) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+    std::mt19937 rng(seed);
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    Harness h(24, 4, seed % 2 == 0, config(pick(4, 40), pick(2, 8), 16));
+    std::map<int64_t, std::pair<std::vector<int32_t>, int>> requests;
+    int64_t next_id = 0;
+    for (int op = 0; op < 1500; ++op) {
+      const int r = pick(0, 9);
+      if (r < 4) {
+        std::vector<int32_t> prompt = make_prompt(pick(1, 30), pick(0, 3));  // shared prefixes
+        const int max_tokens = pick(1, 30);
+        try {
+          h.add(next_id, prompt, max_tokens, prio(pick(0, 2)));
+          requests[next_id] = {prompt, max_tokens};
+        } catch (const Error&) {
+          // queue full, or too long for the pool
+        }
+        ++next_id;
+      } else if (r == 4 && next_id > 0) {
+        h.sched.abort(pick(0, int(next_id - 1)));
+      } else {
+        h.step();
+      }
+      for (Sequence& s : h.sched.take_finished()) h.done.emplace(s.id(), std::move(s));
+    }
+    h.run_all();
+    EXPECT_EQ(h.done.size(), requests.size());
+    for (const auto& [id, s] : h.done) {
+      if (s.finish_reason() == FinishReason::kAbort) continue;
+      const auto& [prompt, max_tokens] = requests.at(id);
+      EXPECT_EQ(s.output_ids(), reference(prompt, max_tokens)) << "seed " << seed << " id " << id;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace serval
