@@ -97,6 +97,9 @@ struct Harness {
     for (const ScheduledChunk& item : plan.items) {
       const Sequence& seq = *item.seq;
       const int64_t end = seq.num_computed_tokens() + item.num_new_tokens;
+      // Slots only for this step's tokens: at most one partially filled block.
+      EXPECT_EQ(seq.block_table().num_tokens(), end) << "seq " << seq.id();
+      EXPECT_EQ(seq.block_table().num_blocks(), (end + bs - 1) / bs) << "seq " << seq.id();
       for (int64_t p = 0; p < end; ++p) {
         auto [tok, pos] = store[size_t(seq.block_table().slot(p))];
         if (tok != seq.token_at(p) || pos != p) {
