@@ -206,6 +206,21 @@ void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
     e->tokens.push_back(sampled[row].token);
     if (finish != FinishReason::kNone) retire(e);
   }
+  apply_pending_aborts();
+}
+
+void Scheduler::fail_step(const StepPlan& plan) {
+  in_flight_ = false;
+  for (const ScheduledChunk& item : plan.items) {
+    auto it = entries_.find(item.seq->id());
+    if (it == entries_.end()) continue;
+    it->second->seq.finish(FinishReason::kError);
+    retire(it->second.get());
+  }
+  apply_pending_aborts();
+}
+
+void Scheduler::apply_pending_aborts() {
   std::vector<int64_t> aborts = std::move(pending_aborts_);
   pending_aborts_.clear();
   for (int64_t id : aborts) abort(id);

@@ -110,6 +110,11 @@ class Scheduler {
   // finished sequences' blocks. Throws on a size mismatch.
   void commit(const StepPlan& plan, std::span<SampledToken> sampled);
 
+  // When the forward or sampling of `plan` failed (commit() will not come):
+  // finishes every request of the plan with kError and frees its blocks; the
+  // engine reports its message. Other requests go on at the next schedule().
+  void fail_step(const StepPlan& plan);
+
   // Ends a waiting or running request with kAbort and frees its blocks;
   // false if the id is unknown or already finished. Called between schedule()
   // and commit(), it takes effect at commit().
@@ -140,6 +145,7 @@ class Scheduler {
   void preempt(Entry* e);
   // Frees e's blocks, moves its sequence to finished_ and forgets it.
   void retire(Entry* e);
+  void apply_pending_aborts();
   void expire_deadlines(SchedulerClock::time_point now, StepPlan& plan);
 
   SchedulerConfig config_;

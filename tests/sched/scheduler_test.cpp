@@ -382,6 +382,26 @@ TEST(SchedulerTest, AbortFreesBlocksWaitingRunningAndInFlight) {
   EXPECT_EQ(h.done.at(1).output_ids(), reference(make_prompt(5, 1), 10));
 }
 
+TEST(SchedulerTest, FailedStepFinishesItsRequestsWithErrorAndOthersGoOn) {
+  Harness h(256, 4, true, config(4096, /*max_seqs=*/2));
+  h.add(0, make_prompt(9, 0), 5);
+  h.add(1, make_prompt(9, 1), 5);
+  h.add(2, make_prompt(9, 2), 5);  // waits: max_num_seqs
+  h.step();
+  StepPlan plan = h.sched.schedule();
+  EXPECT_TRUE(h.sched.abort(2));  // in flight: applied after the failure
+  h.sched.fail_step(plan);        // e.g. the forward threw
+  h.kv.check_invariants();
+  EXPECT_EQ(h.kv.usage().used_blocks, 0);
+  for (Sequence& s : h.sched.take_finished()) h.done.emplace(s.id(), std::move(s));
+  EXPECT_EQ(h.done.at(0).finish_reason(), FinishReason::kError);
+  EXPECT_EQ(h.done.at(1).finish_reason(), FinishReason::kError);
+  EXPECT_EQ(h.done.at(2).finish_reason(), FinishReason::kAbort);
+  h.add(3, make_prompt(9, 0), 5);  // the scheduler is usable again
+  h.run_all();
+  EXPECT_EQ(h.done.at(3).output_ids(), reference(make_prompt(9, 0), 5));
+}
+
 TEST(SchedulerTest, RandomizedOperationsKeepKvConsistentAndLeakNothing) {
   for (uint32_t seed : {1u, 2u, 3u, 4u}) {
     std::mt19937 rng(seed);
@@ -389,7 +409,7 @@ TEST(SchedulerTest, RandomizedOperationsKeepKvConsistentAndLeakNothing) {
     Harness h(24, 4, seed % 2 == 0, config(pick(4, 40), pick(2, 8), 16));
     std::map<int64_t, std::pair<std::vector<int32_t>, int>> requests;
     int64_t next_id = 0;
-    for (int op = 0; op < 1500; ++op) {
+    for (int op = 0; op < 3000; ++op) {  // 4 seeds: 12,000 operations
       const int r = pick(0, 9);
       if (r < 4) {
         std::vector<int32_t> prompt = make_prompt(pick(1, 30), pick(0, 3));  // shared prefixes
