@@ -16,7 +16,18 @@
 // (BatchBuilder), runs the forward, samples one token per plan.sample_rows
 // entry (the Batch's logits rows, same order) and calls commit().
 //
-// Priority: lower value = more important (as vLLM). Ties go by arrival.
+//
+// An engine loop step:
+//   StepPlan plan = sched.schedule();
+//   runner.copy_blocks(plan.copies);
+//   for (auto& c : plan.items) scheduled.push_back({c.seq, c.num_new_tokens});
+//   batch_builder.build(scheduled, batch); runner.forward(batch, logits);
+//   for (row, seq in plan.sample_rows) sampled[row] = sampler.sample(..., seq->rng());
+//   sched.commit(plan, sampled);      // or sched.fail_step(plan) if it threw
+//   for (Sequence& s : sched.take_finished()) publish(s);
+//
+// Priority: lower value = more important (as vLLM). Ties go by arrival; a
+// preempted request keeps its place (its arrival), ahead of later arrivals.
 // Engine loop thread only: no locks.
 #include <chrono>
 #include <cstdint>
