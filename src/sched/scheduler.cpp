@@ -251,8 +251,8 @@ const Sequence* Scheduler::find(int64_t id) const {
   return it == entries_.end() ? nullptr : &it->second->seq;
 }
 
-SchedulerStats Scheduler::stats() const {
-  SchedulerStats s;
+SchedulerCounts Scheduler::stats() const {
+  SchedulerCounts s;
   s.num_running = int64_t(running_.size());
   s.num_waiting = int64_t(waiting_.size());
   s.num_preemptions = num_preemptions_;

@@ -90,7 +90,7 @@ struct SampledToken {
   std::optional<Logprobs> logprobs;
 };
 
-struct SchedulerStats {
+struct SchedulerCounts {
   int64_t num_running = 0;
   int64_t num_waiting = 0;
   int64_t num_preemptions = 0;        // total since construction
@@ -138,7 +138,7 @@ class Scheduler {
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
   int64_t num_running() const { return int64_t(running_.size()); }
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
-  SchedulerStats stats() const;
+  SchedulerCounts stats() const;
   const SchedulerConfig& config() const { return config_; }
   // A request still in the scheduler (waiting or running), or nullptr.
   const Sequence* find(int64_t id) const;

@@ -1,0 +1,134 @@
+#pragma once
+// Engine: the serving loop of DESIGN.md §1 on its own thread. It owns the
+// scheduler and KV state (only the loop thread touches them, so they need no
+// locks); other threads talk to it through submit()/abort(), which put work in
+// a mutex-protected inbox, and read results from each request's channel.
+//
+// One loop iteration: drain inbox and aborts -> Scheduler::schedule ->
+// copy-on-write block copies -> BatchBuilder -> ModelRunner::forward -> Sampler
+// per logits row -> Scheduler::commit -> publish RequestEvents (incremental,
+// UTF-8 safe text; stop strings held back and cut) -> record metrics. A forward
+// or sampling failure finishes that step's requests with an error event
+// (Scheduler::fail_step); the engine keeps running.
+//
+// Not yet: n > 1 samples per request, min_tokens.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/batch_builder.h"
+#include "engine/engine_metrics.h"
+#include "engine/metrics.h"
+#include "engine/request_output.h"
+#include "kv/kv_cache_manager.h"
+#include "runtime/model_runner.h"
+#include "sampling/sampler.h"
+#include "sched/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval {
+
+struct EngineOptions {
+  // max_model_len 0: the model's max_position.
+  SchedulerConfig scheduler;
+  bool enable_prefix_cache = true;
+  std::string model_name = "serval";  // the metrics' model_name label
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams params;
+  // eos_token_ids are taken as given (the caller fills them from the tokenizer).
+  StopCriteria stop;
+  std::vector<std::string> stop_strings;  // end the text before the first match
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;  // in the text deltas
+  RequestOptions options;           // priority, deadline
+};
+
+class Engine {
+ public:
+  // `runner` and `tokenizer` must outlive the engine. Starts the loop thread.
+  Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions options = {});
+  // shutdown().
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. Throws serval::Error, queuing nothing, on bad sampling
+  // parameters or stop criteria, an empty prompt, token ids outside the
+  // vocabulary, a request that could never fit (context or KV pool), a full
+  // waiting queue, or after shutdown. Thread-safe.
+  RequestHandle submit(EngineRequest request);
+  // Ends a request with a final kAbort event (no-op if unknown or finished).
+  // Thread-safe.
+  void abort(int64_t request_id);
+  // Stops the loop; every unfinished request gets a final kAbort event.
+  // Idempotent; thread-safe.
+  void shutdown();
+
+  // Thread-safe snapshots, updated by the loop before it publishes a step's events.
+  KvUsage kv_usage() const;
+  int64_t num_unfinished() const;
+
+  metrics::Registry& metrics_registry() { return registry_; }
+
+ private:
+  struct Pending;   // a submitted request not yet handed to the scheduler
+  struct Active;    // a request in the scheduler: its channel and text state
+  struct Outgoing { std::shared_ptr<RequestChannel> channel; RequestEvent event; };
+
+  using EventMap = std::unordered_map<int64_t, RequestEvent>;
+
+  void loop();
+  void admit(Pending& pending, IterationStats& it, std::vector<Outgoing>& out);
+  void step(IterationStats& it, EventMap& events);
+  // Adds the tokens of `seq` not yet published to `event` (text, stop strings).
+  void emit_tokens(Active& a, const Sequence& seq, RequestEvent& event, IterationStats& it,
+                   EngineClock::time_point now);
+  void append_text(Active& a, const std::string& piece, RequestEvent& event);
+  // Final events for the scheduler's finished sequences.
+  void drain_finished(EventMap& events, IterationStats& it, const std::string& error);
+  // Records metrics, updates the snapshots, then pushes the events.
+  void publish(EventMap& events, std::vector<Outgoing>& out, const IterationStats& it);
+  void abort_everything();
+
+  ModelRunner& runner_;
+  const Tokenizer& tokenizer_;
+  EngineOptions options_;
+  int64_t vocab_size_;
+  metrics::Registry registry_;
+  EngineMetrics metrics_;
+
+  // Loop thread only.
+  KvCacheManager kv_;
+  Scheduler sched_;
+  BatchBuilder batch_builder_;
+  Sampler sampler_;
+  Batch batch_;
+  std::vector<float> logits_;
+  std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
+  PrefixCacheStats last_prefix_stats_;
+
+  // Shared with submitting threads, under mutex_.
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Pending>> inbox_;
+  std::vector<int64_t> aborts_;
+  bool stopping_ = false;
+  int64_t num_waiting_snapshot_ = 0;
+  int64_t num_unfinished_ = 0;  // submitted, final event not yet published
+  KvUsage kv_usage_snapshot_;
+  int64_t next_id_ = 0;
+
+  std::mutex join_mutex_;
+  std::thread thread_;
+};
+
+}  // namespace serval

@@ -1,0 +1,73 @@
+#pragma once
+// What a request's caller receives from the engine loop: RequestEvents through
+// a thread-safe channel (the loop pushes, the caller's thread pops), read via
+// a RequestHandle.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sampling/logprobs.h"
+#include "sched/stop_criteria.h"
+
+namespace serval {
+
+using EngineClock = std::chrono::steady_clock;
+
+struct RequestTimings {
+  EngineClock::time_point arrival;                   // submit()
+  std::optional<EngineClock::time_point> first_token;
+  std::optional<EngineClock::time_point> finish;     // set on the final event
+};
+
+// New output of one request since its previous event. The last event of a
+// request has finish != kNone; no event follows it.
+struct RequestEvent {
+  int64_t request_id = -1;
+  std::vector<int32_t> token_ids;  // newly generated tokens
+  std::string text;                // newly safe text (UTF-8 whole characters, no stop string)
+  std::vector<Logprobs> logprobs;  // one per token when the request asked for logprobs
+  FinishReason finish = FinishReason::kNone;
+  std::string error;               // the message when finish == kError
+  RequestTimings timings;
+
+  bool finished() const { return finish != FinishReason::kNone; }
+};
+
+// A queue of events between the engine loop and one reader.
+class RequestChannel {
+ public:
+  void push(RequestEvent event);
+  // The next event, waiting up to `timeout` (forever when unset); nullopt on
+  // timeout or once the final event has been taken.
+  std::optional<RequestEvent> pop(std::optional<std::chrono::milliseconds> timeout);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<RequestEvent> events_;
+  bool final_pushed_ = false;
+  bool final_taken_ = false;
+};
+
+class RequestHandle {
+ public:
+  RequestHandle(int64_t id, std::shared_ptr<RequestChannel> channel)
+      : id_(id), channel_(std::move(channel)) {}
+  int64_t id() const { return id_; }
+  // Blocks for the next event (see RequestChannel::pop). Thread-safe.
+  std::optional<RequestEvent> next(std::optional<std::chrono::milliseconds> timeout = {}) {
+    return channel_->pop(timeout);
+  }
+
+ private:
+  int64_t id_;
+  std::shared_ptr<RequestChannel> channel_;
+};
+
+}  // namespace serval

@@ -1,0 +1,215 @@
+// Engine on the real CPU runner with stories260K: greedy output equals the
+// Generator's (and llama2.c's reference), concurrent submits from several
+// threads each equal the solo result, abort frees all KV blocks, stop strings
+// cut the text, max_tokens gives "length", metrics count generated tokens.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "../runtime/stories_golden.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "model/model_loader.h"
+
+namespace serval {
+namespace {
+
+struct Stories {
+  LoadedModel model;
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<Tokenizer> tok;
+};
+
+Stories& stories() {
+  static Stories* s = [] {
+    const std::string path = models_dir() + "/stories260K/stories260K.gguf";
+    if (!std::filesystem::exists(path)) throw Error(path + " not found (set SERVAL_MODELS)");
+    auto* st = new Stories{load_model(path), nullptr, nullptr};
+    RunnerOptions opts;
+    opts.threads = 2;
+    st->runner = ModelRunner::create(st->model.config, st->model.weights, opts);
+    st->tok = load_tokenizer(path);
+    return st;
+  }();
+  return *s;
+}
+
+constexpr int kTokens = 40;
+
+EngineRequest greedy_request(int max_tokens = kTokens) {
+  EngineRequest r;
+  r.prompt_ids = testing::stories_prompt();
+  r.params.temperature = 0.0f;
+  r.stop.max_tokens = max_tokens;
+  return r;
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string text;
+  RequestEvent final_event;
+  int events = 0;
+};
+
+Collected collect(RequestHandle& h) {
+  Collected c;
+  for (;;) {
+    std::optional<RequestEvent> ev = h.next(std::chrono::milliseconds(20000));
+    if (!ev) throw Error("no event within 20 s");
+    ++c.events;
+    EXPECT_EQ(ev->request_id, h.id());
+    c.tokens.insert(c.tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
+    c.text += ev->text;
+    if (ev->finished()) {
+      c.final_event = *ev;
+      EXPECT_FALSE(h.next(std::chrono::milliseconds(1)).has_value()) << "event after the final one";
+      return c;
+    }
+  }
+}
+
+std::vector<int32_t> reference_tokens(int n) {
+  const auto& ref = testing::stories_reference_ids();
+  return std::vector<int32_t>(ref.begin() + 4, ref.begin() + 4 + n);
+}
+
+TEST(Engine, GreedyMatchesGeneratorAndReference) {
+  Stories& s = stories();
+  GenerationRequest g;
+  g.prompt_ids = testing::stories_prompt();
+  g.params.temperature = 0.0f;
+  g.stop.max_tokens = kTokens;
+  std::vector<int32_t> gen_tokens;
+  {
+    Generator gen(*s.runner);
+    gen_tokens = gen.generate({g}).sequences[0].token_ids;
+  }
+  ASSERT_EQ(gen_tokens, reference_tokens(kTokens));
+
+  Engine engine(*s.runner, *s.tok);
+  RequestHandle h = engine.submit(greedy_request());
+  Collected c = collect(h);
+  EXPECT_EQ(c.tokens, gen_tokens);
+  EXPECT_EQ(c.final_event.finish, FinishReason::kLength);
+  EXPECT_GT(c.events, 1);  // streamed, not one lump
+  // The streamed text is the continuation of the prompt's text.
+  std::vector<int32_t> all = testing::stories_prompt();
+  all.insert(all.end(), c.tokens.begin(), c.tokens.end());
+  const std::string prompt_text = s.tok->decode(testing::stories_prompt());
+  EXPECT_EQ(prompt_text + c.text, s.tok->decode(all));
+  ASSERT_TRUE(c.final_event.timings.first_token && c.final_event.timings.finish);
+  EXPECT_LE(c.final_event.timings.arrival, *c.final_event.timings.first_token);
+  EXPECT_LE(*c.final_event.timings.first_token, *c.final_event.timings.finish);
+}
+
+TEST(Engine, ConcurrentSubmitsFromThreadsEqualSolo) {
+  Stories& s = stories();
+  EngineOptions opts;
+  opts.scheduler.max_num_batched_tokens = 16;  // forces chunked prefill mixed with decodes
+  Engine engine(*s.runner, *s.tok, opts);
+  const std::vector<int32_t> expected = reference_tokens(kTokens);
+  std::vector<Collected> results(16);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<RequestHandle> handles;
+      for (int i = 0; i < 4; ++i) handles.push_back(engine.submit(greedy_request()));
+      for (int i = 0; i < 4; ++i) results[size_t(t * 4 + i)] = collect(handles[size_t(i)]);
+    });
+  for (auto& th : threads) th.join();
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].tokens, expected) << "request " << i;
+    EXPECT_EQ(results[i].text, results[0].text);
+    EXPECT_EQ(results[i].final_event.finish, FinishReason::kLength);
+  }
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+  EXPECT_EQ(engine.num_unfinished(), 0);
+}
+
+TEST(Engine, AbortMidGenerationFreesBlocks) {
+  Stories& s = stories();
+  Engine engine(*s.runner, *s.tok);
+  RequestHandle h = engine.submit(greedy_request(400));
+  std::optional<RequestEvent> first = h.next(std::chrono::milliseconds(20000));
+  ASSERT_TRUE(first.has_value());
+  ASSERT_FALSE(first->finished());
+  engine.abort(h.id());
+  Collected c = collect(h);
+  EXPECT_EQ(c.final_event.finish, FinishReason::kAbort);
+  EXPECT_LT(first->token_ids.size() + c.tokens.size(), 400u);
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+  EXPECT_EQ(engine.num_unfinished(), 0);
+}
+
+TEST(Engine, ShutdownAbortsPending) {
+  Stories& s = stories();
+  auto engine = std::make_unique<Engine>(*s.runner, *s.tok);
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 3; ++i) handles.push_back(engine->submit(greedy_request(400)));
+  engine->shutdown();
+  for (RequestHandle& h : handles) EXPECT_EQ(collect(h).final_event.finish, FinishReason::kAbort);
+  EXPECT_THROW(engine->submit(greedy_request()), Error);
+  engine.reset();
+}
+
+TEST(Engine, StopStringEndsTextBeforeIt) {
+  Stories& s = stories();
+  Engine engine(*s.runner, *s.tok);
+  RequestHandle solo = engine.submit(greedy_request());
+  const Collected full = collect(solo);
+  ASSERT_GT(full.text.size(), 30u);
+  // A stop string that starts mid-text and likely spans tokens.
+  const std::string stop = full.text.substr(20, 6);
+  const size_t at = full.text.find(stop);
+  EngineRequest r = greedy_request();
+  r.stop_strings = {stop};
+  RequestHandle h = engine.submit(r);
+  const Collected c = collect(h);
+  EXPECT_EQ(c.final_event.finish, FinishReason::kStop);
+  EXPECT_EQ(c.text, full.text.substr(0, at));
+  EXPECT_LT(c.tokens.size(), full.tokens.size());
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+}
+
+TEST(Engine, MaxTokensGivesLengthAndMetricsCountTokens) {
+  Stories& s = stories();
+  Engine engine(*s.runner, *s.tok);
+  RequestHandle h = engine.submit(greedy_request(5));
+  const Collected c = collect(h);
+  EXPECT_EQ(c.final_event.finish, FinishReason::kLength);
+  EXPECT_EQ(c.tokens, reference_tokens(5));
+  const std::string text = engine.metrics_registry().expose();
+  EXPECT_NE(text.find("serval:generation_tokens_total{model_name=\"serval\"} 5.0\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("serval:prompt_tokens_total{model_name=\"serval\"} 5.0\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("serval:request_success_total{model_name=\"serval\",finished_reason=\"length\"} 1.0"),
+            std::string::npos)
+      << text;
+}
+
+TEST(Engine, SubmitRefusesBadRequests) {
+  Stories& s = stories();
+  Engine engine(*s.runner, *s.tok);
+  EngineRequest bad = greedy_request();
+  bad.params.top_p = 1.5f;
+  EXPECT_THROW(engine.submit(bad), Error);
+  EngineRequest empty = greedy_request();
+  empty.prompt_ids.clear();
+  EXPECT_THROW(engine.submit(empty), Error);
+  EngineRequest too_long = greedy_request(100000);
+  EXPECT_THROW(engine.submit(too_long), Error);
+  EngineRequest bad_id = greedy_request();
+  bad_id.prompt_ids.push_back(1 << 20);
+  EXPECT_THROW(engine.submit(bad_id), Error);
+  EngineRequest empty_stop = greedy_request();
+  empty_stop.stop_strings = {""};
+  EXPECT_THROW(engine.submit(empty_stop), Error);
+}
+
+}  // namespace
+}  // namespace serval
