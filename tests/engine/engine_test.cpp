@@ -132,14 +132,14 @@ TEST(Engine, ConcurrentSubmitsFromThreadsEqualSolo) {
 TEST(Engine, AbortMidGenerationFreesBlocks) {
   Stories& s = stories();
   Engine engine(*s.runner, *s.tok);
-  RequestHandle h = engine.submit(greedy_request(400));
+  RequestHandle h = engine.submit(greedy_request(500));
   std::optional<RequestEvent> first = h.next(std::chrono::milliseconds(20000));
   ASSERT_TRUE(first.has_value());
   ASSERT_FALSE(first->finished());
   engine.abort(h.id());
   Collected c = collect(h);
   EXPECT_EQ(c.final_event.finish, FinishReason::kAbort);
-  EXPECT_LT(first->token_ids.size() + c.tokens.size(), 400u);
+  EXPECT_LT(first->token_ids.size() + c.tokens.size(), 500u);
   EXPECT_EQ(engine.kv_usage().used_blocks, 0);
   EXPECT_EQ(engine.num_unfinished(), 0);
 }
@@ -148,7 +148,7 @@ TEST(Engine, ShutdownAbortsPending) {
   Stories& s = stories();
   auto engine = std::make_unique<Engine>(*s.runner, *s.tok);
   std::vector<RequestHandle> handles;
-  for (int i = 0; i < 3; ++i) handles.push_back(engine->submit(greedy_request(400)));
+  for (int i = 0; i < 3; ++i) handles.push_back(engine->submit(greedy_request(500)));
   engine->shutdown();
   for (RequestHandle& h : handles) EXPECT_EQ(collect(h).final_event.finish, FinishReason::kAbort);
   EXPECT_THROW(engine->submit(greedy_request()), Error);
