@@ -99,6 +99,7 @@ int run_generate(GenerateOptions o) {
   } else {
     std::fputc('\n', stdout);
   }
+  std::fflush(stdout);  // the text ends before the stats line on a shared terminal
   std::fprintf(stderr,
                "prompt: %lld tokens | time to first token: %.1f ms | decode: %lld tokens at %.1f tokens/s"
                " | finish: %s\n",
