@@ -4,6 +4,7 @@
 // cut the text, max_tokens gives "length", metrics count generated tokens.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -209,6 +210,50 @@ TEST(Engine, SubmitRefusesBadRequests) {
   EngineRequest empty_stop = greedy_request();
   empty_stop.stop_strings = {""};
   EXPECT_THROW(engine.submit(empty_stop), Error);
+}
+
+// Delegates to the real runner, but its forward throws while `fail` is set.
+class FailingRunner : public ModelRunner {
+ public:
+  explicit FailingRunner(ModelRunner& inner) : inner_(inner) {}
+  void forward(const Batch& batch, std::vector<float>& logits) override {
+    if (fail) throw Error("injected forward failure");
+    inner_.forward(batch, logits);
+  }
+  const ModelConfig& config() const override { return inner_.config(); }
+  int32_t block_size() const override { return inner_.block_size(); }
+  int64_t num_blocks() const override { return inner_.num_blocks(); }
+  std::atomic<bool> fail{false};
+
+ private:
+  ModelRunner& inner_;
+};
+
+TEST(Engine, ForwardFailureGivesErrorEventAndEngineGoesOn) {
+  Stories& s = stories();
+  FailingRunner runner(*s.runner);
+  runner.fail = true;
+  Engine engine(runner, *s.tok);
+  RequestHandle bad = engine.submit(greedy_request());
+  const Collected c = collect(bad);
+  EXPECT_EQ(c.final_event.finish, FinishReason::kError);
+  EXPECT_NE(c.final_event.error.find("injected forward failure"), std::string::npos);
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+  runner.fail = false;
+  RequestHandle good = engine.submit(greedy_request());
+  EXPECT_EQ(collect(good).tokens, reference_tokens(kTokens));
+}
+
+TEST(Engine, PastDeadlineFinishesWithTimeout) {
+  Stories& s = stories();
+  Engine engine(*s.runner, *s.tok);
+  EngineRequest r = greedy_request();
+  r.options.deadline = SchedulerClock::now() - std::chrono::milliseconds(1);
+  RequestHandle h = engine.submit(r);
+  const Collected c = collect(h);
+  EXPECT_EQ(c.final_event.finish, FinishReason::kTimeout);
+  EXPECT_TRUE(c.tokens.empty());
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
 }
 
 }  // namespace
