@@ -212,6 +212,30 @@ TEST(Engine, SubmitRefusesBadRequests) {
   EXPECT_THROW(engine.submit(empty_stop), Error);
 }
 
+TEST(Engine, LogprobsWhenAsked) {
+  Stories& s = stories();
+  Engine engine(*s.runner, *s.tok);
+  EngineRequest r = greedy_request(6);
+  r.params.logprobs = 2;
+  RequestHandle h = engine.submit(r);
+  size_t tokens = 0, logprobs = 0;
+  for (;;) {
+    std::optional<RequestEvent> ev = h.next(std::chrono::milliseconds(20000));
+    ASSERT_TRUE(ev.has_value());
+    ASSERT_EQ(ev->logprobs.size(), ev->token_ids.size());
+    for (size_t i = 0; i < ev->token_ids.size(); ++i) {
+      ASSERT_EQ(ev->logprobs[i].top.size(), 2u);
+      EXPECT_EQ(ev->logprobs[i].top[0].token, ev->token_ids[i]);  // greedy: the top token
+      EXPECT_EQ(ev->logprobs[i].chosen_rank, 1);
+    }
+    tokens += ev->token_ids.size();
+    logprobs += ev->logprobs.size();
+    if (ev->finished()) break;
+  }
+  EXPECT_EQ(tokens, 6u);
+  EXPECT_EQ(logprobs, 6u);
+}
+
 // Delegates to the real runner, but its forward throws while `fail` is set.
 class FailingRunner : public ModelRunner {
  public:
