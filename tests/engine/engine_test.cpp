@@ -236,6 +236,37 @@ TEST(Engine, LogprobsWhenAsked) {
   EXPECT_EQ(logprobs, 6u);
 }
 
+// Many requests of mixed lengths, some aborted at random moments from another
+// thread: every one ends with exactly one final event, and no block stays used.
+TEST(Engine, RandomAbortsNeverLoseARequest) {
+  Stories& s = stories();
+  EngineOptions opts;
+  opts.scheduler.max_num_batched_tokens = 32;
+  Engine engine(*s.runner, *s.tok, opts);
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 40; ++i) handles.push_back(engine.submit(greedy_request(5 + (i * 7) % 60)));
+  std::thread aborter([&] {
+    for (int i = 0; i < 40; i += 3) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200 * (i % 5)));
+      engine.abort(handles[size_t(i)].id());
+    }
+  });
+  int aborted = 0;
+  for (RequestHandle& h : handles) {
+    const Collected c = collect(h);
+    if (c.final_event.finish == FinishReason::kAbort) {
+      ++aborted;
+    } else {
+      EXPECT_EQ(c.final_event.finish, FinishReason::kLength);
+      EXPECT_EQ(c.tokens, reference_tokens(int(c.tokens.size())));
+    }
+  }
+  aborter.join();
+  EXPECT_LE(aborted, 14);
+  EXPECT_EQ(engine.num_unfinished(), 0);
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+}
+
 // Delegates to the real runner, but its forward throws while `fail` is set.
 class FailingRunner : public ModelRunner {
  public:
