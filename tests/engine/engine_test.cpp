@@ -130,9 +130,28 @@ TEST(Engine, ConcurrentSubmitsFromThreadsEqualSolo) {
   EXPECT_EQ(engine.num_unfinished(), 0);
 }
 
+// The real runner, 2 ms slower per step: 500 tokens then take over a second, so an
+// abort sent after the first event lands mid-generation even on a loaded machine.
+class SlowRunner : public ModelRunner {
+ public:
+  explicit SlowRunner(ModelRunner& inner) : inner_(inner) {}
+  void forward(const Batch& batch, std::vector<float>& logits) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    inner_.forward(batch, logits);
+  }
+  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override { inner_.copy_blocks(src_dst); }
+  const ModelConfig& config() const override { return inner_.config(); }
+  int32_t block_size() const override { return inner_.block_size(); }
+  int64_t num_blocks() const override { return inner_.num_blocks(); }
+
+ private:
+  ModelRunner& inner_;
+};
+
 TEST(Engine, AbortMidGenerationFreesBlocks) {
   Stories& s = stories();
-  Engine engine(*s.runner, *s.tok);
+  SlowRunner slow(*s.runner);
+  Engine engine(slow, *s.tok);
   RequestHandle h = engine.submit(greedy_request(500));
   std::optional<RequestEvent> first = h.next(std::chrono::milliseconds(20000));
   ASSERT_TRUE(first.has_value());
