@@ -10,13 +10,13 @@ BatchBuilder::BatchBuilder(int32_t block_size) : block_size_(block_size) {
   SERVAL_CHECK(block_size >= 1, "KV block size must be at least 1, got ", block_size);
 }
 
-Batch BatchBuilder::build(std::span<const ScheduledSequence> items) const {
+Batch BatchBuilder::build(std::span<const ScheduledChunk> items) const {
   Batch batch;
   build(items, batch);
   return batch;
 }
 
-void BatchBuilder::build(std::span<const ScheduledSequence> items, Batch& batch) const {
+void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) const {
   batch.token_ids.clear();
   batch.positions.clear();
   batch.query_start.assign(1, 0);
@@ -25,7 +25,7 @@ void BatchBuilder::build(std::span<const ScheduledSequence> items, Batch& batch)
   batch.logits_rows.clear();
 
   int32_t max_blocks = 0;
-  for (const ScheduledSequence& item : items) {
+  for (const ScheduledChunk& item : items) {
     const Sequence& seq = *item.seq;
     const int64_t start = seq.num_computed_tokens();
     const int64_t end = start + item.num_new_tokens;

@@ -6,15 +6,9 @@
 #include <span>
 
 #include "runtime/batch.h"
-#include "sched/sequence.h"
+#include "sched/scheduler.h"
 
 namespace serval {
-
-struct ScheduledSequence {
-  const Sequence* seq = nullptr;
-  // The next num_new_tokens uncomputed tokens, starting at num_computed_tokens.
-  int32_t num_new_tokens = 0;
-};
 
 class BatchBuilder {
  public:
@@ -26,8 +20,8 @@ class BatchBuilder {
   // known tokens, i.e. a decode step or the last chunk of its prompt.
   // Throws serval::Error if an item has no new tokens, more than it has
   // uncomputed, or its block table lacks slots for them (allocate first).
-  void build(std::span<const ScheduledSequence> items, Batch& batch) const;
-  Batch build(std::span<const ScheduledSequence> items) const;
+  void build(std::span<const ScheduledChunk> items, Batch& batch) const;
+  Batch build(std::span<const ScheduledChunk> items) const;
 
  private:
   int32_t block_size_;

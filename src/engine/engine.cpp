@@ -195,9 +195,7 @@ void Engine::step(IterationStats& it, EventMap& events) {
     std::vector<SampledToken> sampled(plan.sample_rows.size());
     try {
       if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
-      std::vector<ScheduledSequence> scheduled;
-      for (const ScheduledChunk& c : plan.items) scheduled.push_back({c.seq, c.num_new_tokens});
-      batch_builder_.build(scheduled, batch_);
+      batch_builder_.build(plan.items, batch_);
       runner_.forward(batch_, logits_);
       SERVAL_CHECK(logits_.size() == sampled.size() * size_t(vocab_size_), "model runner returned ",
                    logits_.size(), " logits for ", sampled.size(), " rows of vocabulary ",

@@ -141,7 +141,7 @@ int64_t Generator::step(std::vector<Sequence*>& running, GenerationResult& resul
     SERVAL_CHECK(kv_.allocate_slots(seq->block_table(), missing).has_value(),
                  "internal error: KV cache exhausted for sequence ", seq->id(),
                  " despite its reservation");
-    scheduled_.push_back(ScheduledSequence{seq, int32_t(n)});
+    scheduled_.push_back(ScheduledChunk{seq, int32_t(n)});
   }
   batch_builder_.build(scheduled_, batch_);
   SERVAL_CHECK(batch_.logits_rows.size() == scheduled_.size(),

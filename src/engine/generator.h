@@ -100,7 +100,7 @@ class Generator {
   int64_t vocab_size_;
   int64_t max_model_len_;  // 0: unlimited
   Batch batch_;
-  std::vector<ScheduledSequence> scheduled_;
+  std::vector<ScheduledChunk> scheduled_;
   std::vector<float> logits_;
 };
 

@@ -16,12 +16,10 @@
 // (BatchBuilder), runs the forward, samples one token per plan.sample_rows
 // entry (the Batch's logits rows, same order) and calls commit().
 //
-//
 // An engine loop step:
 //   StepPlan plan = sched.schedule();
 //   runner.copy_blocks(plan.copies);
-//   for (auto& c : plan.items) scheduled.push_back({c.seq, c.num_new_tokens});
-//   batch_builder.build(scheduled, batch); runner.forward(batch, logits);
+//   batch_builder.build(plan.items, batch); runner.forward(batch, logits);
 //   for (row, seq in plan.sample_rows) sampled[row] = sampler.sample(..., seq->rng());
 //   sched.commit(plan, sampled);      // or sched.fail_step(plan) if it threw
 //   for (Sequence& s : sched.take_finished()) publish(s);
@@ -61,8 +59,8 @@ struct RequestOptions {
   std::optional<SchedulerClock::time_point> deadline;
 };
 
-// The next num_new_tokens uncomputed tokens of a sequence (the engine hands
-// these to BatchBuilder as ScheduledSequence; sched/ does not know engine/).
+// The next num_new_tokens uncomputed tokens of a sequence, starting at its
+// num_computed_tokens; BatchBuilder (engine/) turns a list of these into a Batch.
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int32_t num_new_tokens = 0;

@@ -28,7 +28,7 @@ TEST(BatchBuilder, MixesPrefillChunksAndDecodes) {
   ASSERT_TRUE(kv.allocate_slots(b.block_table(), 1));      // still block 0
   ASSERT_TRUE(kv.allocate_slots(c.block_table(), 3));      // c: blocks 1, 4
 
-  const std::vector<ScheduledSequence> items = {{&a, 6}, {&b, 1}, {&c, 3}};
+  const std::vector<ScheduledChunk> items = {{&a, 6}, {&b, 1}, {&c, 3}};
   const Batch batch = BatchBuilder(4).build(items);
   EXPECT_EQ(batch.token_ids, (std::vector<int32_t>{10, 11, 12, 13, 14, 15, 23, 33, 34, 35}));
   EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 3, 3, 4, 5}));
@@ -47,14 +47,14 @@ TEST(BatchBuilder, MixesPrefillChunksAndDecodes) {
 TEST(BatchBuilder, RejectsItemsWithoutSlotsOrTokens) {
   KvCacheManager kv(4, 4);
   Sequence a = make_seq(0, {1, 2, 3}, kv);
-  const std::vector<ScheduledSequence> no_slots = {{&a, 3}};
+  const std::vector<ScheduledChunk> no_slots = {{&a, 3}};
   EXPECT_THROW(BatchBuilder(4).build(no_slots), Error);
   ASSERT_TRUE(kv.allocate_slots(a.block_table(), 3));
-  const std::vector<ScheduledSequence> too_many = {{&a, 4}};
+  const std::vector<ScheduledChunk> too_many = {{&a, 4}};
   EXPECT_THROW(BatchBuilder(4).build(too_many), Error);
-  const std::vector<ScheduledSequence> none = {{&a, 0}};
+  const std::vector<ScheduledChunk> none = {{&a, 0}};
   EXPECT_THROW(BatchBuilder(4).build(none), Error);
-  const std::vector<ScheduledSequence> ok = {{&a, 3}};
+  const std::vector<ScheduledChunk> ok = {{&a, 3}};
   EXPECT_EQ(BatchBuilder(4).build(ok).num_tokens(), 3);
 }
 

@@ -13,15 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "model/model_loader.h"
 #include "tokenizer/tokenizer.h"
 
 namespace serval::testing {
 
-inline std::string models_root() {
-  const char* env = std::getenv("SERVAL_MODELS");
-  if (env && *env) return env;
-  return std::string(SERVAL_SOURCE_DIR) + "/../shared/models";
-}
+inline std::string models_root() { return models_dir(); }
 
 inline std::string model_path(const std::string& rel) { return models_root() + "/" + rel; }
 
