@@ -97,11 +97,12 @@ RequestHandle Engine::submit(EngineRequest request) {
   int64_t id;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    SERVAL_CHECK(!stopping_, "the engine is shut down");
+    if (stopping_) throw EngineStoppedError("the engine is shut down");
     const int64_t queued = num_waiting_snapshot_ + int64_t(inbox_.size());
-    SERVAL_CHECK(queued < options_.scheduler.max_queued_requests,
-                 "request refused: the waiting queue is full (", queued,
-                 " requests, max_queued_requests ", options_.scheduler.max_queued_requests, ")");
+    if (queued >= options_.scheduler.max_queued_requests)
+      throw QueueFullError(str_cat("request refused: the waiting queue is full (", queued,
+                                   " requests, max_queued_requests ",
+                                   options_.scheduler.max_queued_requests, ")"));
     id = next_id_++;
     pending->id = id;
     inbox_.push_back(std::move(pending));

@@ -11,7 +11,7 @@
 // or sampling failure finishes that step's requests with an error event
 // (Scheduler::fail_step); the engine keeps running.
 //
-// Not yet: n > 1 samples per request, min_tokens.
+// Not yet: n > 1 samples per request, min_tokens (StopCriteria::min_tokens).
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/batch_builder.h"
 #include "engine/engine_metrics.h"
 #include "engine/metrics.h"
@@ -41,9 +42,23 @@ struct EngineOptions {
   std::string model_name = "serval";  // the metrics' model_name label
 };
 
+// submit() refusals a server maps to distinct HTTP statuses (429 / 503);
+// other refusals are plain serval::Error (bad request: 400).
+class QueueFullError : public Error {
+ public:
+  using Error::Error;
+};
+class EngineStoppedError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct EngineRequest {
   std::vector<int32_t> prompt_ids;
   SamplingParams params;
+  // Samples of this prompt (OpenAI n): the prompt is computed once and its KV
+  // blocks shared (copy-on-write); sample i draws from seed + i when a seed is set.
+  int32_t n = 1;
   // eos_token_ids are taken as given (the caller fills them from the tokenizer).
   StopCriteria stop;
   std::vector<std::string> stop_strings;  // end the text before the first match

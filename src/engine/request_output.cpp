@@ -5,8 +5,8 @@ namespace serval {
 void RequestChannel::push(RequestEvent event) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (final_pushed_) return;  // nothing follows a final event
-    final_pushed_ = event.finished();
+    if (finals_left_ <= 0) return;  // nothing follows the last final event
+    if (event.finished()) --finals_left_;
     events_.push_back(std::move(event));
   }
   cv_.notify_all();
@@ -14,7 +14,7 @@ void RequestChannel::push(RequestEvent event) {
 
 std::optional<RequestEvent> RequestChannel::pop(std::optional<std::chrono::milliseconds> timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto ready = [&] { return !events_.empty() || final_taken_; };
+  auto ready = [&] { return !events_.empty() || done_; };
   if (timeout) {
     if (!cv_.wait_for(lock, *timeout, ready)) return std::nullopt;
   } else {
@@ -23,7 +23,7 @@ std::optional<RequestEvent> RequestChannel::pop(std::optional<std::chrono::milli
   if (events_.empty()) return std::nullopt;
   RequestEvent event = std::move(events_.front());
   events_.pop_front();
-  if (event.finished()) final_taken_ = true;
+  if (events_.empty() && finals_left_ == 0) done_ = true;
   return event;
 }
 

@@ -25,34 +25,45 @@ struct RequestTimings {
   std::optional<EngineClock::time_point> finish;     // set on the final event
 };
 
-// New output of one request since its previous event. The last event of a
-// request has finish != kNone; no event follows it.
+// New output of one sample of a request since its previous event. A request
+// with n samples gets events tagged index 0..n-1; each sample ends with one
+// event whose finish != kNone, and after the last sample's final event
+// nothing follows.
 struct RequestEvent {
   int64_t request_id = -1;
+  int32_t index = 0;               // which of the request's n samples
   std::vector<int32_t> token_ids;  // newly generated tokens
   std::string text;                // newly safe text (UTF-8 whole characters, no stop string)
   std::vector<Logprobs> logprobs;  // one per token when the request asked for logprobs
   FinishReason finish = FinishReason::kNone;
   std::string error;               // the message when finish == kError
   RequestTimings timings;
+  // Set on every event once the request has been scheduled: its prompt
+  // length and how many prompt tokens its first admission took from the
+  // prefix cache (OpenAI usage.prompt_tokens_details.cached_tokens).
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_tokens = 0;
 
+  // This sample is done (its last event).
   bool finished() const { return finish != FinishReason::kNone; }
 };
 
-// A queue of events between the engine loop and one reader.
+// A queue of events between the engine loop and one reader, for a request
+// of `num_samples` samples: it ends after that many final events.
 class RequestChannel {
  public:
+  explicit RequestChannel(int32_t num_samples = 1) : finals_left_(num_samples) {}
   void push(RequestEvent event);
   // The next event, waiting up to `timeout` (forever when unset); nullopt on
-  // timeout or once the final event has been taken.
+  // timeout or once every sample's final event has been taken.
   std::optional<RequestEvent> pop(std::optional<std::chrono::milliseconds> timeout);
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<RequestEvent> events_;
-  bool final_pushed_ = false;
-  bool final_taken_ = false;
+  int32_t finals_left_;        // final events not yet pushed
+  bool done_ = false;           // every final event has been taken
 };
 
 class RequestHandle {

@@ -23,6 +23,9 @@ struct StopCriteria {
   std::vector<int32_t> eos_token_ids;   // the model's end-of-sequence tokens
   bool ignore_eos = false;              // keep generating past EOS
   std::vector<int32_t> stop_token_ids;  // extra tokens that stop (even with ignore_eos)
+  // EOS and stop_token_ids cannot be sampled before this many output tokens
+  // (vLLM: their logits are masked); <= max_tokens.
+  int32_t min_tokens = 0;
 
   // Throws serval::Error naming the bad field.
   void validate() const;
