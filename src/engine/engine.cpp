@@ -200,7 +200,7 @@ void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
       ev.error = e.what();
       ev.timings.arrival = p.arrival;
       ev.timings.finish = EngineClock::now();
-      out.push_back({p.channel, std::move(ev)});
+      out.push_back({p.channel, std::move(ev), i + 1 == r.n});
     }
     return;
   }
@@ -363,8 +363,9 @@ void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const Iterati
     ev.index = key.second;
     ev.timings.arrival = a.arrival;
     ev.timings.first_token = a.samples.at(size_t(key.second))->first_token;
-    out.push_back({a.channel, std::move(ev)});
-    if (out.back().event.finished() && --a.samples_left == 0) active_.erase(found);
+    const bool ends = ev.finished() && --a.samples_left == 0;
+    out.push_back({a.channel, std::move(ev), ends});
+    if (ends) active_.erase(found);
   }
   const bool idle = it.num_prompt_tokens == 0 && it.num_generation_tokens == 0 &&
                     it.n_params.empty() && it.max_num_generation_tokens.empty();
@@ -384,7 +385,7 @@ void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const Iterati
   metrics_.record(ss);
 
   int64_t finals = 0;
-  for (const Outgoing& o : out) finals += o.event.finished() ? 1 : 0;
+  for (const Outgoing& o : out) finals += o.ends_request ? 1 : 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     kv_usage_snapshot_ = usage;
@@ -411,7 +412,7 @@ void Engine::abort_everything() {
       ev.finish = FinishReason::kAbort;
       ev.timings.arrival = p->arrival;
       ev.timings.finish = now;
-      out.push_back({p->channel, std::move(ev)});
+      out.push_back({p->channel, std::move(ev), i + 1 == p->request.n});
     }
   }
   std::vector<int64_t> ids;

@@ -106,7 +106,11 @@ class Engine {
   struct Pending;   // a submitted request not yet handed to the scheduler
   struct Sample;    // one sample of an active request: its text state
   struct Active;    // a request in the scheduler: its channel and samples
-  struct Outgoing { std::shared_ptr<RequestChannel> channel; RequestEvent event; };
+  struct Outgoing {
+    std::shared_ptr<RequestChannel> channel;
+    RequestEvent event;
+    bool ends_request = false;  // the request's last final event
+  };
 
   using SampleKey = std::pair<int64_t, int32_t>;  // (request id, sample index)
   using EventMap = std::map<SampleKey, RequestEvent>;
