@@ -144,6 +144,13 @@ TEST(SchedulerPropertyTest, TenThousandRandomOperationsPerSeedLeakNothing) {
       }
       EXPECT_EQ(s.output_ids(), expected) << "seed " << seed << " id " << id;
     }
+    std::cout << "seed " << seed << ": " << kOpsPerSeed << " operations: " << n.submitted
+              << " submitted (" << n.refused << " refused), " << n.steps << " steps, "
+              << reasons[FinishReason::kLength] << " finished, " << reasons[FinishReason::kTimeout]
+              << " timed out, aborted " << n.abort_waiting << " waiting / " << n.abort_mid_prefill
+              << " mid-prefill / " << n.abort_mid_decode << " mid-decode / " << n.abort_in_flight
+              << " in flight, " << h.sched.stats().num_preemptions << " preemptions, "
+              << h.sched.stats().prefix_hit_tokens << " prefix-hit tokens\n";
     // Every kind of operation happened.
     EXPECT_GT(reasons[FinishReason::kLength], 100) << "seed " << seed;
     EXPECT_GT(reasons[FinishReason::kTimeout], 0) << "seed " << seed;
