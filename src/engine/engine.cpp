@@ -49,6 +49,7 @@ struct Engine::Active {
   int64_t max_generated = 0;  // most tokens of a finished sample
   bool want_logprobs = false;
   int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens the first admission took from the prefix cache
   int64_t max_tokens = 0;
   EngineClock::time_point arrival;
   std::optional<EngineClock::time_point> first_scheduled;
@@ -171,6 +172,7 @@ void Engine::loop() {
     for (auto& p : inbox) admit(*p, it, out);
     for (int64_t id : aborts) sched_.abort(id);
     step(it, events);
+    if (options_.check_invariants) kv_.check_invariants();
     publish(events, out, it);
   }
   abort_everything();
@@ -216,7 +218,12 @@ void Engine::step(IterationStats& it, EventMap& events) {
   if (!plan.empty()) {
     for (const ScheduledChunk& c : plan.items) {
       Active& a = *active_.at(c.seq->id());
-      if (!a.first_scheduled) a.first_scheduled = start;
+      if (!a.first_scheduled) {
+        a.first_scheduled = start;
+        // Before its first chunk is computed, a request's computed tokens
+        // are exactly its prefix-cache hit.
+        a.num_cached_tokens = c.seq->num_computed_tokens();
+      }
       const int64_t prompt_left = c.seq->num_prompt_tokens() - c.seq->num_computed_tokens();
       it.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
     }
@@ -363,6 +370,10 @@ void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const Iterati
     ev.index = key.second;
     ev.timings.arrival = a.arrival;
     ev.timings.first_token = a.samples.at(size_t(key.second))->first_token;
+    if (a.first_scheduled) {
+      ev.num_prompt_tokens = int32_t(a.num_prompt_tokens);
+      ev.num_cached_tokens = int32_t(a.num_cached_tokens);
+    }
     const bool ends = ev.finished() && --a.samples_left == 0;
     out.push_back({a.channel, std::move(ev), ends});
     if (ends) active_.erase(found);

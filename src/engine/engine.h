@@ -45,6 +45,9 @@ struct EngineOptions {
   SchedulerConfig scheduler;
   bool enable_prefix_cache = true;
   std::string model_name = "serval";  // the metrics' model_name label
+  // Tests: KvCacheManager::check_invariants() after every step; a violation
+  // throws on the loop thread and so ends the process (slow: recounts the pool).
+  bool check_invariants = false;
 };
 
 // submit() refusals a server maps to distinct HTTP statuses (429 / 503);

@@ -213,7 +213,8 @@ StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     if (schedule_running(running_[i], budget, plan)) ++i;
   }
-  if (plan.num_preempted == 0) admit_waiting(budget, plan);
+  if (plan.num_preempted == 0 && (!config_.static_batching || running_.empty()))
+    admit_waiting(budget, plan);
   fork_samples(plan);
   in_flight_ = !plan.items.empty();
   return plan;

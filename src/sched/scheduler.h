@@ -10,7 +10,8 @@
 //      request is preempted (blocks freed, computed tokens forgotten, back to
 //      waiting; recomputed later, possibly from the prefix cache);
 //   3. waiting requests in (priority, arrival) order while the token budget,
-//      max_num_seqs and the KV pool allow (none in a step that preempted);
+//      max_num_seqs and the KV pool allow (none in a step that preempted;
+//      with static_batching, none while anything is running);
 //      admission looks up the prefix cache first.
 // The engine then copies plan.copies, builds the Batch from plan.items
 // (BatchBuilder), runs the forward, samples one token per plan.sample_rows
@@ -59,6 +60,11 @@ struct SchedulerConfig {
   int64_t max_num_seqs = 256;             // running requests at once
   int64_t max_queued_requests = 4096;     // waiting requests; add() refuses beyond
   int64_t max_model_len = 0;              // context length; 0: unlimited
+  // Static batching, the baseline continuous batching is measured against
+  // (bench/batching_bench.cpp): waiting requests are admitted only in a step
+  // where nothing is running, so a batch is what one step admits and it
+  // drains completely before the next one starts. Off: continuous batching.
+  bool static_batching = false;
   // Throws serval::Error naming the bad field.
   void validate() const;
 };
