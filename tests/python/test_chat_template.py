@@ -2,12 +2,13 @@
 
 For every real template in $SERVAL_MODELS/tokenizers/*/tokenizer_config.json,
 every template written for these tests (tests/python/chat_templates/*.jinja)
-and any extra *.jinja under $SERVAL_MODELS/chat_templates/, and a set of
+and any extra *.jinja under $SERVAL_MODELS/chat_templates/ or $SERVAL_CHAT_TEMPLATES, and a set of
 conversations, Serval's rendering must equal transformers'
 apply_chat_template(tokenize=False) byte for byte; where jinja2 raises, Serval
 must fail too (with the template's own message for raise_exception).
 """
 import json
+import os
 import pathlib
 
 import pytest
@@ -105,7 +106,12 @@ def real_templates():
 
 
 def written_templates():
-    files = sorted((HERE / "chat_templates").glob("*.jinja")) + sorted((models_dir() / "chat_templates").glob("*.jinja"))
+    """Templates written for these tests, plus *.jinja files from $SERVAL_MODELS/chat_templates and from the
+    folders in $SERVAL_CHAT_TEMPLATES (os.pathsep-separated): a place for real model templates kept outside the
+    repository."""
+    folders = [HERE / "chat_templates", models_dir() / "chat_templates"]
+    folders += [pathlib.Path(p) for p in os.environ.get("SERVAL_CHAT_TEMPLATES", "").split(os.pathsep) if p]
+    files = [f for folder in folders for f in sorted(folder.glob("*.jinja"))]
     return [pytest.param(models_dir() / "tokenizers" / "llama3", f, id=f.stem) for f in files]
 
 

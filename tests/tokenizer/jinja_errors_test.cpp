@@ -56,13 +56,22 @@ TEST(JinjaErrors, RaiseExceptionPassesMessageThrough) {
 TEST(JinjaErrors, RuntimeErrorsLikeJinja2) {
   EXPECT_EQ(render_error("{{ x.y.z }}", ojson::parse(R"({"x": {}})")),
             "chat template error at line 1, column 7: 'dict object' has no attribute 'y'");
-  EXPECT_EQ(render_error("\n{{ 'a' + u }}"), "chat template error at line 2, column 12: 'u' is undefined");
+  EXPECT_EQ(render_error("\n{{ 'a' + u }}"), "chat template error at line 2, column 8: 'u' is undefined");
   EXPECT_EQ(render_error("{{ 1 + 'a' }}"), "chat template error at line 1, column 6: unsupported operand type(s) for +: 'int' and 'str'");
   EXPECT_EQ(render_error("{% for x in none %}{% endfor %}"), "chat template error at line 1, column 4: 'NoneType' object is not iterable");
   EXPECT_NE(render_error("{{ x | tojson }}"), "");  // Undefined is not JSON serializable
   EXPECT_NE(render_error("{{ [1, 2][::0] }}"), "");
   EXPECT_NE(render_error("{% set a, b = [1] %}"), "");
   EXPECT_NE(render_error("{% set x = 1 %}{% set x.y = 2 %}"), "");
+}
+
+TEST(JinjaErrors, HostileTemplatesFailCleanly) {
+  EXPECT_NE(parse_error("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"), "");
+  EXPECT_NE(parse_error("{{ " + std::string(3000, '[')), "");
+  std::string nested;
+  for (int i = 0; i < 1000; ++i) nested += "{% if true %}";
+  EXPECT_NE(parse_error(nested), "");
+  EXPECT_NE(render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"), "");
 }
 
 TEST(JinjaErrors, VariablesMustBeAnObject) {

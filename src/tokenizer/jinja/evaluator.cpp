@@ -198,6 +198,13 @@ Value Evaluator::make_macro(const Stmt& s) {
   return Value(Callable{s.text, [this, stmt](CallArgs& args) -> Value {
                           if (args.positional.size() > stmt->params.size())
                             fail("macro '", stmt->text, "' takes not more than ", stmt->params.size(), " argument(s)");
+                          if (macro_depth_ >= kMaxMacroDepth)
+                            fail("macro '", stmt->text, "' nested more than ", kMaxMacroDepth, " calls deep");
+                          ++macro_depth_;
+                          struct Leave {
+                            int& d;
+                            ~Leave() { --d; }
+                          } leave{macro_depth_};
                           std::vector<std::shared_ptr<Frame>> saved = frames_;
                           frames_ = {saved[0], saved[1], std::make_shared<Frame>()};
                           try {

@@ -41,8 +41,10 @@ class Evaluator {
   Value make_macro(const Stmt& s);
   std::string capture(const Body& body);
 
+  static constexpr int kMaxMacroDepth = 100;  // recursion bound for hostile templates
   std::vector<std::shared_ptr<Frame>> frames_;
   std::string* out_ = nullptr;
+  int macro_depth_ = 0;
 };
 
 // Template-facing builtins, defined in filters.cpp / tests.cpp / methods.cpp.

@@ -21,8 +21,10 @@ class Parser {
   }
 
  private:
+  static constexpr int kMaxDepth = 200;
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
 
   const Token& cur() const { return toks_[pos_]; }
   const Token& peek(size_t n = 1) const { return toks_[std::min(pos_ + n, toks_.size() - 1)]; }
@@ -125,6 +127,11 @@ class Parser {
   }
 
   StmtPtr parse_statement() {
+    if (++depth_ > kMaxDepth) error(cur(), "blocks nested too deeply");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     const Token& tag = cur();
     std::string name = tag.text;
     if (name == "if") return parse_if();
@@ -395,6 +402,12 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    // Nesting bound: a hostile template must not exhaust the stack.
+    if (++depth_ > kMaxDepth) error(cur(), "expression nested too deeply");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       auto u = make(Expr::Kind::Unary, cur());
