@@ -70,5 +70,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
 // Throws the UndefinedError jinja2 raises when an undefined value is used.
 [[noreturn]] void undefined_error(const Value& u);
 bool contains(const Value& container, const Value& item);
+// fmt % args with Python's printf-style rules (args: a tuple, a mapping, or one value).
+std::string percent_format(const std::string& fmt, const Value& args);
 
 }  // namespace serval::jinja

@@ -329,6 +329,17 @@ Value f_dictsort(Evaluator&, const Value& v, CallArgs& a) {
   return Value(std::move(items));
 }
 
+// jinja2's format: value % args (or % kwargs).
+Value f_format(Evaluator&, const Value& v, CallArgs& a) {
+  if (!a.positional.empty() && !a.keywords.empty()) fail("format() can't handle positional and keyword arguments at the same time");
+  if (!a.keywords.empty()) {
+    auto o = std::make_shared<Object>();
+    for (const auto& [k, x] : a.keywords) o->set(k, x);
+    return Value(percent_format(v.str(), Value(o)));
+  }
+  return Value(percent_format(v.str(), Value::tuple(a.positional)));
+}
+
 Value f_attr(Evaluator&, const Value& v, CallArgs& a) { return get_attr(v, arg(a, 0, "name").str()); }
 Value f_wordcount(Evaluator&, const Value& v, CallArgs&) { return Value(py_split(v.str(), std::nullopt, -1).size()); }
 
@@ -336,7 +347,7 @@ const std::map<std::string, FilterFn>& filters() {
   static const std::map<std::string, FilterFn> table = {
       {"abs", f_abs},         {"attr", f_attr},       {"capitalize", f_capitalize}, {"count", f_length},
       {"d", f_default},       {"default", f_default}, {"dictsort", f_dictsort},     {"e", f_escape},
-      {"escape", f_escape},   {"first", f_first},     {"float", f_float},           {"forceescape", f_escape},
+      {"escape", f_escape},   {"first", f_first},     {"float", f_float},           {"format", f_format},           {"forceescape", f_escape},
       {"indent", f_indent},   {"int", f_int},         {"items", f_items},           {"join", f_join},
       {"last", f_last},       {"length", f_length},   {"list", f_list},             {"lower", f_lower},
       {"map", f_map},         {"max", f_max},         {"min", f_min},               {"reject", f_reject},

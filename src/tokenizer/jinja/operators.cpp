@@ -78,7 +78,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
       if (r != 0 && ((r < 0) != (y < 0))) r += y;
       return Value(r);
     }
-    if (op == "%" && a.is_string()) fail("printf-style string formatting ('%' on a string) is not supported");
+    if (op == "%" && a.is_string()) return Value(percent_format(a.as_string(), b));
   } else if (op == "**") {
     if (nums) {
       if (!floats && b.as_int() >= 0) {
