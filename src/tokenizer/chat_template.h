@@ -25,6 +25,8 @@ class ChatTemplateRaisedError : public Error {
   using Error::Error;
 };
 
+// Parse once, render many times: render() is const and keeps no state
+// between calls, so one ChatTemplate can serve concurrent requests.
 class ChatTemplate {
  public:
   // Parses `source`; throws serval::Error "chat template syntax error at line
