@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "model/gguf.h"
 #include "tokenizer/chat_template.h"
@@ -40,6 +41,29 @@ TEST(ChatTemplateLoader, FromGguf) {
   std::filesystem::remove(path);
   EXPECT_EQ(from_gguf, load_chat_template(model_path(kQwen3Dir)));
   EXPECT_EQ(chat_template_special_tokens(*tok), chat_template_special_tokens(*shared_tokenizer(kQwen3Dir)));
+}
+
+TEST(ChatTemplateLoader, NamedTemplatesPreferToolUseWithTools) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("serval_chat_named_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream cfg(dir / "tokenizer_config.json");
+    cfg << R"({"chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]})";
+  }
+  EXPECT_EQ(load_chat_template(dir.string()), "D");
+  EXPECT_EQ(load_chat_template(dir.string(), true), "T");
+  {
+    std::ofstream cfg(dir / "tokenizer_config.json");
+    cfg << R"({"chat_template": "only"})";
+  }
+  EXPECT_EQ(load_chat_template(dir.string(), true), "only");
+  {
+    std::ofstream cfg(dir / "tokenizer_config.json");
+    cfg << R"({"bos_token": "<s>"})";
+  }
+  EXPECT_EQ(load_chat_template(dir.string()), "");
+  fs::remove_all(dir);
 }
 
 TEST(ChatTemplateLoader, GgufWithoutTemplateIsEmpty) {
