@@ -38,10 +38,10 @@ namespace serval {
 namespace {
 
 constexpr int kRequests = 64;
-// On 2 CPU cores a decode step turns compute-bound at about 8 rows (weights
-// are read once per step for up to 8 rows: cpu_matmul.cpp's stream kernel);
-// below that, a step costs about the same whatever its batch, which is the
-// regime where keeping the batch full pays.
+// Up to 8 rows a step's matmuls read each weight once for all rows
+// (cpu_matmul.cpp's stream kernel), so every decode-only step of this
+// workload takes that path. (docs/BENCHMARKS.md: on this CPU the step is compute-bound already at
+// a few rows, so fewer, fuller steps save less than on a GPU.)
 constexpr int kMaxSeqs = 8;
 constexpr int64_t kContext = 1024;
 
