@@ -12,6 +12,7 @@
 #include "../runtime/stories_golden.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "model/model_loader.h"
 
 namespace serval {
@@ -47,29 +48,8 @@ EngineRequest greedy_request(int max_tokens = kTokens) {
   return r;
 }
 
-struct Collected {
-  std::vector<int32_t> tokens;
-  std::string text;
-  RequestEvent final_event;
-  int events = 0;
-};
-
-Collected collect(RequestHandle& h) {
-  Collected c;
-  for (;;) {
-    std::optional<RequestEvent> ev = h.next(std::chrono::milliseconds(20000));
-    if (!ev) throw Error("no event within 20 s");
-    ++c.events;
-    EXPECT_EQ(ev->request_id, h.id());
-    c.tokens.insert(c.tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
-    c.text += ev->text;
-    if (ev->finished()) {
-      c.final_event = *ev;
-      EXPECT_FALSE(h.next(std::chrono::milliseconds(1)).has_value()) << "event after the final one";
-      return c;
-    }
-  }
-}
+using testing::collect;
+using testing::Collected;
 
 std::vector<int32_t> reference_tokens(int n) {
   const auto& ref = testing::stories_reference_ids();
