@@ -131,6 +131,7 @@ void register_generate(CLI::App& app, Action& action) {
   sub->add_flag("--dump-logits", o->dump_logits, "with --json: add the prompt's last-position logits");
   sub->add_option("--kv-cache-tokens", o->runner.kv_cache_tokens, "KV pool size in tokens (default: automatic)");
   sub->add_option("--threads", o->runner.threads, "CPU threads (default: all cores)");
+  sub->add_option("--device", o->runner.device, "cpu or cuda (default: cpu)");
   sub->callback([&action, o] { action = [o] { return run_generate(*o); }; });
 }
 
