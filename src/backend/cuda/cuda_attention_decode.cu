@@ -77,21 +77,30 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnParams 
     }
     __syncthreads();
 
-    for (int e = tid; e < G * BK; e += kDecodeThreads) {
-      const int h = e / BK, key = e % BK;
-      const float* qh = q_s + h * D;
-      const bf16* kr = k_s + key * KS;
+    // Scores. With few heads per group (G * BK < threads), `split` neighbouring
+    // lanes share one key's dot product, each taking every split-th chunk of
+    // head_dim, so that all threads work. Keys past the context are skipped.
+    const int split = max(1, min(kDecodeThreads / (G * BK), NCH));
+    const int live = min(BK, n_ctx - key0);
+    for (int e = tid; e < G * BK * split; e += kDecodeThreads) {
+      const int part = e % split, he = e / split, h = he / BK, key = he % BK;
       float dot = 0.0f;
-#pragma unroll
-      for (int ch = 0; ch < NCH; ++ch) {
-        float kf[8];
-        bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(kr + ch * 8), kf);
-        const float4 a = *reinterpret_cast<const float4*>(qh + ch * 8);
-        const float4 b = *reinterpret_cast<const float4*>(qh + ch * 8 + 4);
-        dot += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] + b.z * kf[6] +
-               b.w * kf[7];
+      if (key < live) {
+        const float* qh = q_s + h * D;
+        const bf16* kr = k_s + key * KS;
+#pragma unroll 4
+        for (int ch = part; ch < NCH; ch += split) {
+          float kf[8];
+          bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(kr + ch * 8), kf);
+          const float4 a = *reinterpret_cast<const float4*>(qh + ch * 8);
+          const float4 b = *reinterpret_cast<const float4*>(qh + ch * 8 + 4);
+          dot += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] + b.z * kf[6] +
+                 b.w * kf[7];
+        }
       }
-      p_s[e] = key0 + key < n_ctx ? dot : -CUDART_INF_F;
+      // split is 1 or 2 here (threads / BK), and partners are adjacent lanes.
+      if (split == 2) dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      if (part == 0) p_s[he] = key < live ? dot : -CUDART_INF_F;
     }
     __syncthreads();
 
@@ -121,8 +130,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnParams 
       a.x *= alpha;
       a.y *= alpha;
       const float* ph = p_s + h * BK;
-#pragma unroll 16
-      for (int key = 0; key < BK; ++key) {
+#pragma unroll 8
+      for (int key = 0; key < live; ++key) {
         const float pk = ph[key];
         const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v_s + key * D + d));
         a.x += pk * v.x;
