@@ -34,7 +34,7 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
 
   // Splits: enough blocks for ~4 per SM across the batch, but no split
   // shorter than one key tile.
-  const int tiles = std::max(1, ceil_div(b.max_context_len, kAttnKeyTile));
+  const int tiles = std::max(1, ceil_div(b.max_context_len, kDecodeKeyTile));
   const int64_t base = int64_t(b.num_seqs) * g.num_kv_heads;
   int splits = int(std::clamp<int64_t>((int64_t(num_sms_) * 4 + base - 1) / base, 1, tiles));
   splits = std::min(splits, attention_max_splits());

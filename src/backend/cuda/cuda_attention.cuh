@@ -7,8 +7,11 @@
 
 namespace serval::cuda {
 
-// Keys per shared-memory tile in both kernels.
+// Keys per shared-memory tile of the prefill kernel, and of the decode kernel
+// (smaller: its occupancy is limited by shared memory and registers, and it
+// needs many blocks in flight to cover memory latency).
 constexpr int kAttnKeyTile = 64;
+constexpr int kDecodeKeyTile = 32;
 
 struct AttnParams {
   const bf16* q = nullptr;  // [T, num_heads * D]

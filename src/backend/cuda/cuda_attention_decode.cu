@@ -21,7 +21,7 @@ __host__ __device__ constexpr int round4(int n) { return (n + 3) / 4 * 4; }
 // pad on K rows keeps lanes that read different keys in different banks.
 template <int D>
 __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnParams p) {
-  constexpr int BK = kAttnKeyTile, NCH = D / 8, KS = D + 8;
+  constexpr int BK = kDecodeKeyTile, NCH = D / 8, KS = D + 8, PER_LANE = BK / 32;
   extern __shared__ __align__(16) unsigned char smem[];
   const int G = p.group;
   float* q_s = reinterpret_cast<float*>(smem);
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnParams 
     // Scores. With few heads per group (G * BK < threads), `split` neighbouring
     // lanes share one key's dot product, each taking every split-th chunk of
     // head_dim, so that all threads work. Keys past the context are skipped.
-    const int split = max(1, min(kDecodeThreads / (G * BK), NCH));
+    const int split = max(1, min(kDecodeThreads / (G * BK), NCH));  // 1, 2 or 4
     const int live = min(BK, n_ctx - key0);
     for (int e = tid; e < G * BK * split; e += kDecodeThreads) {
       const int part = e % split, he = e / split, h = he / BK, key = he % BK;
@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnParams 
                  b.w * kf[7];
         }
       }
-      // split is 1 or 2 here (threads / BK), and partners are adjacent lanes.
-      if (split == 2) dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      // Partners are adjacent lanes of full warps (G * BK * split is a multiple of 32).
+      for (int o = 1; o < split; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       if (part == 0) p_s[he] = key < live ? dot : -CUDART_INF_F;
     }
     __syncthreads();
@@ -107,13 +107,19 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnParams 
     // Online softmax, one warp per head: the tile has at least one live key.
     for (int h = warp; h < G; h += kDecodeThreads / 32) {
       float* ph = p_s + h * BK;
-      const float s0 = ph[lane], s1 = ph[lane + 32];
+      float sc[PER_LANE], mx = -CUDART_INF_F;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) mx = fmaxf(mx, sc[i] = ph[lane + 32 * i]);
       const float m_old = ml_s[3 * h];
-      const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
-      const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
-      const float sum = warp_sum(p0 + p1);
-      ph[lane] = p0;
-      ph[lane + 32] = p1;
+      const float m_new = fmaxf(m_old, warp_max(mx));
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) {
+        sc[i] = exp2f(sc[i] - m_new);
+        sum += sc[i];
+        ph[lane + 32 * i] = sc[i];
+      }
+      sum = warp_sum(sum);
       if (lane == 0) {
         const float alpha = exp2f(m_old - m_new);
         ml_s[3 * h] = m_new;
@@ -205,8 +211,8 @@ void launch_decode(const AttnParams& p, cudaStream_t stream) {
 }  // namespace
 
 size_t attention_decode_smem(int group, int head_dim) {
-  const int floats = 2 * group * head_dim + group * kAttnKeyTile + round4(3 * group);
-  return size_t(floats) * 4 + size_t(kAttnKeyTile) * (2 * head_dim + 8) * 2;
+  const int floats = 2 * group * head_dim + group * kDecodeKeyTile + round4(3 * group);
+  return size_t(floats) * 4 + size_t(kDecodeKeyTile) * (2 * head_dim + 8) * 2;
 }
 
 int attention_max_splits() { return kMaxSplits; }
