@@ -32,6 +32,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const bf16* __restri
                                                             int total_rows) {
   const int lane = threadIdx.x & 31;
   const int warps = (gridDim.x * kGemvThreads) >> 5;
+  // Launched as a programmatic dependent of the previous kernel: the first
+  // weight loads (which do not depend on it) are issued before waiting for
+  // it to finish and publish x.
+  bool waited = false;
+  auto wait_for_x = [&] {
+    if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+    waited = true;
+  };
   for (int grow = (blockIdx.x * kGemvThreads + threadIdx.x) >> 5; grow < total_rows; grow += warps) {
     int row = grow;
     int i = 0;
@@ -45,37 +53,39 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const bf16* __restri
     int c = lane;
     for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
       Bf16x8 wv[kUnroll];
-  #pragma unroll
+#pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         // Streaming loads: W is read once per step, keep it out of L1.
         const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(wr + c + 32 * u));
         wv[u] = *reinterpret_cast<const Bf16x8*>(&raw);
       }
-  #pragma unroll
+      wait_for_x();
+#pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         float wf[8];
         bf16x8_to_f32(wv[u], wf);
-  #pragma unroll
+#pragma unroll
         for (int t = 0; t < T; ++t) {
           float xf[8];
           bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(x + int64_t(t) * in)[c + 32 * u], xf);
-  #pragma unroll
+#pragma unroll
           for (int k = 0; k < 8; ++k) acc[t] += wf[k] * xf[k];
         }
       }
     }
+    wait_for_x();
     for (; c < chunks; c += 32) {
       float wf[8];
       bf16x8_to_f32(wr[c], wf);
-  #pragma unroll
+#pragma unroll
       for (int t = 0; t < T; ++t) {
         float xf[8];
         bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(x + int64_t(t) * in)[c], xf);
-  #pragma unroll
+#pragma unroll
         for (int k = 0; k < 8; ++k) acc[t] += wf[k] * xf[k];
       }
     }
-  #pragma unroll
+#pragma unroll
     for (int t = 0; t < T; ++t) {
       const float s = warp_sum(acc[t]);
       if (lane == 0) {
@@ -100,8 +110,18 @@ void launch_as(const Tensor& x, const GemvSegments& seg, int rows, cudaStream_t 
   }
   const int needed = int((int64_t(rows) * 32 + kGemvThreads - 1) / kGemvThreads);
   const int blocks = std::min(needed, per_sm * sms);
-  gemv_kernel<T, Out><<<unsigned(blocks), kGemvThreads, 0, stream>>>(bf(x), seg, int(x.cols), rows);
-  SERVAL_CUDA_LAUNCH_CHECK();
+  // Programmatic dependent launch: our blocks may start while the previous
+  // kernel drains; the kernel waits (griddepcontrol.wait) before reading x.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(kGemvThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<T, Out>, bf(x), seg, int(x.cols), rows));
 }
 
 template <int T>
