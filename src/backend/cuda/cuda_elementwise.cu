@@ -29,8 +29,8 @@ __global__ void rmsnorm_kernel(bf16* x, const bf16* delta, const float* w, float
   bf16* orow = out + int64_t(blockIdx.x) * cols;
   float ss = 0.0f;
   if constexpr (kVec) {
-    // Each thread keeps its rows' values in registers between the two passes
-    // when they fit (cols <= 8 * 4 * blockDim); otherwise it re-reads.
+    // The second pass re-reads the row (it is in L1/L2): rows are at most a few
+    // KB, and registers would cap the width.
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
       float f[8];
       Bf16x8 v = reinterpret_cast<const Bf16x8*>(xr)[c];
