@@ -19,6 +19,7 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_flag("--no-prefix-cache", f.no_prefix_cache, "turn the radix prefix cache off");
   sub.add_option("--block-size", f.block_size, "tokens per KV block");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
+  sub.add_option("--device", f.device, "cpu or cuda (default: cpu)");
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -36,12 +37,16 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                f.kv_cache_tokens);
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
-  // The CPU runner keeps K/V in f32.
-  const int64_t bytes_per_token = 2 * c.num_layers * c.kv_dim() * int64_t(sizeof(float));
+  // The CPU runner keeps K/V in f32, the CUDA one in bf16.
+  const int64_t kv_elem_bytes = f.device == "cuda" ? 2 : 4;
+  const int64_t bytes_per_token = 2 * c.num_layers * c.kv_dim() * kv_elem_bytes;
   RunnerOptions ro;
   ro.block_size = f.block_size;
   ro.threads = f.threads;
+  ro.device = f.device;
   ro.kv_cache_tokens = f.kv_cache_tokens;
+  SERVAL_CHECK(f.device != "cuda" || f.kv_cache_memory_fraction == 0,
+               "--kv-cache-memory-fraction plans host memory; on --device cuda give --kv-cache-tokens");
   if (f.kv_cache_tokens == 0 && f.kv_cache_memory_fraction != 0) {
     // The runner converts the weights to f32: that, and a small activation
     // reserve, come off the available memory first.

@@ -20,6 +20,7 @@ struct EngineFlags {
   double kv_cache_memory_fraction = 0;  // 0: the runner's default pool
   int32_t block_size = 16;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 void add_engine_flags(CLI::App& sub, EngineFlags& flags);

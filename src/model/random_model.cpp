@@ -62,12 +62,18 @@ inline float random_value(uint64_t key, uint64_t i, float mean, float std) {
 // quantization blocks, so any dtype works).
 void fill_random(void* dst, DType dtype, int64_t numel, uint64_t key, float mean, float std) {
   constexpr int64_t kChunk = 1 << 14;  // a multiple of every block size
-  std::vector<float> buf(size_t(std::min(kChunk, numel)));
   auto* out = static_cast<uint8_t*>(dst);
-  for (int64_t start = 0; start < numel; start += kChunk) {
-    const int64_t n = std::min(kChunk, numel - start);
-    for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = random_value(key, uint64_t(start + i), mean, std);
-    from_f32(dtype, buf.data(), out + dtype_bytes(dtype, start), n);
+  // Each value depends only on (key, index): chunks are independent, so a 7B
+  // model is written on all cores with the same bytes as on one.
+#pragma omp parallel if (numel > 4 * kChunk)
+  {
+    std::vector<float> buf(size_t(std::min(kChunk, numel)));
+#pragma omp for schedule(static)
+    for (int64_t start = 0; start < numel; start += kChunk) {
+      const int64_t n = std::min(kChunk, numel - start);
+      for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = random_value(key, uint64_t(start + i), mean, std);
+      from_f32(dtype, buf.data(), out + dtype_bytes(dtype, start), n);
+    }
   }
 }
 

@@ -140,8 +140,15 @@ class Backend {
   // ---- ops ----
   // out[t, :] = table[ids[t], :] for t < out.rows.
   virtual void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) = 0;
-  // y = x @ W^T (+ bias if non-null); x [T, in], W {out, in}, y [T, out].
+  // y = x @ W^T (+ bias if non-null); x [T, in], W {out, in}, y [T, out]. y is in the
+  // activation dtype, or f32 without a bias (the LM head writes f32 logits).
   virtual void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) = 0;
+  // ys[i] = x @ ws[i]^T, no bias: projections of the same input (q/k/v,
+  // gate/up), which a backend may compute in one kernel. Default: one by one.
+  virtual void matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
+                            const std::vector<Tensor>& ys) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, *ws[i], nullptr, ys[i]);
+  }
   // out = rmsnorm(x) * w, row by row; out may alias x. w has x.cols entries
   // (per-head norm: pass x.reshaped(head_dim)).
   virtual void rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) = 0;

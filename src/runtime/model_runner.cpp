@@ -174,7 +174,9 @@ void BackendModelRunner::ensure_workspace(int64_t tokens) {
   ws_.gate = buf(cfg_.intermediate_size);
   ws_.up = buf(cfg_.intermediate_size);
   ws_.rows = buf(cfg_.hidden_size);
-  ws_.logits = buf(cfg_.vocab_size);
+  // Logits are f32 on every backend: the LM head accumulates in f32 and
+  // rounding them to a bf16 activation would only lose precision.
+  ws_.logits = backend_->alloc(T * cfg_.vocab_size * int64_t(sizeof(float)));
   ws_.capacity = T;
 }
 
@@ -249,9 +251,13 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
   be.rmsnorm(x, *layers_[0].attn_norm, eps, xn);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& L = layers_[l];
-    be.matmul(xn, *L.wq, L.bq.get(), q);
-    be.matmul(xn, *L.wk, L.bk.get(), k);
-    be.matmul(xn, *L.wv, L.bv.get(), v);
+    if (L.bq) {
+      be.matmul(xn, *L.wq, L.bq.get(), q);
+      be.matmul(xn, *L.wk, L.bk.get(), k);
+      be.matmul(xn, *L.wv, L.bv.get(), v);
+    } else {
+      be.matmul_multi(xn, {L.wq.get(), L.wk.get(), L.wv.get()}, {q, k, v});
+    }
     if (cfg_.qk_norm) {
       be.rmsnorm(q.reshaped(cfg_.head_dim), *L.q_norm, eps, q.reshaped(cfg_.head_dim));
       be.rmsnorm(k.reshaped(cfg_.head_dim), *L.k_norm, eps, k.reshaped(cfg_.head_dim));
@@ -262,8 +268,7 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
     be.matmul(attn, *L.wo, nullptr, proj);
     be.add_rmsnorm(x, proj, *L.ffn_norm, eps, xn);
 
-    be.matmul(xn, *L.gate, nullptr, gate);
-    be.matmul(xn, *L.up, nullptr, up);
+    be.matmul_multi(xn, {L.gate.get(), L.up.get()}, {gate, up});
     be.silu_mul(gate, up, gate);
     be.matmul(gate, *L.down, nullptr, proj);
     if (l + 1 < layers_.size()) {
@@ -277,7 +282,7 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
   if (R == 0) return;
   // Only the rows that need logits go through the final norm and the LM head.
   const Tensor rows = act(ws_.rows, R, Hd);
-  const Tensor out = act(ws_.logits, R, cfg_.vocab_size);
+  const Tensor out{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
   be.gather_rows(x, bv.logits_rows, rows);
   be.rmsnorm(rows, *output_norm_, eps, rows);
   be.matmul(rows, output_ ? *output_ : *tok_embd_, nullptr, out);

@@ -1,0 +1,59 @@
+// CudaBackend::paged_attention: fills AttnParams, picks the decode split count
+// and launches the prefill and decode kernels (a mixed batch runs both; each
+// kernel skips the sequences of the other kind).
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_backend.h"
+
+namespace serval::cuda {
+
+void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
+                                  int32_t num_heads, float scale, Tensor out) {
+  SERVAL_CHECK(q.dtype == DType::BF16 && out.dtype == DType::BF16, "paged_attention: expects bf16 q and out");
+  SERVAL_CHECK(g.num_kv_heads > 0 && num_heads % g.num_kv_heads == 0, "paged_attention: ", num_heads,
+               " query heads do not divide into ", g.num_kv_heads, " KV heads");
+  if (b.num_tokens == 0 || b.num_seqs == 0) return;
+  AttnParams p;
+  p.q = bf(q);
+  p.out = bf(out);
+  p.k_pool = static_cast<const bf16*>(kv.k.data());
+  p.v_pool = static_cast<const bf16*>(kv.v.data());
+  p.query_start = b.query_start;
+  p.positions = b.positions;
+  p.block_table = b.block_table;
+  p.num_seqs = b.num_seqs;
+  p.num_heads = num_heads;
+  p.kv_heads = g.num_kv_heads;
+  p.group = num_heads / g.num_kv_heads;
+  p.head_dim = g.head_dim;
+  p.block_size = g.block_size;
+  p.max_blocks_per_seq = b.max_blocks_per_seq;
+  p.scale_log2 = float(double(scale) * 1.4426950408889634);
+
+  // Splits: enough blocks for ~4 per SM across the batch, but no split
+  // shorter than one key tile.
+  const int tiles = std::max(1, ceil_div(b.max_context_len, kDecodeKeyTile));
+  const int64_t base = int64_t(b.num_seqs) * g.num_kv_heads;
+  int splits = int(std::clamp<int64_t>((int64_t(num_sms_) * 4 + base - 1) / base, 1, tiles));
+  splits = std::min(splits, attention_max_splits());
+  p.tiles_per_split = ceil_div(tiles, splits);
+  p.num_splits = ceil_div(tiles, p.tiles_per_split);
+  SERVAL_CHECK(attention_decode_smem(p.group, p.head_dim) <= 200 * 1024, "paged_attention: a GQA group of ",
+               p.group, " heads of ", p.head_dim, " dims needs too much shared memory");
+  if (p.num_splits > 1) {
+    const int64_t rows = base * p.num_splits * p.group;
+    float* part = static_cast<float*>(scratch(attn_partials_, rows * (p.head_dim + 2) * 4));
+    p.part_out = part;
+    p.part_ml = part + rows * p.head_dim;
+  }
+
+  bool ok = true;
+  if (b.max_query_len > 1) ok = launch_attention_prefill(p, b.max_query_len, stream_);
+  if (ok) ok = launch_attention_decode(p, stream_);
+  SERVAL_CHECK(ok, "paged_attention: head_dim ", p.head_dim,
+               " has no CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
+}
+
+}  // namespace serval::cuda

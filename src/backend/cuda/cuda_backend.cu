@@ -1,0 +1,169 @@
+// CudaBackend: device selection, memory, weight upload, KV pools.
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace serval::cuda {
+
+CudaWeight::CudaWeight(std::string name, std::vector<int64_t> shape, DType dtype, DeviceBuffer buf)
+    : dtype_(dtype), buf_(std::move(buf)) {
+  name_ = std::move(name);
+  shape_ = std::move(shape);
+}
+
+const CudaWeight& as_cuda(const DeviceWeight& w) {
+  auto* cw = dynamic_cast<const CudaWeight*>(&w);
+  SERVAL_CHECK(cw != nullptr, "weight \"", w.name(), "\" was not uploaded to the CUDA backend");
+  return *cw;
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  SERVAL_CHECK(err == cudaSuccess && count > 0, "cuda backend: no CUDA device available (",
+               err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), ")");
+  SERVAL_CHECK(device >= 0 && device < count, "cuda backend: device ", device, " does not exist (", count,
+               " devices)");
+  SERVAL_CUDA_CHECK(cudaSetDevice(device_));
+  SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+  SERVAL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  SERVAL_CHECK(cublasLtCreate(&lt_) == CUBLAS_STATUS_SUCCESS, "cuda backend: cublasLtCreate failed");
+  lt_workspace_ = alloc(int64_t(32) << 20);
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+  if (lt_) cublasLtDestroy(lt_);
+  if (host_staging_) cudaFreeHost(host_staging_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+DeviceBuffer CudaBackend::alloc(int64_t bytes) {
+  SERVAL_CHECK(bytes >= 0, "cuda backend: cannot allocate ", bytes, " bytes");
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, size_t(std::max<int64_t>(bytes, 256)));
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls work
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("cuda backend: cannot allocate ", bytes, " bytes of GPU memory (", free_b, " of ", total_b,
+         " bytes free): ", cudaGetErrorString(err));
+  }
+  // Zeroed like the CPU's calloc: KV slots never written are never read, but
+  // zeros keep any stray read finite.
+  SERVAL_CUDA_CHECK(cudaMemsetAsync(p, 0, size_t(std::max<int64_t>(bytes, 256)), stream_));
+  return DeviceBuffer(std::shared_ptr<void>(p, [](void* q) { cudaFree(q); }), bytes);
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  // The caller may reuse `src` as soon as we return: wait for the copy.
+  SERVAL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, stream_));
+  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  SERVAL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
+  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() { SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::tensor_to_host(const Tensor& t, float* dst) {
+  SERVAL_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32, "cuda backend: tensor_to_host expects bf16 or f32, got ",
+               dtype_name(t.dtype));
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  // Through pinned memory (a pageable copy runs at a fraction of PCIe speed),
+  // then widened or copied into `dst` on all cores: logits of a big batch are
+  // tens of MB per step.
+  const int64_t bytes = dtype_bytes(t.dtype, n);
+  if (host_staging_bytes_ < bytes) {
+    if (host_staging_) SERVAL_CUDA_CHECK(cudaFreeHost(host_staging_));
+    host_staging_bytes_ = std::max<int64_t>(bytes, host_staging_bytes_ * 3 / 2);
+    SERVAL_CUDA_CHECK(cudaMallocHost(&host_staging_, size_t(host_staging_bytes_)));
+  }
+  SERVAL_CUDA_CHECK(cudaMemcpyAsync(host_staging_, t.data, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
+  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (t.dtype == DType::F32) {
+    const float* h = static_cast<const float*>(host_staging_);
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
+    for (int64_t i = 0; i < n; ++i) dst[i] = h[i];
+  } else {
+    const uint16_t* h = static_cast<const uint16_t*>(host_staging_);
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+  }
+}
+
+std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view) {
+  SERVAL_CHECK(view.shape.size() == 1 || view.shape.size() == 2, "tensor \"", view.name, "\" has ",
+               view.shape.size(), " dimensions; the CUDA backend takes vectors and matrices");
+  int64_t n = 1;
+  for (int64_t d : view.shape) n *= d;
+  SERVAL_CHECK(view.data != nullptr || n == 0, "tensor \"", view.name, "\" has no data");
+  const DType target = view.shape.size() == 2 ? DType::BF16 : DType::F32;
+  DeviceBuffer buf = alloc(dtype_bytes(target, n));
+  if (view.dtype == target) {
+    copy_to_device(buf.data(), view.data, dtype_bytes(target, n));
+  } else {
+    // Convert on the host in block-aligned chunks, through f32.
+    const int64_t block = dtype_block_elems(view.dtype);
+    const int64_t chunk = std::max<int64_t>(block, (int64_t(1) << 22) / block * block);
+    std::vector<float> f(size_t(std::min(chunk, n)));
+    std::vector<uint16_t> h(target == DType::BF16 ? f.size() : 0);
+    const auto* src = static_cast<const uint8_t*>(view.data);
+    char* dst = static_cast<char*>(buf.data());
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      to_f32(view.dtype, src + dtype_bytes(view.dtype, start), f.data(), len);
+      if (target == DType::BF16) {
+#pragma omp parallel for schedule(static) if (len > (1 << 16))
+        for (int64_t i = 0; i < len; ++i) h[size_t(i)] = f32_to_bf16(f[size_t(i)]);
+        copy_to_device(dst + start * 2, h.data(), len * 2);
+      } else {
+        copy_to_device(dst + start * 4, f.data(), len * 4);
+      }
+    }
+  }
+  return std::make_unique<CudaWeight>(view.name, view.shape, target, std::move(buf));
+}
+
+KvLayer CudaBackend::alloc_kv_layer(const KvGeometry& g) {
+  const int64_t elems = g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim;
+  return KvLayer{alloc(elems * 2), alloc(elems * 2)};
+}
+
+void CudaBackend::copy_kv_block(const KvLayer& kv, const KvGeometry& g, int64_t src, int64_t dst) {
+  const int64_t block = int64_t(g.block_size) * g.num_kv_heads * g.head_dim * 2;
+  for (const DeviceBuffer* pool : {&kv.k, &kv.v}) {
+    char* base = static_cast<char*>(pool->data());
+    SERVAL_CUDA_CHECK(cudaMemcpyAsync(base + dst * block, base + src * block, size_t(block),
+                                      cudaMemcpyDeviceToDevice, stream_));
+  }
+}
+
+void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
+  if (buf.bytes() < bytes) {
+    synchronize();  // the old buffer may still be in use by queued kernels
+    buf = alloc(std::max<int64_t>(bytes, buf.bytes() * 3 / 2));
+  }
+  return buf.data();
+}
+
+}  // namespace serval::cuda
+
+namespace serval {
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<cuda::CudaBackend>(0); }
+
+}  // namespace serval

@@ -1,0 +1,92 @@
+#pragma once
+// The CUDA backend: bf16 activations, weight matrices and KV cache, f32
+// accumulation everywhere; 1-D weights (norms, biases) stay f32. GEMMs go
+// through cuBLASLt, everything else is our own kernels. All work runs on one
+// stream; copy_to_host(), tensor_to_host() and synchronize() wait for it.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "runtime/backend.h"
+
+namespace serval::cuda {
+
+// A weight on the GPU: bf16 for matrices, f32 for vectors.
+class CudaWeight : public DeviceWeight {
+ public:
+  CudaWeight(std::string name, std::vector<int64_t> shape, DType dtype, DeviceBuffer buf);
+  DType dtype() const { return dtype_; }
+  const void* data() const { return buf_.data(); }
+
+ private:
+  DType dtype_;
+  DeviceBuffer buf_;
+};
+
+const CudaWeight& as_cuda(const DeviceWeight& w);
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  DType act_dtype() const override { return DType::BF16; }
+  DType kv_dtype() const override { return DType::BF16; }
+
+  DeviceBuffer alloc(int64_t bytes) override;
+  void copy_to_device(void* dst, const void* src, int64_t bytes) override;
+  void copy_to_host(void* dst, const void* src, int64_t bytes) override;
+  void tensor_to_host(const Tensor& t, float* dst) override;
+  void synchronize() override;
+
+  std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
+  KvLayer alloc_kv_layer(const KvGeometry& geom) override;
+
+  void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) override;
+  void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) override;
+  void matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
+                    const std::vector<Tensor>& ys) override;
+  void rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) override;
+  void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) override;
+  void add(Tensor x, const Tensor& delta) override;
+  void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) override;
+  void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) override;
+  void kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv,
+                const KvGeometry& geom) override;
+  void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom, const BatchView& batch,
+                       int32_t num_heads, float scale, Tensor out) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) override;
+
+  cudaStream_t stream() const { return stream_; }
+  int num_sms() const { return num_sms_; }
+
+ private:
+  struct MatmulPlan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  const MatmulPlan& matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32);
+  // Device scratch of at least `bytes` (grown, never shrunk; contents not kept).
+  void* scratch(DeviceBuffer& buf, int64_t bytes);
+
+  int device_ = 0;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  DeviceBuffer lt_workspace_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, MatmulPlan> plans_;
+  DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
+  void* host_staging_ = nullptr;  // pinned, for tensor_to_host
+  int64_t host_staging_bytes_ = 0;
+};
+
+inline bf16* bf(const Tensor& t) { return static_cast<bf16*>(t.data); }
+
+}  // namespace serval::cuda

@@ -1,0 +1,74 @@
+#pragma once
+// Helpers shared by the CUDA backend's kernels: error checks, bf16 vector
+// loads, block-wide reductions.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace serval::cuda {
+
+using bf16 = __nv_bfloat16;
+
+#define SERVAL_CUDA_CHECK(expr)                                                                       \
+  do {                                                                                                \
+    const cudaError_t serval_err_ = (expr);                                                           \
+    if (serval_err_ != cudaSuccess)                                                                   \
+      ::serval::fail("cuda: ", #expr, " failed: ", cudaGetErrorString(serval_err_), " at ", __FILE__, \
+                     ":", __LINE__);                                                                  \
+  } while (0)
+
+// Checks the launch of the kernel just enqueued (bad configuration shows here;
+// faults inside the kernel show at the next synchronization).
+#define SERVAL_CUDA_LAUNCH_CHECK() SERVAL_CUDA_CHECK(cudaGetLastError())
+
+inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// Eight bf16 values moved as one 16-byte access.
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 h[4];
+};
+
+__device__ __forceinline__ void bf16x8_to_f32(const Bf16x8& v, float* f) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __bfloat1622float2(v.h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+__device__ __forceinline__ Bf16x8 f32_to_bf16x8(const float* f) {
+  Bf16x8 v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the whole block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+}  // namespace serval::cuda

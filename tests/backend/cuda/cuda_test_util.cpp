@@ -1,0 +1,58 @@
+#include "cuda_test_util.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace serval::testing {
+
+std::unique_ptr<Backend> try_cuda_backend() {
+  try {
+    return create_backend("cuda", 0);
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+std::vector<float> random_bf16(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(dist(rng)));
+  return v;
+}
+
+DevTensor upload(Backend& be, const std::vector<float>& values, int64_t rows, int64_t cols) {
+  DevTensor d = zeros(be, rows, cols);
+  if (be.act_dtype() == DType::F32) {
+    be.copy_to_device(d.t.data, values.data(), int64_t(values.size()) * 4);
+  } else {
+    std::vector<uint16_t> h(values.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(values[i]);
+    be.copy_to_device(d.t.data, h.data(), int64_t(h.size()) * 2);
+  }
+  return d;
+}
+
+DevTensor zeros(Backend& be, int64_t rows, int64_t cols) {
+  DevTensor d;
+  d.buf = be.alloc(dtype_bytes(be.act_dtype(), rows * cols) + 64);
+  d.t = Tensor{d.buf.data(), be.act_dtype(), rows, cols};
+  return d;
+}
+
+std::vector<float> download(Backend& be, const Tensor& t) {
+  std::vector<float> out(size_t(t.numel()));
+  be.tensor_to_host(t, out.data());
+  return out;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+}  // namespace serval::testing

@@ -1,0 +1,44 @@
+#pragma once
+// Helpers for the CUDA backend tests: they run each op on the CPU backend and
+// on the CUDA backend with the same inputs (rounded to bf16 first, so both see
+// identical values) and compare. Without a CUDA build or device they skip.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/backend.h"
+
+namespace serval::testing {
+
+// The CUDA backend, or null when this build or machine has none.
+std::unique_ptr<Backend> try_cuda_backend();
+
+#define SERVAL_CUDA_OR_SKIP(var)                                                     \
+  std::unique_ptr<::serval::Backend> var = ::serval::testing::try_cuda_backend();    \
+  if (!var) GTEST_SKIP() << "no CUDA backend in this build or no CUDA device here"
+
+// n values ~ U(-scale, scale), rounded to bf16.
+std::vector<float> random_bf16(size_t n, uint32_t seed, float scale = 1.0f);
+
+// A tensor in a backend's activation dtype holding `values`; keeps its memory.
+struct DevTensor {
+  DeviceBuffer buf;
+  Tensor t;
+};
+DevTensor upload(Backend& be, const std::vector<float>& values, int64_t rows, int64_t cols);
+DevTensor zeros(Backend& be, int64_t rows, int64_t cols);
+std::vector<float> download(Backend& be, const Tensor& t);
+// Integer arrays (token ids, positions, ...) in device memory.
+template <typename T>
+DeviceBuffer upload_ints(Backend& be, const std::vector<T>& v) {
+  DeviceBuffer b = be.alloc(int64_t(v.size() * sizeof(T)) + 64);
+  be.copy_to_device(b.data(), v.data(), int64_t(v.size() * sizeof(T)));
+  return b;
+}
+// max |a - b| / max |b|.
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace serval::testing
