@@ -1,0 +1,44 @@
+#include "server/access_log.h"
+
+#include <cstdio>
+
+namespace serval::server {
+namespace {
+
+thread_local AccessRecord tl_record;
+
+double ms(AccessRecord::Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+}  // namespace
+
+AccessRecord& current_access_record() { return tl_record; }
+
+void start_access_record() {
+  tl_record = AccessRecord{};
+  tl_record.start = AccessRecord::Clock::now();
+}
+
+std::string format_access_line(const AccessRecord& r, AccessRecord::Clock::time_point end) {
+  char buf[256];
+  std::string line = "access id=" + (r.id.empty() ? std::string("-") : r.id) + " " + r.method + " " + r.path;
+  std::snprintf(buf, sizeof(buf), " status=%d", r.status);
+  line += buf;
+  if (r.prompt_tokens >= 0) line += " prompt_tokens=" + std::to_string(r.prompt_tokens);
+  if (r.completion_tokens >= 0) line += " completion_tokens=" + std::to_string(r.completion_tokens);
+  if (r.first_token) {
+    std::snprintf(buf, sizeof(buf), " ttft_ms=%.1f", ms(*r.first_token - r.start));
+    line += buf;
+  }
+  std::snprintf(buf, sizeof(buf), " total_ms=%.1f", ms(end - r.start));
+  line += buf;
+  return line;
+}
+
+void write_access_log() {
+  if (tl_record.method.empty() && tl_record.status == 0) return;
+  std::string line = format_access_line(tl_record, AccessRecord::Clock::now());
+  line += '\n';
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+}  // namespace serval::server

@@ -1,0 +1,35 @@
+#pragma once
+// ChatPrompt: turns a chat request's messages into the prompt text with the
+// model's chat template (or the one given with --chat-template), as
+// transformers' apply_chat_template(messages, tools=..., add_generation_prompt=...,
+// **chat_template_kwargs) renders it. The text is then tokenized without
+// adding special tokens (the template writes BOS itself).
+#include <memory>
+#include <string>
+
+#include "server/openai_request.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval::server {
+
+class ChatPrompt {
+ public:
+  // `source` empty: the model has no template and chat requests get a 400
+  // saying so. Throws serval::Error when the template does not parse.
+  ChatPrompt(const std::string& source, const Tokenizer& tok);
+  bool available() const { return template_ != nullptr; }
+  // ApiError 400 when there is no template or the template refuses the
+  // messages (raise_exception), with the template's message.
+  std::string render(const ChatRequest& request) const;
+
+ private:
+  std::unique_ptr<ChatTemplate> template_;
+  std::string bos_token_, eos_token_;
+};
+
+// The template text: the file given with --chat-template when not empty
+// (throws serval::Error when unreadable), else the tokenizer's own.
+std::string chat_template_source(const std::string& file, const Tokenizer& tok);
+
+}  // namespace serval::server
