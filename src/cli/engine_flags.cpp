@@ -1,25 +1,63 @@
 #include "cli/engine_flags.h"
 
+#include <cstdio>
+
+#include "core/dtype.h"
+
 namespace serval::cli {
 
-EngineOptions EngineFlags::engine_options(const std::string& model_name) const {
-  EngineOptions o = engine;
-  o.enable_prefix_cache = !no_prefix_cache;
-  o.model_name = model_name;
+void add_engine_flags(CLI::App& sub, EngineFlags& f) {
+  sub.add_option("--max-num-seqs", f.scheduler.max_num_seqs, "sequences running at once");
+  sub.add_option("--max-num-batched-tokens", f.scheduler.max_num_batched_tokens,
+                 "tokens per step (the chunked-prefill budget)");
+  sub.add_option("--max-queued-requests", f.scheduler.max_queued_requests,
+                 "waiting requests before new ones are refused");
+  sub.add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV pool size in tokens");
+  sub.add_option("--kv-cache-memory-fraction", f.kv_cache_memory_fraction,
+                 "KV pool: this fraction of the memory left after the weights (default: "
+                 "4 sequences of the context, at most 4096 tokens each)");
+  sub.add_flag("--no-prefix-cache", f.no_prefix_cache, "turn the radix prefix cache off");
+  sub.add_option("--block-size", f.block_size, "tokens per KV block");
+  sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
+}
+
+EngineOptions engine_options(const EngineFlags& f) {
+  EngineOptions o;
+  o.scheduler = f.scheduler;
+  o.scheduler.validate();
+  o.enable_prefix_cache = !f.no_prefix_cache;
   return o;
 }
 
-void add_engine_flags(CLI::App& sub, EngineFlags& f) {
-  SchedulerConfig& s = f.engine.scheduler;
-  sub.add_option("--max-num-seqs", s.max_num_seqs, "requests running at once")->capture_default_str();
-  sub.add_option("--max-num-batched-tokens", s.max_num_batched_tokens, "tokens per engine step (prefill chunk budget)")
-      ->capture_default_str();
-  sub.add_option("--max-queued-requests", s.max_queued_requests,
-                 "waiting requests; more are refused (HTTP 429)")->capture_default_str();
-  sub.add_option("--max-model-len", s.max_model_len, "context length in tokens (default: the model's)");
-  sub.add_option("--kv-cache-tokens", f.runner.kv_cache_tokens, "KV pool size in tokens (default: automatic)");
-  sub.add_flag("--no-prefix-cache", f.no_prefix_cache, "disable prefix caching (on by default)");
-  sub.add_option("--threads", f.runner.threads, "CPU threads (default: all cores)");
+LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& f) {
+  SERVAL_CHECK(f.block_size >= 1 && f.block_size <= 1024, "--block-size must be in [1, 1024], got ",
+               f.block_size);
+  SERVAL_CHECK(f.kv_cache_tokens >= 0, "--kv-cache-tokens must not be negative, got ",
+               f.kv_cache_tokens);
+  LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
+  const ModelConfig& c = m.model.config;
+  // The CPU runner keeps K/V in f32.
+  const int64_t bytes_per_token = 2 * c.num_layers * c.kv_dim() * int64_t(sizeof(float));
+  RunnerOptions ro;
+  ro.block_size = f.block_size;
+  ro.threads = f.threads;
+  ro.kv_cache_tokens = f.kv_cache_tokens;
+  if (f.kv_cache_tokens == 0 && f.kv_cache_memory_fraction != 0) {
+    // The runner converts the weights to f32: that, and a small activation
+    // reserve, come off the available memory first.
+    int64_t params = 0;
+    for (const auto& [name, t] : m.model.weights.all()) params += t.numel();
+    const int64_t reserve = int64_t(params) * 4 + (int64_t(256) << 20);
+    ro.kv_cache_tokens = kv_tokens_for_memory(f.kv_cache_memory_fraction, available_memory_bytes(),
+                                              reserve, bytes_per_token, f.block_size);
+  }
+  m.runner = ModelRunner::create(c, m.model.weights, ro);
+  m.plan.num_blocks = m.runner->num_blocks();
+  m.plan.block_size = m.runner->block_size();
+  m.plan.bytes_per_token = bytes_per_token;
+  m.plan.context_len = c.max_position;
+  std::fprintf(stderr, "%s\n", m.plan.describe().c_str());
+  return m;
 }
 
 }  // namespace serval::cli

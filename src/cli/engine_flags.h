@@ -1,22 +1,42 @@
 #pragma once
-// The engine knobs shared by the commands that run an Engine (serve; generate
-// can adopt them): scheduler limits, KV pool size, prefix cache, threads.
+// The engine's knobs as command-line flags (serval generate; serve can reuse
+// them), and loading a model into a runner with a planned KV pool.
 #include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
 
 #include "engine/engine.h"
+#include "kv/kv_memory_plan.h"
+#include "model/model_loader.h"
 #include "runtime/model_runner.h"
+#include "tokenizer/tokenizer.h"
 
 namespace serval::cli {
 
 struct EngineFlags {
-  RunnerOptions runner;
-  EngineOptions engine;
+  SchedulerConfig scheduler;
   bool no_prefix_cache = false;
-
-  // EngineOptions with the flags applied (prefix cache, model name).
-  EngineOptions engine_options(const std::string& model_name) const;
+  int64_t kv_cache_tokens = 0;          // 0: from the memory fraction
+  double kv_cache_memory_fraction = 0;  // 0: the runner's default pool
+  int32_t block_size = 16;
+  int threads = 0;
 };
 
-void add_engine_flags(CLI::App& sub, EngineFlags& f);
+void add_engine_flags(CLI::App& sub, EngineFlags& flags);
+
+// A model ready for an Engine: weights, tokenizer, runner, and its KV plan.
+struct LoadedEngineModel {
+  LoadedModel model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ModelRunner> runner;
+  KvMemoryPlan plan;
+};
+
+// Loads `path`, sizes the KV pool (--kv-cache-tokens, else
+// --kv-cache-memory-fraction of the memory left after the weights, else the
+// runner's default) and logs the plan to stderr. Throws serval::Error.
+LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& flags);
+
+EngineOptions engine_options(const EngineFlags& flags);
 
 }  // namespace serval::cli

@@ -1,30 +1,21 @@
-// serval generate: one prompt, offline, streamed to stdout as it is produced.
+// serval generate: one prompt, offline, through the Engine, streamed to stdout
+// as it is produced; or, with --input/--output, a JSONL batch (batch.cpp).
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli/batch.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "cli/generate_options.h"
 #include "core/error.h"
-#include "engine/generator.h"
-#include "model/model_loader.h"
-#include "runtime/model_runner.h"
-#include "tokenizer/tokenizer.h"
+#include "engine/batch_builder.h"
+#include "engine/engine.h"
+#include "kv/kv_cache_manager.h"
 
 namespace serval::cli {
 namespace {
-
-struct GenerateOptions {
-  std::string model;
-  std::string prompt;
-  int32_t max_tokens = 256;
-  SamplingParams sampling;
-  bool ignore_eos = false;
-  bool no_special = false;
-  bool json = false;
-  bool dump_logits = false;
-  RunnerOptions runner;
-};
 
 // The model to use when none is given, with a message that says how to get one.
 std::string default_model() {
@@ -42,56 +33,87 @@ nlohmann::json logprobs_json(const Logprobs& lp) {
   return {{"logprob", lp.chosen}, {"rank", lp.chosen_rank}, {"top", top}};
 }
 
-int run_generate(GenerateOptions o) {
-  if (o.model.empty()) o.model = default_model();
-  o.sampling.validate();
+// The raw logits of the prompt's last position (--dump-logits). The Engine
+// only hands out sampled tokens, so this is one direct forward over the
+// runner's KV pool, made before the engine starts (it then overwrites the
+// blocks; its own KV manager never reads what it did not write).
+std::vector<float> last_prompt_logits(ModelRunner& runner, const std::vector<int32_t>& prompt) {
+  KvCacheManager kv(runner.num_blocks(), runner.block_size());
+  Sequence seq(0, prompt, SamplingParams{}, StopCriteria{}, kv.new_table());
+  SERVAL_CHECK(kv.allocate_slots(seq.block_table(), seq.num_tokens()).has_value(), "the prompt's ",
+               prompt.size(), " tokens do not fit in the KV cache");
+  Batch batch;
+  const std::vector<ScheduledChunk> items = {{&seq, int32_t(seq.num_tokens())}};
+  BatchBuilder(runner.block_size()).build(items, batch);
+  std::vector<float> logits;
+  runner.forward(batch, logits);
+  return logits;
+}
+
+double seconds_between(EngineClock::time_point a, EngineClock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int run_single(const GenerateOptions& o, const std::string& model_path) {
   const auto t_load = std::chrono::steady_clock::now();
-  LoadedModel model = load_model(o.model);
-  std::unique_ptr<Tokenizer> tok = load_tokenizer(o.model);
-  std::unique_ptr<ModelRunner> runner = ModelRunner::create(model.config, model.weights, o.runner);
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  LoadedEngineModel m = load_engine_model(model_path, o.engine);
+  const double load_s = seconds_between(t_load, std::chrono::steady_clock::now());
 
-  GenerationRequest req;
-  req.prompt_ids = tok->encode(o.prompt, !o.no_special);
-  req.params = o.sampling;
-  req.stop.max_tokens = o.max_tokens;
-  req.stop.eos_token_ids = tok->eos_ids;
-  if (req.stop.eos_token_ids.empty() && tok->eos_id >= 0) req.stop.eos_token_ids = {tok->eos_id};
-  req.stop.ignore_eos = o.ignore_eos;
-
-  IncrementalDetokenizer detok(*tok, /*skip_special=*/true, /*first_in_text=*/req.prompt_ids.empty());
-  std::string text;
+  EngineRequest req = o.request(*m.tokenizer);
+  req.prompt_ids = m.tokenizer->encode(o.prompt, !o.no_special);
   std::vector<float> prompt_logits;
-  Generator generator(*runner);
-  GenerationResult result = generator.generate({req}, [&](const TokenEvent& ev) {
-    if (o.dump_logits && prompt_logits.empty()) prompt_logits.assign(ev.logits.begin(), ev.logits.end());
-    std::string piece = detok.push(ev.token);
-    if (ev.finish != FinishReason::kNone) piece += detok.flush();
-    text += piece;
-    if (!o.json && !piece.empty()) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+  Engine engine(*m.runner, *m.tokenizer, engine_options(o.engine));
+  engine.check(req);
+  if (o.dump_logits) prompt_logits = last_prompt_logits(*m.runner, req.prompt_ids);
+
+  RequestHandle h = engine.submit(req);
+  std::vector<int32_t> tokens;
+  std::vector<Logprobs> logprobs;
+  std::string text;
+  RequestEvent last;
+  for (;;) {
+    std::optional<RequestEvent> ev = h.next();
+    if (!ev) fail("the engine ended the request without a final event");
+    tokens.insert(tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
+    logprobs.insert(logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
+    text += ev->text;
+    if (!o.json && !ev->text.empty()) {
+      std::fwrite(ev->text.data(), 1, ev->text.size(), stdout);
       std::fflush(stdout);
     }
-  });
-  const SequenceOutput& out = result.sequences.at(0);
-  const GenerationStats& st = result.stats;
+    if (ev->finished()) {
+      last = std::move(*ev);
+      break;
+    }
+  }
+  if (last.finish == FinishReason::kError) fail("generation failed: ", last.error);
+
+  const RequestTimings& t = last.timings;
+  const EngineClock::time_point finish = t.finish.value_or(EngineClock::now());
+  const double ttft = t.first_token ? seconds_between(t.arrival, *t.first_token) : 0.0;
+  const double total = seconds_between(t.arrival, finish);
+  const double decode_s = t.first_token ? seconds_between(*t.first_token, finish) : 0.0;
+  const int64_t decode_tokens = tokens.empty() ? 0 : int64_t(tokens.size()) - 1;
+  const double decode_tps = decode_s > 0 ? double(decode_tokens) / decode_s : 0.0;
+  const double prefill_tps = ttft > 0 ? double(req.prompt_ids.size()) / ttft : 0.0;
+  const char* finish_name = finish_reason_name(last.finish);
 
   if (o.json) {
     nlohmann::json j = {
-        {"prompt_token_ids", out.prompt_ids},
-        {"token_ids", out.token_ids},
+        {"prompt_token_ids", req.prompt_ids},
+        {"token_ids", tokens},
         {"text", text},
-        {"finish_reason", finish_reason_name(out.finish_reason)},
-        {"seed", out.seed},
+        {"finish_reason", finish_name},
+        {"seed", *req.params.seed},
         {"timings",
          {{"load_s", load_s},
-          {"time_to_first_token_s", out.time_to_first_token_s},
-          {"prefill_tokens_per_s", st.prefill_tokens_per_s()},
-          {"decode_tokens_per_s", st.decode_tokens_per_s()},
-          {"total_s", st.total_s}}}};
-    if (!out.logprobs.empty()) {
+          {"time_to_first_token_s", ttft},
+          {"prefill_tokens_per_s", prefill_tps},
+          {"decode_tokens_per_s", decode_tps},
+          {"total_s", total}}}};
+    if (!logprobs.empty()) {
       nlohmann::json lps = nlohmann::json::array();
-      for (const auto& lp : out.logprobs) lps.push_back(logprobs_json(lp));
+      for (const auto& lp : logprobs) lps.push_back(logprobs_json(lp));
       j["logprobs"] = lps;
     }
     if (o.dump_logits) j["prompt_logits"] = prompt_logits;
@@ -101,21 +123,39 @@ int run_generate(GenerateOptions o) {
   }
   std::fflush(stdout);  // the text ends before the stats line on a shared terminal
   std::fprintf(stderr,
-               "prompt: %lld tokens | time to first token: %.1f ms | decode: %lld tokens at %.1f tokens/s"
+               "prompt: %zu tokens | time to first token: %.1f ms | decode: %lld tokens at %.1f tokens/s"
                " | finish: %s\n",
-               (long long)st.prompt_tokens, out.time_to_first_token_s * 1e3, (long long)st.decode_tokens,
-               st.decode_tokens_per_s(), finish_reason_name(out.finish_reason));
+               req.prompt_ids.size(), ttft * 1e3, (long long)decode_tokens, decode_tps, finish_name);
   return 0;
+}
+
+int run_generate(const GenerateOptions& o) {
+  const bool batch = !o.input.empty() || !o.output.empty();
+  if (batch) {
+    SERVAL_CHECK(!o.input.empty() && !o.output.empty(),
+                 "batch mode needs both --input FILE.jsonl and --output FILE.jsonl");
+    SERVAL_CHECK(o.prompt.empty(), "give either --prompt or --input, not both");
+  } else {
+    SERVAL_CHECK(!o.prompt.empty(), "give --prompt TEXT (or --input FILE.jsonl --output FILE.jsonl)");
+  }
+  o.sampling.validate();
+  const std::string model = o.model.empty() ? default_model() : o.model;
+  return batch ? run_batch(o, model) : run_single(o, model);
 }
 
 }  // namespace
 
 void register_generate(CLI::App& app, Action& action) {
   auto o = std::make_shared<GenerateOptions>();
-  auto* sub = app.add_subcommand("generate", "Generate a continuation of one prompt");
+  auto* sub = app.add_subcommand(
+      "generate", "Generate a continuation of one prompt, or of every request of a JSONL file");
   sub->add_option("--model,-m", o->model, "GGUF file or Hugging Face folder (default: stories260K)");
-  sub->add_option("--prompt,-p", o->prompt, "prompt text")->required();
+  sub->add_option("--prompt,-p", o->prompt, "prompt text");
+  sub->add_option("--input,-i", o->input,
+                  "JSONL file, one OpenAI completions request per line (batch mode)");
+  sub->add_option("--output,-o", o->output, "JSONL file for the results (batch mode)");
   sub->add_option("--max-tokens,-n", o->max_tokens, "tokens to generate at most");
+  sub->add_option("--min-tokens", o->min_tokens, "tokens to generate at least (EOS is masked before)");
   sub->add_option("--temperature,-t", o->sampling.temperature, "0 for greedy");
   sub->add_option("--top-p", o->sampling.top_p, "nucleus sampling mass in (0, 1]");
   sub->add_option("--top-k", o->sampling.top_k, "keep the k most likely tokens (0: all)");
@@ -125,12 +165,13 @@ void register_generate(CLI::App& app, Action& action) {
   sub->add_option("--frequency-penalty", o->sampling.frequency_penalty, "OpenAI-style, in [-2, 2]");
   sub->add_option("--seed", o->sampling.seed, "seed for reproducible sampling");
   sub->add_option("--logprobs", o->sampling.logprobs, "report the chosen token's logprob and the top N (with --json)");
+  sub->add_option("--stop", o->stop, "stop string (repeatable); the text ends before it");
   sub->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
   sub->add_flag("--no-special", o->no_special, "do not add BOS/EOS around the prompt");
   sub->add_flag("--json", o->json, "print one JSON object instead of streaming text");
   sub->add_flag("--dump-logits", o->dump_logits, "with --json: add the prompt's last-position logits");
-  sub->add_option("--kv-cache-tokens", o->runner.kv_cache_tokens, "KV pool size in tokens (default: automatic)");
-  sub->add_option("--threads", o->runner.threads, "CPU threads (default: all cores)");
+  sub->add_flag("--no-progress", o->no_progress, "batch mode: no progress bar");
+  add_engine_flags(*sub, o->engine);
   sub->callback([&action, o] { action = [o] { return run_generate(*o); }; });
 }
 

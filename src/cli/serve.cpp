@@ -32,6 +32,7 @@ struct ServeOptions {
   double shutdown_timeout = 30.0;
   size_t max_connections = 2048;
   double request_read_timeout = 10.0;
+  int64_t max_model_len = 0;
   EngineFlags engine;
 };
 
@@ -61,9 +62,9 @@ int run_serve(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  LoadedModel model = load_model(o.model);
-  std::unique_ptr<Tokenizer> tok = load_tokenizer(o.model);
-  std::unique_ptr<ModelRunner> runner = ModelRunner::create(model.config, model.weights, o.engine.runner);
+  LoadedEngineModel loaded = load_engine_model(o.model, o.engine);
+  Tokenizer* tok = loaded.tokenizer.get();
+  ModelRunner* runner = loaded.runner.get();
   const std::string name = o.served_model_name.empty() ? o.model : o.served_model_name;
 
   std::unique_ptr<server::ChatPrompt> chat;
@@ -76,10 +77,12 @@ int run_serve(const ServeOptions& o) {
     chat = std::make_unique<server::ChatPrompt>("", *tok);
   }
 
-  Engine engine(*runner, *tok, o.engine.engine_options(name));
+  EngineOptions eo = engine_options(o.engine);
+  eo.model_name = name;
+  eo.scheduler.max_model_len = o.max_model_len > 0 ? o.max_model_len : runner->config().max_position;
+  Engine engine(*runner, *tok, eo);
   server::ServerContext ctx{engine, *tok, *chat, name};
-  ctx.max_model_len = o.engine.engine.scheduler.max_model_len > 0 ? o.engine.engine.scheduler.max_model_len
-                                                                  : runner->config().max_position;
+  ctx.max_model_len = eo.scheduler.max_model_len;
   ctx.engine_vocab_size = runner->config().vocab_size;
   ctx.created = server::unix_now();
 
@@ -137,6 +140,7 @@ void register_serve(CLI::App& app, Action& action) {
   sub->add_option("--max-connections", o->max_connections, "connections served at once")->capture_default_str();
   sub->add_option("--request-read-timeout", o->request_read_timeout,
                   "seconds a client has to send a whole request")->capture_default_str();
+  sub->add_option("--max-model-len", o->max_model_len, "context length in tokens (default: the model's)");
   add_engine_flags(*sub, o->engine);
   sub->callback([&action, o] { action = [o] { return run_serve(*o); }; });
 }

@@ -1,7 +1,7 @@
 #pragma once
 // BatchBuilder: turns "these sequences, this many new tokens each" into the
-// flat Batch a forward pass takes (runtime/batch.h). Used by the simple
-// Generator now and by the Scheduler's engine loop later.
+// flat Batch a forward pass takes (runtime/batch.h). Used by the
+// Engine loop.
 #include <cstdint>
 #include <span>
 

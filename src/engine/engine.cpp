@@ -10,6 +10,9 @@
 namespace serval {
 namespace {
 
+// As OpenAI's API.
+constexpr int32_t kMaxSamples = 128;
+
 double seconds(EngineClock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 EngineOptions with_model_len(EngineOptions o, const ModelRunner& runner) {
@@ -27,18 +30,29 @@ struct Engine::Pending {
   std::optional<StopStringMatcher> stops;
 };
 
-struct Engine::Active {
-  Active(const Tokenizer& tok, bool skip_special) : detok(tok, skip_special, false) {}
-  std::shared_ptr<RequestChannel> channel;
+struct Engine::Sample {
+  Sample(const Tokenizer& tok, bool skip_special, std::optional<StopStringMatcher> s)
+      : detok(tok, skip_special, false), stops(std::move(s)) {}
   IncrementalDetokenizer detok;
   std::optional<StopStringMatcher> stops;
   bool stop_hit = false;  // a stop string matched: finish as kStop
-  bool want_logprobs = false;
+  bool finished = false;  // its final event is made
   size_t published = 0;   // output tokens already sent
+  std::optional<EngineClock::time_point> first_token, last_token;
+};
+
+struct Engine::Active {
+  std::shared_ptr<RequestChannel> channel;
+  std::vector<std::unique_ptr<Sample>> samples;  // index = RequestEvent::index
+  int32_t samples_left = 0;  // final events not yet published
+  int32_t samples_finished = 0;
+  int64_t max_generated = 0;  // most tokens of a finished sample
+  bool want_logprobs = false;
   int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens the first admission took from the prefix cache
   int64_t max_tokens = 0;
   EngineClock::time_point arrival;
-  std::optional<EngineClock::time_point> first_scheduled, first_token, last_token;
+  std::optional<EngineClock::time_point> first_scheduled;
 };
 
 Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions options)
@@ -67,9 +81,11 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-RequestHandle Engine::submit(EngineRequest request) {
+void Engine::check(const EngineRequest& request) const {
   request.params.validate();
   request.stop.validate();
+  SERVAL_CHECK(request.n >= 1 && request.n <= kMaxSamples, "n must be in [1, ", kMaxSamples,
+               "], got ", request.n);
   const auto& prompt = request.prompt_ids;
   SERVAL_CHECK(!prompt.empty(), "the prompt is empty (no tokens)");
   for (int32_t id : prompt)
@@ -87,11 +103,18 @@ RequestHandle Engine::submit(EngineRequest request) {
                request.stop.max_tokens, " need ", need, " KV blocks of ", bs,
                " tokens but the whole cache has ", runner_.num_blocks());
 
+  // Stop strings are checked by their matcher (e.g. an empty one).
+  if (!request.stop_strings.empty())
+    (void)StopStringMatcher(request.stop_strings, request.include_stop_str_in_output);
+}
+
+RequestHandle Engine::submit(EngineRequest request) {
+  check(request);
   auto pending = std::make_unique<Pending>();
   if (!request.stop_strings.empty())
     pending->stops.emplace(request.stop_strings, request.include_stop_str_in_output);
   pending->request = std::move(request);
-  pending->channel = std::make_shared<RequestChannel>();
+  pending->channel = std::make_shared<RequestChannel>(pending->request.n);
   pending->arrival = EngineClock::now();
   std::shared_ptr<RequestChannel> channel = pending->channel;
   int64_t id;
@@ -149,6 +172,7 @@ void Engine::loop() {
     for (auto& p : inbox) admit(*p, it, out);
     for (int64_t id : aborts) sched_.abort(id);
     step(it, events);
+    if (options_.check_invariants) kv_.check_invariants();
     publish(events, out, it);
   }
   abort_everything();
@@ -156,27 +180,33 @@ void Engine::loop() {
 
 void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
   EngineRequest& r = p.request;
-  auto a = std::make_unique<Active>(tokenizer_, r.skip_special_tokens);
+  auto a = std::make_unique<Active>();
   a->channel = p.channel;
-  a->stops = std::move(p.stops);
+  for (int32_t i = 0; i < r.n; ++i)
+    a->samples.push_back(std::make_unique<Sample>(tokenizer_, r.skip_special_tokens, p.stops));
+  a->samples_left = r.n;
   a->want_logprobs = r.params.logprobs >= 0;
   a->num_prompt_tokens = int64_t(r.prompt_ids.size());
   a->max_tokens = r.stop.max_tokens;
   a->arrival = p.arrival;
   try {
-    sched_.add(Sequence(p.id, std::move(r.prompt_ids), r.params, r.stop, kv_.new_table()),
-               r.options);
+    Sequence seq(p.id, std::move(r.prompt_ids), r.params, r.stop, kv_.new_table());
+    seq.set_num_samples(r.n);
+    sched_.add(std::move(seq), r.options);
   } catch (const std::exception& e) {
-    RequestEvent ev;
-    ev.request_id = p.id;
-    ev.finish = FinishReason::kError;
-    ev.error = e.what();
-    ev.timings.arrival = p.arrival;
-    ev.timings.finish = EngineClock::now();
-    out.push_back({p.channel, std::move(ev)});
+    for (int32_t i = 0; i < r.n; ++i) {
+      RequestEvent ev;
+      ev.request_id = p.id;
+      ev.index = i;
+      ev.finish = FinishReason::kError;
+      ev.error = e.what();
+      ev.timings.arrival = p.arrival;
+      ev.timings.finish = EngineClock::now();
+      out.push_back({p.channel, std::move(ev), i + 1 == r.n});
+    }
     return;
   }
-  it.n_params.push_back(1);
+  it.n_params.push_back(r.n);
   active_.emplace(p.id, std::move(a));
 }
 
@@ -184,29 +214,40 @@ void Engine::step(IterationStats& it, EventMap& events) {
   const auto start = EngineClock::now();
   StepPlan plan = sched_.schedule(start);
   std::string error;
-  std::vector<int64_t> row_ids;
+  std::vector<SampleKey> sampled_keys;  // rows, then forks
   if (!plan.empty()) {
     for (const ScheduledChunk& c : plan.items) {
       Active& a = *active_.at(c.seq->id());
-      if (!a.first_scheduled) a.first_scheduled = start;
+      if (!a.first_scheduled) {
+        a.first_scheduled = start;
+        // Before its first chunk is computed, a request's computed tokens
+        // are exactly its prefix-cache hit.
+        a.num_cached_tokens = c.seq->num_computed_tokens();
+      }
       const int64_t prompt_left = c.seq->num_prompt_tokens() - c.seq->num_computed_tokens();
       it.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
     }
-    for (const Sequence* s : plan.sample_rows) row_ids.push_back(s->id());
-    std::vector<SampledToken> sampled(plan.sample_rows.size());
+    for (const Sequence* s : plan.sample_rows) sampled_keys.emplace_back(s->id(), s->sample_index());
+    for (const StepPlan::Fork& f : plan.forks)
+      sampled_keys.emplace_back(f.seq->id(), f.seq->sample_index());
+    const size_t num_rows = plan.sample_rows.size();
+    std::vector<SampledToken> sampled(num_rows + plan.forks.size());
     try {
       if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
       batch_builder_.build(plan.items, batch_);
       runner_.forward(batch_, logits_);
-      SERVAL_CHECK(logits_.size() == sampled.size() * size_t(vocab_size_), "model runner returned ",
-                   logits_.size(), " logits for ", sampled.size(), " rows of vocabulary ",
-                   vocab_size_);
-      for (size_t row = 0; row < sampled.size(); ++row) {
-        Sequence& s = *plan.sample_rows[row];
+      SERVAL_CHECK(logits_.size() == num_rows * size_t(vocab_size_), "model runner returned ",
+                   logits_.size(), " logits for ", num_rows, " rows of vocabulary ", vocab_size_);
+      for (size_t i = 0; i < sampled.size(); ++i) {
+        // A forked sample draws from its parent's row.
+        Sequence& s = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
+        const size_t row = i < num_rows ? i : size_t(plan.forks[i - num_rows].row);
         const std::span<const float> logits(logits_.data() + row * size_t(vocab_size_),
                                             size_t(vocab_size_));
-        SampleResult r = sampler_.sample(logits, s.params(), s.prompt_ids(), s.output_ids(), s.rng());
-        sampled[row] = SampledToken{r.token, std::move(r.logprobs)};
+        const std::vector<int32_t> banned = s.stop().banned_tokens(int64_t(s.output_ids().size()));
+        SampleResult r = sampler_.sample(logits, s.params(), s.prompt_ids(), s.output_ids(),
+                                         s.rng(), banned);
+        sampled[i] = SampledToken{r.token, std::move(r.logprobs)};
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -216,18 +257,18 @@ void Engine::step(IterationStats& it, EventMap& events) {
       it.num_generation_tokens = int64_t(sampled.size());
     } else {
       sched_.fail_step(plan);
-      row_ids.clear();
+      sampled_keys.clear();
     }
   }
   it.num_preemptions = plan.num_preempted;
   const auto now = EngineClock::now();
   // Requests still running: their new token; a stop string ends them here.
-  for (int64_t id : row_ids) {
-    const Sequence* s = sched_.find(id);
+  for (const auto& [id, index] : sampled_keys) {
+    const Sequence* s = sched_.find(id, index);
     if (s == nullptr) continue;  // finished: drain_finished publishes it
     Active& a = *active_.at(id);
-    emit_tokens(a, *s, events[id], it, now);
-    if (a.stop_hit) sched_.abort(id);
+    emit_tokens(a, *s, events[{id, index}], it, now);
+    if (a.samples[size_t(index)]->stop_hit) sched_.abort_sample(id, index);
   }
   drain_finished(events, it, error);
   if (plan.empty() && plan.finished.empty() && sched_.has_unfinished()) {
@@ -237,7 +278,7 @@ void Engine::step(IterationStats& it, EventMap& events) {
   }
 }
 
-void Engine::append_text(Active& a, const std::string& piece, RequestEvent& ev) {
+void Engine::append_text(Sample& a, const std::string& piece, RequestEvent& ev) {
   if (piece.empty() || a.stop_hit) return;
   if (!a.stops) {
     ev.text += piece;
@@ -250,21 +291,22 @@ void Engine::append_text(Active& a, const std::string& piece, RequestEvent& ev) 
 
 void Engine::emit_tokens(Active& a, const Sequence& seq, RequestEvent& ev, IterationStats& it,
                          EngineClock::time_point now) {
+  Sample& sample = *a.samples.at(size_t(seq.sample_index()));
   const std::vector<int32_t>& ids = seq.output_ids();
   const std::vector<Logprobs>& lps = seq.output_logprobs();
-  for (size_t i = a.published; i < ids.size() && !a.stop_hit; ++i) {
+  for (size_t i = sample.published; i < ids.size() && !sample.stop_hit; ++i) {
     ev.token_ids.push_back(ids[i]);
     if (a.want_logprobs && i < lps.size()) ev.logprobs.push_back(lps[i]);
-    if (!a.first_token) {
-      a.first_token = now;
+    if (!sample.first_token) {
+      sample.first_token = now;
       it.time_to_first_token_s.push_back(seconds(now - a.arrival));
     } else {
-      it.inter_token_latency_s.push_back(seconds(now - *a.last_token));
+      it.inter_token_latency_s.push_back(seconds(now - *sample.last_token));
     }
-    a.last_token = now;
-    append_text(a, a.detok.push(ids[i]), ev);
+    sample.last_token = now;
+    append_text(sample, sample.detok.push(ids[i]), ev);
   }
-  a.published = ids.size();
+  sample.published = ids.size();
 }
 
 void Engine::drain_finished(EventMap& events, IterationStats& it, const std::string& error) {
@@ -273,47 +315,68 @@ void Engine::drain_finished(EventMap& events, IterationStats& it, const std::str
     auto found = active_.find(s.id());
     if (found == active_.end()) continue;
     Active& a = *found->second;
-    RequestEvent& ev = events[s.id()];
-    emit_tokens(a, s, ev, it, now);
-    if (!a.stop_hit) {
-      append_text(a, a.detok.flush(), ev);
-      if (!a.stop_hit && a.stops) ev.text += a.stops->flush();
-    }
-    ev.finish = a.stop_hit ? FinishReason::kStop : s.finish_reason();
-    if (ev.finish == FinishReason::kError)
-      ev.error = error.empty() ? std::string("the request failed") : error;
-    ev.timings.finish = now;
-
-    FinishedRequestStats f;
-    f.finish_reason = finish_reason_name(ev.finish);
-    f.num_prompt_tokens = a.num_prompt_tokens;
-    f.num_generation_tokens = int64_t(s.output_ids().size());
-    const auto last = a.last_token.value_or(now);
-    f.e2e_latency_s = seconds(last - a.arrival);
-    if (a.first_scheduled) {
-      f.queued_time_s = seconds(*a.first_scheduled - a.arrival);
-      if (a.first_token) {
-        f.prefill_time_s = seconds(*a.first_token - *a.first_scheduled);
-        f.decode_time_s = seconds(last - *a.first_token);
-      }
-    }
-    f.max_tokens_param = a.max_tokens;
-    metrics_.record(f);
-    it.max_num_generation_tokens.push_back(f.num_generation_tokens);
+    finish_sample(a, s.id(), s.sample_index(), &s, s.finish_reason(), events, it, error, now);
+    // Ended before its prompt completed: the samples it would have forked
+    // end with it, without tokens.
+    for (int32_t i = 1; i <= s.num_pending_forks(); ++i)
+      finish_sample(a, s.id(), i, nullptr, s.finish_reason(), events, it, error, now);
   }
 }
 
+void Engine::finish_sample(Active& a, int64_t id, int32_t index, const Sequence* seq, FinishReason reason,
+                           EventMap& events, IterationStats& it, const std::string& error,
+                           EngineClock::time_point now) {
+  Sample& sample = *a.samples.at(size_t(index));
+  if (sample.finished) return;
+  sample.finished = true;
+  RequestEvent& ev = events[{id, index}];
+  if (seq) emit_tokens(a, *seq, ev, it, now);
+  if (!sample.stop_hit) {
+    append_text(sample, sample.detok.flush(), ev);
+    if (!sample.stop_hit && sample.stops) ev.text += sample.stops->flush();
+  }
+  ev.finish = sample.stop_hit ? FinishReason::kStop : reason;
+  if (ev.finish == FinishReason::kError)
+    ev.error = error.empty() ? std::string("the request failed") : error;
+  ev.timings.finish = now;
+
+  FinishedRequestStats f;
+  f.finish_reason = finish_reason_name(ev.finish);
+  f.num_prompt_tokens = a.num_prompt_tokens;
+  f.num_generation_tokens = seq ? int64_t(seq->output_ids().size()) : 0;
+  const auto last = sample.last_token.value_or(now);
+  f.e2e_latency_s = seconds(last - a.arrival);
+  if (a.first_scheduled) {
+    f.queued_time_s = seconds(*a.first_scheduled - a.arrival);
+    if (sample.first_token) {
+      f.prefill_time_s = seconds(*sample.first_token - *a.first_scheduled);
+      f.decode_time_s = seconds(last - *sample.first_token);
+    }
+  }
+  f.max_tokens_param = a.max_tokens;
+  metrics_.record(f);
+  a.max_generated = std::max(a.max_generated, f.num_generation_tokens);
+  if (++a.samples_finished == int32_t(a.samples.size()))
+    it.max_num_generation_tokens.push_back(a.max_generated);
+}
+
 void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const IterationStats& it) {
-  for (auto& [id, ev] : events) {
-    auto found = active_.find(id);
+  for (auto& [key, ev] : events) {
+    auto found = active_.find(key.first);
     if (found == active_.end()) continue;
     Active& a = *found->second;
     if (!ev.finished() && ev.token_ids.empty() && ev.text.empty()) continue;
-    ev.request_id = id;
+    ev.request_id = key.first;
+    ev.index = key.second;
     ev.timings.arrival = a.arrival;
-    ev.timings.first_token = a.first_token;
-    out.push_back({a.channel, std::move(ev)});
-    if (out.back().event.finished()) active_.erase(found);
+    ev.timings.first_token = a.samples.at(size_t(key.second))->first_token;
+    if (a.first_scheduled) {
+      ev.num_prompt_tokens = int32_t(a.num_prompt_tokens);
+      ev.num_cached_tokens = int32_t(a.num_cached_tokens);
+    }
+    const bool ends = ev.finished() && --a.samples_left == 0;
+    out.push_back({a.channel, std::move(ev), ends});
+    if (ends) active_.erase(found);
   }
   const bool idle = it.num_prompt_tokens == 0 && it.num_generation_tokens == 0 &&
                     it.n_params.empty() && it.max_num_generation_tokens.empty();
@@ -333,7 +396,7 @@ void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const Iterati
   metrics_.record(ss);
 
   int64_t finals = 0;
-  for (const Outgoing& o : out) finals += o.event.finished() ? 1 : 0;
+  for (const Outgoing& o : out) finals += o.ends_request ? 1 : 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     kv_usage_snapshot_ = usage;
@@ -353,12 +416,15 @@ void Engine::abort_everything() {
   std::vector<Outgoing> out;
   const auto now = EngineClock::now();
   for (auto& p : inbox) {
-    RequestEvent ev;
-    ev.request_id = p->id;
-    ev.finish = FinishReason::kAbort;
-    ev.timings.arrival = p->arrival;
-    ev.timings.finish = now;
-    out.push_back({p->channel, std::move(ev)});
+    for (int32_t i = 0; i < p->request.n; ++i) {
+      RequestEvent ev;
+      ev.request_id = p->id;
+      ev.index = i;
+      ev.finish = FinishReason::kAbort;
+      ev.timings.arrival = p->arrival;
+      ev.timings.finish = now;
+      out.push_back({p->channel, std::move(ev), i + 1 == p->request.n});
+    }
   }
   std::vector<int64_t> ids;
   for (const auto& [id, a] : active_) ids.push_back(id);

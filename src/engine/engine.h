@@ -11,7 +11,10 @@
 // or sampling failure finishes that step's requests with an error event
 // (Scheduler::fail_step); the engine keeps running.
 //
-// Not yet: n > 1 samples per request, min_tokens (StopCriteria::min_tokens).
+// n > 1 samples: one scheduler request whose prompt is computed once, then
+// forked into n sequences (see scheduler.h); each sample has its own text
+// state here and its own events (RequestEvent::index). min_tokens: the
+// sampler bans EOS and stop tokens while a sample's output is shorter.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -19,7 +22,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -40,6 +45,9 @@ struct EngineOptions {
   SchedulerConfig scheduler;
   bool enable_prefix_cache = true;
   std::string model_name = "serval";  // the metrics' model_name label
+  // Tests: KvCacheManager::check_invariants() after every step; a violation
+  // throws on the loop thread and so ends the process (slow: recounts the pool).
+  bool check_invariants = false;
 };
 
 // submit() refusals a server maps to distinct HTTP statuses (429 / 503);
@@ -81,6 +89,9 @@ class Engine {
   // vocabulary, a request that could never fit (context or KV pool), a full
   // waiting queue, or after shutdown. Thread-safe.
   RequestHandle submit(EngineRequest request);
+  // The checks submit() makes before queuing (all but the queue bound and
+  // shutdown): throws serval::Error naming the problem. Thread-safe.
+  void check(const EngineRequest& request) const;
   // Ends a request with a final kAbort event (no-op if unknown or finished).
   // Thread-safe.
   void abort(int64_t request_id);
@@ -96,10 +107,16 @@ class Engine {
 
  private:
   struct Pending;   // a submitted request not yet handed to the scheduler
-  struct Active;    // a request in the scheduler: its channel and text state
-  struct Outgoing { std::shared_ptr<RequestChannel> channel; RequestEvent event; };
+  struct Sample;    // one sample of an active request: its text state
+  struct Active;    // a request in the scheduler: its channel and samples
+  struct Outgoing {
+    std::shared_ptr<RequestChannel> channel;
+    RequestEvent event;
+    bool ends_request = false;  // the request's last final event
+  };
 
-  using EventMap = std::unordered_map<int64_t, RequestEvent>;
+  using SampleKey = std::pair<int64_t, int32_t>;  // (request id, sample index)
+  using EventMap = std::map<SampleKey, RequestEvent>;
 
   void loop();
   void admit(Pending& pending, IterationStats& it, std::vector<Outgoing>& out);
@@ -107,7 +124,12 @@ class Engine {
   // Adds the tokens of `seq` not yet published to `event` (text, stop strings).
   void emit_tokens(Active& a, const Sequence& seq, RequestEvent& event, IterationStats& it,
                    EngineClock::time_point now);
-  void append_text(Active& a, const std::string& piece, RequestEvent& event);
+  void append_text(Sample& sample, const std::string& piece, RequestEvent& event);
+  // Final event of one sample that ended with `seq` (or, for samples never
+  // forked, with their parent's reason).
+  void finish_sample(Active& a, int64_t id, int32_t index, const Sequence* seq, FinishReason reason,
+                     EventMap& events, IterationStats& it, const std::string& error,
+                     EngineClock::time_point now);
   // Final events for the scheduler's finished sequences.
   void drain_finished(EventMap& events, IterationStats& it, const std::string& error);
   // Records metrics, updates the snapshots, then pushes the events.

@@ -41,11 +41,14 @@ RowMax checked_max(std::span<const float> x) {
 
 SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams& params,
                              std::span<const int32_t> prompt_ids,
-                             std::span<const int32_t> output_ids, Rng& rng) {
+                             std::span<const int32_t> output_ids, Rng& rng,
+                             std::span<const int32_t> banned) {
   SampleResult result;
   std::span<const float> x = logits;
-  if (params.has_penalties() || !params.greedy()) {
+  if (params.has_penalties() || !params.greedy() || !banned.empty()) {
     work_.assign(logits.begin(), logits.end());
+    for (int32_t id : banned)
+      if (id >= 0 && size_t(id) < work_.size()) work_[size_t(id)] = -kInf;
     penalties_.apply(work_, params, prompt_ids, output_ids);
     x = work_;
   }

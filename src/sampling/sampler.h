@@ -33,9 +33,12 @@ class Sampler {
   // Throws serval::Error if the logits are empty, contain NaN or +inf, are all
   // -inf, or a token id in the history is outside the vocabulary. Draws exactly
   // one value from `rng` when not greedy, none when greedy.
+  // `banned` tokens get logit -inf before anything else (vLLM's min_tokens:
+  // EOS and stop tokens while the output is shorter); ids outside the
+  // vocabulary are ignored. Logprobs stay those of the raw logits.
   SampleResult sample(std::span<const float> logits, const SamplingParams& params,
                       std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids,
-                      Rng& rng);
+                      Rng& rng, std::span<const int32_t> banned = {});
 
  private:
   int32_t sample_filtered(std::span<const float> x, const SamplingParams& params, Rng& rng);

@@ -1,6 +1,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "core/error.h"
 
@@ -58,7 +59,10 @@ void Scheduler::add(Sequence seq, RequestOptions options) {
   SERVAL_CHECK(int64_t(waiting_.size()) < config_.max_queued_requests, "request ", seq.id(),
                " refused: the waiting queue is full (", waiting_.size(),
                " requests, max_queued_requests ", config_.max_queued_requests, ")");
-  SERVAL_CHECK(!entries_.count(seq.id()), "request ", seq.id(), " is already scheduled");
+  const auto same_id = entries_.lower_bound(Key{seq.id(), INT32_MIN});
+  SERVAL_CHECK(same_id == entries_.end() || same_id->first.first != seq.id(), "request ",
+               seq.id(), " is already scheduled");
+  SERVAL_CHECK(seq.sample_index() == 0, "request ", seq.id(), ": add the first sample (index 0)");
   SERVAL_CHECK(!seq.finished() && seq.num_computed_tokens() == 0 &&
                    seq.block_table().num_blocks() == 0,
                "request ", seq.id(), ": a new request must be unstarted (no computed tokens, "
@@ -72,7 +76,7 @@ void Scheduler::add(Sequence seq, RequestOptions options) {
   e->tokens = e->seq.prompt_ids();
   e->tokens.insert(e->tokens.end(), e->seq.output_ids().begin(), e->seq.output_ids().end());
   Entry* raw = e.get();
-  entries_.emplace(raw->seq.id(), std::move(e));
+  entries_.emplace(key_of(raw->seq), std::move(e));
   insert_waiting(raw);
 }
 
@@ -97,7 +101,7 @@ void Scheduler::retire(Entry* e) {
   else
     std::erase(waiting_, e);
   finished_.push_back(std::move(e->seq));
-  entries_.erase(finished_.back().id());
+  entries_.erase(key_of(finished_.back()));
 }
 
 void Scheduler::preempt(Entry* e) {
@@ -112,9 +116,11 @@ void Scheduler::expire_deadlines(SchedulerClock::time_point now, StepPlan& plan)
   std::vector<Entry*> expired;
   for (auto& [id, e] : entries_)
     if (e->deadline && *e->deadline <= now) expired.push_back(e.get());
-  // Deterministic order: by arrival.
-  std::sort(expired.begin(), expired.end(),
-            [](const Entry* a, const Entry* b) { return a->arrival < b->arrival; });
+  // Deterministic order: by arrival, then sample.
+  std::sort(expired.begin(), expired.end(), [](const Entry* a, const Entry* b) {
+    return a->arrival != b->arrival ? a->arrival < b->arrival
+                                    : a->seq.sample_index() < b->seq.sample_index();
+  });
   for (Entry* e : expired) {
     e->seq.finish(FinishReason::kTimeout);
     plan.finished.push_back(e->seq.id());
@@ -146,9 +152,15 @@ bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
 }
 
 void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan) {
-  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < config_.max_num_seqs) {
+  // Seats taken: running sequences and the samples they will still fork.
+  int64_t seats = 0;
+  for (const Entry* r : running_) seats += 1 + r->seq.num_pending_forks();
+  while (!waiting_.empty() && budget > 0) {
     Entry* e = waiting_.front();
     Sequence& seq = e->seq;
+    // A request of more samples than max_num_seqs still runs, alone.
+    const int64_t need = 1 + seq.num_pending_forks();
+    if (seats + need > config_.max_num_seqs && seats > 0) break;
     // Look up the prefix cache, then check, adopt and allocate, in that
     // order with nothing in between (an eviction would make the match stale).
     const PrefixMatch match = kv_.match_prefix(e->tokens);
@@ -164,10 +176,31 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan) {
     plan.copies.insert(plan.copies.end(), alloc->copies.begin(), alloc->copies.end());
     waiting_.pop_front();
     insert_running(e);
+    seats += need;
     plan.items.push_back(ScheduledChunk{&seq, int32_t(n)});
     if (match.num_tokens + n == seq.num_tokens()) plan.sample_rows.push_back(&seq);
     budget -= n;
     plan.num_tokens += n;
+  }
+}
+
+void Scheduler::fork_samples(StepPlan& plan) {
+  for (size_t row = 0; row < plan.sample_rows.size(); ++row) {
+    Sequence& parent = *plan.sample_rows[row];
+    const int32_t forks = parent.num_pending_forks();
+    if (forks == 0) continue;
+    const Entry& pe = *entries_.at(key_of(parent));
+    for (int32_t i = 1; i <= forks; ++i) {
+      // The table shares the blocks this step writes the prompt's K/V into.
+      auto e = std::make_unique<Entry>(Entry{parent.fork(i, kv_.fork(parent.block_table())),
+                                             pe.priority, pe.arrival, pe.deadline, pe.tokens,
+                                             false});
+      Entry* raw = e.get();
+      entries_.emplace(key_of(raw->seq), std::move(e));
+      insert_running(raw);
+      plan.forks.push_back(StepPlan::Fork{&raw->seq, int32_t(row)});
+    }
+    parent.mark_forked();
   }
 }
 
@@ -180,30 +213,42 @@ StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     if (schedule_running(running_[i], budget, plan)) ++i;
   }
-  if (plan.num_preempted == 0) admit_waiting(budget, plan);
+  if (plan.num_preempted == 0 && (!config_.static_batching || running_.empty()))
+    admit_waiting(budget, plan);
+  fork_samples(plan);
   in_flight_ = !plan.items.empty();
   return plan;
 }
 
 void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
-  SERVAL_CHECK(sampled.size() == plan.sample_rows.size(), "commit: ", sampled.size(),
-               " sampled tokens for ", plan.sample_rows.size(), " logits rows");
+  SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size(), "commit: ",
+               sampled.size(), " sampled tokens for ", plan.sample_rows.size(),
+               " logits rows and ", plan.forks.size(), " forked samples");
   in_flight_ = false;
   for (const ScheduledChunk& item : plan.items) {
     Sequence& seq = *item.seq;
-    Entry* e = entries_.at(seq.id()).get();
+    Entry* e = entries_.at(key_of(seq)).get();
     seq.advance_computed(item.num_new_tokens);
     // Only tokens whose K/V this step wrote: never the token sampled below.
     kv_.commit_full_blocks(seq.block_table(),
                            std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
   }
-  for (size_t row = 0; row < sampled.size(); ++row) {
-    Sequence& seq = *plan.sample_rows[row];
-    Entry* e = entries_.at(seq.id()).get();
-    const FinishReason finish = seq.append_output(sampled[row].token,
-                                                  std::move(sampled[row].logprobs),
+  // Forked samples computed their parent's chunk (shared blocks) with it.
+  for (const StepPlan::Fork& f : plan.forks) {
+    Sequence& seq = *f.seq;
+    seq.advance_computed(plan.sample_rows[size_t(f.row)]->num_computed_tokens() -
+                         seq.num_computed_tokens());
+    kv_.commit_full_blocks(seq.block_table(),
+                           std::span<const int32_t>(seq.prompt_ids()).first(size_t(seq.num_computed_tokens())));
+  }
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    const size_t rows = plan.sample_rows.size();
+    Sequence& seq = i < rows ? *plan.sample_rows[i] : *plan.forks[i - rows].seq;
+    Entry* e = entries_.at(key_of(seq)).get();
+    const FinishReason finish = seq.append_output(sampled[i].token,
+                                                  std::move(sampled[i].logprobs),
                                                   config_.max_model_len);
-    e->tokens.push_back(sampled[row].token);
+    e->tokens.push_back(sampled[i].token);
     if (finish != FinishReason::kNone) retire(e);
   }
   apply_pending_aborts();
@@ -211,8 +256,11 @@ void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
 
 void Scheduler::fail_step(const StepPlan& plan) {
   in_flight_ = false;
-  for (const ScheduledChunk& item : plan.items) {
-    auto it = entries_.find(item.seq->id());
+  std::vector<Key> failed;
+  for (const ScheduledChunk& item : plan.items) failed.push_back(key_of(*item.seq));
+  for (const StepPlan::Fork& f : plan.forks) failed.push_back(key_of(*f.seq));
+  for (const Key& k : failed) {
+    auto it = entries_.find(k);
     if (it == entries_.end()) continue;
     it->second->seq.finish(FinishReason::kError);
     retire(it->second.get());
@@ -221,22 +269,36 @@ void Scheduler::fail_step(const StepPlan& plan) {
 }
 
 void Scheduler::apply_pending_aborts() {
-  std::vector<int64_t> aborts = std::move(pending_aborts_);
+  std::vector<Key> aborts = std::move(pending_aborts_);
   pending_aborts_.clear();
-  for (int64_t id : aborts) abort(id);
+  for (const Key& k : aborts) abort_entry(k);
 }
 
-bool Scheduler::abort(int64_t id) {
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return false;
+void Scheduler::abort_entry(const Key& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
   if (in_flight_) {
-    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), id) == pending_aborts_.end())
-      pending_aborts_.push_back(id);
-    return true;
+    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) == pending_aborts_.end())
+      pending_aborts_.push_back(key);
+    return;
   }
   Entry* e = it->second.get();
   e->seq.finish(FinishReason::kAbort);
   retire(e);
+}
+
+bool Scheduler::abort(int64_t id) {
+  std::vector<Key> keys;
+  for (auto it = entries_.lower_bound(Key{id, INT32_MIN});
+       it != entries_.end() && it->first.first == id; ++it)
+    keys.push_back(it->first);
+  for (const Key& k : keys) abort_entry(k);
+  return !keys.empty();
+}
+
+bool Scheduler::abort_sample(int64_t id, int32_t sample_index) {
+  if (!entries_.count(Key{id, sample_index})) return false;
+  abort_entry(Key{id, sample_index});
   return true;
 }
 
@@ -246,8 +308,8 @@ std::vector<Sequence> Scheduler::take_finished() {
   return out;
 }
 
-const Sequence* Scheduler::find(int64_t id) const {
-  auto it = entries_.find(id);
+const Sequence* Scheduler::find(int64_t id, int32_t sample_index) const {
+  auto it = entries_.find(Key{id, sample_index});
   return it == entries_.end() ? nullptr : &it->second->seq;
 }
 

@@ -10,7 +10,8 @@
 //      request is preempted (blocks freed, computed tokens forgotten, back to
 //      waiting; recomputed later, possibly from the prefix cache);
 //   3. waiting requests in (priority, arrival) order while the token budget,
-//      max_num_seqs and the KV pool allow (none in a step that preempted);
+//      max_num_seqs and the KV pool allow (none in a step that preempted;
+//      with static_batching, none while anything is running);
 //      admission looks up the prefix cache first.
 // The engine then copies plan.copies, builds the Batch from plan.items
 // (BatchBuilder), runs the forward, samples one token per plan.sample_rows
@@ -24,12 +25,22 @@
 //   sched.commit(plan, sampled);      // or sched.fail_step(plan) if it threw
 //   for (Sequence& s : sched.take_finished()) publish(s);
 //
+// n > 1 samples (Sequence::set_num_samples before add): the prompt is
+// computed once; in the step that completes it, schedule() forks the other
+// samples (plan.forks), which share the prompt's KV blocks (copy-on-write of
+// the partial last block when they append) and draw their first token from
+// their parent's logits row. From then on each sample is a sequence of its
+// own, keyed by (id, sample_index): scheduled, preempted (recomputing prompt
+// + its own output) and finished alone; abort(id) ends them all. Admission
+// reserves max_num_seqs seats for the samples still to fork.
+//
 // Priority: lower value = more important (as vLLM). Ties go by arrival; a
 // preempted request keeps its place (its arrival), ahead of later arrivals.
 // Engine loop thread only: no locks.
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,6 +60,11 @@ struct SchedulerConfig {
   int64_t max_num_seqs = 256;             // running requests at once
   int64_t max_queued_requests = 4096;     // waiting requests; add() refuses beyond
   int64_t max_model_len = 0;              // context length; 0: unlimited
+  // Static batching, the baseline continuous batching is measured against
+  // (bench/batching_bench.cpp): waiting requests are admitted only in a step
+  // where nothing is running, so a batch is what one step admits and it
+  // drains completely before the next one starts. Off: continuous batching.
+  bool static_batching = false;
   // Throws serval::Error naming the bad field.
   void validate() const;
 };
@@ -73,6 +89,14 @@ struct StepPlan {
   // The items whose step ends at their last known token, i.e. the Batch's
   // logits rows in order: one sampled token each goes to commit().
   std::vector<Sequence*> sample_rows;
+  // Samples forked this step (n > 1) from sample_rows[row], whose prompt
+  // this step completes: each samples its first token from that logits row
+  // with its own Rng; commit() takes their tokens after the rows' ones.
+  struct Fork {
+    Sequence* seq = nullptr;
+    int32_t row = 0;
+  };
+  std::vector<Fork> forks;
   // KV block copies (src, dst) to make before the forward (copy-on-write).
   std::vector<std::pair<int32_t, int32_t>> copies;
   // Requests the scheduler finished itself this step (deadline: kTimeout).
@@ -115,8 +139,9 @@ class Scheduler {
 
   // After the forward and sampling of `plan`: advances computed tokens,
   // caches newly written full blocks, appends `sampled` (one per
-  // plan.sample_rows entry, same order), applies stop criteria and frees
-  // finished sequences' blocks. Throws on a size mismatch.
+  // plan.sample_rows entry, same order, then one per plan.forks entry),
+  // applies stop criteria and frees finished sequences' blocks. Throws on a
+  // size mismatch.
   void commit(const StepPlan& plan, std::span<SampledToken> sampled);
 
   // When the forward or sampling of `plan` failed (commit() will not come):
@@ -124,10 +149,12 @@ class Scheduler {
   // engine reports its message. Other requests go on at the next schedule().
   void fail_step(const StepPlan& plan);
 
-  // Ends a waiting or running request with kAbort and frees its blocks;
-  // false if the id is unknown or already finished. Called between schedule()
-  // and commit(), it takes effect at commit().
+  // Ends a waiting or running request (all its samples) with kAbort and
+  // frees its blocks; false if the id is unknown or already finished. Called
+  // between schedule() and commit(), it takes effect at commit().
   bool abort(int64_t id);
+  // The same for one sample of a request (e.g. a stop string ended it).
+  bool abort_sample(int64_t id, int32_t sample_index);
 
   // Finished sequences (stop, length, timeout, abort) since the last call,
   // in finishing order; the scheduler forgets them.
@@ -138,11 +165,13 @@ class Scheduler {
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
   SchedulerCounts stats() const;
   const SchedulerConfig& config() const { return config_; }
-  // A request still in the scheduler (waiting or running), or nullptr.
-  const Sequence* find(int64_t id) const;
+  // A request's sample still in the scheduler (waiting or running), or nullptr.
+  const Sequence* find(int64_t id, int32_t sample_index = 0) const;
 
  private:
   struct Entry;
+  using Key = std::pair<int64_t, int32_t>;  // (request id, sample index)
+  static Key key_of(const Sequence& seq) { return {seq.id(), seq.sample_index()}; }
 
   void check_fits(const Sequence& seq) const;
   void insert_waiting(Entry* e);
@@ -151,6 +180,10 @@ class Scheduler {
   // false if e was preempted.
   bool schedule_running(Entry* e, int64_t& budget, StepPlan& plan);
   void admit_waiting(int64_t& budget, StepPlan& plan);
+  // Forks the pending samples of plan.sample_rows (their prompt completes).
+  void fork_samples(StepPlan& plan);
+  // Ends one entry now, or at commit() while a plan is in flight.
+  void abort_entry(const Key& key);
   void preempt(Entry* e);
   // Frees e's blocks, moves its sequence to finished_ and forgets it.
   void retire(Entry* e);
@@ -159,11 +192,11 @@ class Scheduler {
 
   SchedulerConfig config_;
   KvCacheManager& kv_;
-  std::unordered_map<int64_t, std::unique_ptr<Entry>> entries_;
+  std::map<Key, std::unique_ptr<Entry>> entries_;
   std::deque<Entry*> waiting_;  // sorted by (priority, arrival)
   std::vector<Entry*> running_;  // sorted by (priority, arrival)
   std::vector<Sequence> finished_;
-  std::vector<int64_t> pending_aborts_;  // abort() while a plan is in flight
+  std::vector<Key> pending_aborts_;  // abort() while a plan is in flight
   bool in_flight_ = false;
   uint64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;

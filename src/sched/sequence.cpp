@@ -17,6 +17,24 @@ Sequence::Sequence(int64_t id, std::vector<int32_t> prompt_ids, SamplingParams p
     SERVAL_CHECK(t >= 0, "sequence ", id_, ": prompt token id ", t, " is negative");
 }
 
+void Sequence::set_num_samples(int32_t n) {
+  SERVAL_CHECK(n >= 1, "n (samples per request) must be at least 1, got ", n);
+  SERVAL_CHECK(output_ids_.empty() && sample_index_ == 0, "sequence ", id_,
+               ": the number of samples is set before generation, on the first sample");
+  pending_forks_ = n - 1;
+}
+
+Sequence Sequence::fork(int32_t index, BlockTable table) const {
+  SERVAL_CHECK(output_ids_.empty() && !finished(), "sequence ", id_,
+               ": only an unfinished sequence without output can fork");
+  SamplingParams params = params_;
+  if (params.seed) params.seed = *params.seed + uint64_t(index);
+  Sequence child(id_, prompt_ids_, params, stop_, std::move(table));
+  child.sample_index_ = index;
+  child.num_computed_tokens_ = num_computed_tokens_;
+  return child;
+}
+
 int32_t Sequence::token_at(int64_t position) const {
   SERVAL_CHECK(position >= 0 && position < num_tokens(), "sequence ", id_, ": position ",
                position, " is outside its ", num_tokens(), " tokens");

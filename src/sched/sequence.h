@@ -26,6 +26,21 @@ class Sequence {
            BlockTable block_table);
 
   int64_t id() const { return id_; }
+  // Which of its request's n samples this is (0 for the first). Samples of
+  // one request share id().
+  int32_t sample_index() const { return sample_index_; }
+  // Samples to fork from this one once its prompt is computed: n - 1 for the
+  // first sample of a request of n (set_num_samples), 0 once forked.
+  int32_t num_pending_forks() const { return pending_forks_; }
+  // n >= 1 samples for this request; only before any output. Throws otherwise.
+  void set_num_samples(int32_t n);
+  // Sample `index` of the same request, from this sequence's state before any
+  // output: same prompt, computed tokens and stop criteria, `table` (a
+  // KvCacheManager::fork of this one's), its own Rng (params.seed + index when
+  // seeded, else a fresh seed), no pending forks. Throws if this has output.
+  Sequence fork(int32_t index, BlockTable table) const;
+  // Its samples have been forked (num_pending_forks() becomes 0).
+  void mark_forked() { pending_forks_ = 0; }
   const std::vector<int32_t>& prompt_ids() const { return prompt_ids_; }
   const std::vector<int32_t>& output_ids() const { return output_ids_; }
   int64_t num_prompt_tokens() const { return int64_t(prompt_ids_.size()); }
@@ -66,6 +81,8 @@ class Sequence {
 
  private:
   int64_t id_;
+  int32_t sample_index_ = 0;
+  int32_t pending_forks_ = 0;
   std::vector<int32_t> prompt_ids_;
   std::vector<int32_t> output_ids_;
   std::vector<Logprobs> output_logprobs_;

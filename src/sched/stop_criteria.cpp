@@ -41,4 +41,11 @@ FinishReason StopCriteria::check(int32_t token, int64_t num_output, int64_t num_
   return FinishReason::kNone;
 }
 
+std::vector<int32_t> StopCriteria::banned_tokens(int64_t num_output) const {
+  if (num_output >= min_tokens) return {};
+  std::vector<int32_t> out = stop_token_ids;
+  if (!ignore_eos) out.insert(out.end(), eos_token_ids.begin(), eos_token_ids.end());
+  return out;
+}
+
 }  // namespace serval

@@ -35,6 +35,11 @@ struct StopCriteria {
   // Order as vLLM: EOS, then stop tokens, then length.
   FinishReason check(int32_t token, int64_t num_output, int64_t num_tokens,
                      int64_t max_model_len) const;
+
+  // Tokens the sampler must not pick (logit -inf) for the next output when
+  // `num_output` outputs exist: while num_output < min_tokens, the stop
+  // tokens and, unless ignore_eos, EOS (vLLM's min_tokens); else none.
+  std::vector<int32_t> banned_tokens(int64_t num_output) const;
 };
 
 }  // namespace serval

@@ -39,6 +39,15 @@ std::vector<int32_t> toy_greedy(std::vector<int32_t> tokens, int64_t vocab_size,
   return out;
 }
 
+void FakeModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+  for (const auto& [src, dst] : src_dst) {
+    ASSERT_TRUE(src >= 0 && src < num_blocks_ && dst >= 0 && dst < num_blocks_);
+    for (int32_t i = 0; i < block_size_; ++i)
+      cache_[size_t(int64_t(dst) * block_size_ + i)] = cache_[size_t(int64_t(src) * block_size_ + i)];
+  }
+  copies.insert(copies.end(), src_dst.begin(), src_dst.end());
+}
+
 void FakeModelRunner::forward(const Batch& b, std::vector<float>& logits) {
   batches.push_back(b);
   // The runtime's own consistency check must accept every batch the engine builds.

@@ -19,6 +19,8 @@ class FakeModelRunner : public ModelRunner {
                   int64_t max_position = 0);
 
   void forward(const Batch& batch, std::vector<float>& logits) override;
+  // Copies the slots' (token, position) entries, as the real runner copies K/V.
+  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   const ModelConfig& config() const override { return config_; }
   int32_t block_size() const override { return block_size_; }
   int64_t num_blocks() const override { return num_blocks_; }
@@ -27,6 +29,7 @@ class FakeModelRunner : public ModelRunner {
   static std::vector<float> toy_logits(const std::vector<int32_t>& history, int64_t vocab_size);
 
   std::vector<Batch> batches;  // every batch seen, in order
+  std::vector<std::pair<int32_t, int32_t>> copies;  // every block copy, in order
 
  private:
   struct Entry {

@@ -335,3 +335,29 @@ TEST(Sampler, LargeVocabularyIsFast) {
 
 }  // namespace
 }  // namespace serval
+
+namespace serval {
+namespace {
+
+// min_tokens: banned tokens (EOS, stop tokens) are never chosen, greedy or
+// sampled; logprobs stay those of the raw logits.
+TEST(Sampler, BannedTokensAreNeverChosen) {
+  const std::vector<float> logits = {0.5f, 3.0f, 2.0f, 1.0f};
+  const std::vector<int32_t> banned = {1, 7 /* outside the vocabulary: ignored */};
+  Sampler sampler;
+  Rng rng(3);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = 1;
+  const SampleResult g = sampler.sample(logits, greedy, {}, {}, rng, banned);
+  EXPECT_EQ(g.token, 2);
+  ASSERT_TRUE(g.logprobs.has_value());
+  EXPECT_EQ(g.logprobs->top[0].token, 1);  // the raw distribution's best
+  EXPECT_EQ(sampler.sample(logits, greedy, {}, {}, rng).token, 1);  // without the ban
+  SamplingParams sampled;
+  sampled.temperature = 2.0f;
+  for (int i = 0; i < 2000; ++i) EXPECT_NE(sampler.sample(logits, sampled, {}, {}, rng, banned).token, 1);
+}
+
+}  // namespace
+}  // namespace serval
