@@ -12,6 +12,7 @@ int run(int argc, char** argv) {
   register_convert(app, action);
   register_random_model(app, action);
   register_serve(app, action);
+  register_chat_template(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -16,5 +16,6 @@ void register_info(CLI::App& app, Action& action);
 void register_convert(CLI::App& app, Action& action);
 void register_random_model(CLI::App& app, Action& action);
 void register_serve(CLI::App& app, Action& action);
+void register_chat_template(CLI::App& app, Action& action);
 
 }  // namespace serval::cli

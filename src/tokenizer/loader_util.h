@@ -1,5 +1,7 @@
 #pragma once
 // Pieces shared by the GGUF and tokenizer.json loaders.
+#include <nlohmann/json.hpp>
+
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/vocab.h"
 
@@ -11,6 +13,9 @@ void collect_eos_ids(Tokenizer& tok, const std::vector<int32_t>& extra = {});
 
 // Reads tokenizer.json (+ tokenizer_config.json when `config_path` is not empty).
 TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::string& config_path);
+// tokenizer_config.json's "chat_template": a string, or a list of {name,
+// template} whose "default" entry is used; empty when absent.
+std::string chat_template_from_config(const nlohmann::json& cfg);
 // The tokenizer a spec describes (with eos_ids filled).
 std::unique_ptr<Tokenizer> build_tokenizer(TokenizerSpec spec);
 

@@ -258,16 +258,19 @@ TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::
       if (auto it = ids.find(name); it != ids.end() && spec.eos_id < 0) spec.eos_id = it->second;
   }
   set_special_tokens_added(tj, cfg, ids, spec);
-  if (cfg.contains("chat_template")) {
-    const json& ct = cfg["chat_template"];
-    if (ct.is_string()) {
-      spec.chat_template = ct.get<std::string>();
-    } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
-      for (const auto& t : ct)
-        if (t.value("name", "") == "default") spec.chat_template = t.value("template", "");
-    }
-  }
+  spec.chat_template = chat_template_from_config(cfg);
   return spec;
+}
+
+std::string chat_template_from_config(const json& cfg) {
+  if (!cfg.is_object() || !cfg.contains("chat_template")) return "";
+  const json& ct = cfg["chat_template"];
+  if (ct.is_string()) return ct.get<std::string>();
+  if (ct.is_array())  // [{"name": "default", "template": ...}, ...]
+    for (const auto& t : ct)
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        return t["template"].get<std::string>();
+  return "";
 }
 
 }  // namespace serval
