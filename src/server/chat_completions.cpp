@@ -21,7 +21,7 @@ json chat_choice(size_t index, json message_or_delta, const char* key, json logp
 }  // namespace
 
 void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
-  const ChatRequest r = parse_chat_request(parse_json_object(req.body));
+  const ChatRequest r = parse_chat_request(parse_ordered_json_object(req.body));
   ctx.check_model(r.gen.model);
   if (r.continue_final_message)
     throw ApiError(400, "'continue_final_message' is not supported", "continue_final_message");

@@ -8,10 +8,8 @@
 
 namespace serval::server {
 
-ChatPrompt::ChatPrompt(const std::string& source, const Tokenizer& tok) {
+ChatPrompt::ChatPrompt(const std::string& source, const Tokenizer& tok) : tok_(tok) {
   if (!source.empty()) template_ = std::make_unique<ChatTemplate>(source);
-  if (tok.bos_id >= 0) bos_token_ = tok.token_piece(tok.bos_id);
-  if (tok.eos_id >= 0) eos_token_ = tok.token_piece(tok.eos_id);
 }
 
 std::string ChatPrompt::render(const ChatRequest& r) const {
@@ -20,21 +18,19 @@ std::string ChatPrompt::render(const ChatRequest& r) const {
                    "this model has no chat template, so /v1/chat/completions cannot format messages: "
                    "start the server with --chat-template FILE, or use /v1/completions",
                    "messages", "no_chat_template");
-  nlohmann::json vars = {{"messages", r.messages},
-                         {"add_generation_prompt", r.add_generation_prompt},
-                         {"bos_token", bos_token_},
-                         {"eos_token", eos_token_}};
-  vars["tools"] = r.tools;
-  for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it) vars[it.key()] = it.value();
+  const nlohmann::ordered_json vars =
+      chat_template_variables(r.messages, r.tools, r.add_generation_prompt, &tok_, r.template_kwargs);
   try {
     return template_->render(vars);
-  } catch (const Error& e) {
+  } catch (const ChatTemplateRaisedError& e) {
     throw ApiError(400, str_cat("the chat template refused the messages: ", e.what()), "messages");
+  } catch (const Error& e) {
+    throw ApiError(400, str_cat("the chat template failed on these messages: ", e.what()), "messages");
   }
 }
 
-std::string chat_template_source(const std::string& file, const Tokenizer& tok) {
-  if (file.empty()) return tok.chat_template;
+std::string chat_template_source(const std::string& file, const std::string& model_path) {
+  if (file.empty()) return load_chat_template(model_path);
   std::ifstream in(file, std::ios::binary);
   if (!in) fail("cannot read the chat template file ", file, " (--chat-template)");
   std::ostringstream s;

@@ -3,7 +3,7 @@
 // model's chat template (or the one given with --chat-template), as
 // transformers' apply_chat_template(messages, tools=..., add_generation_prompt=...,
 // **chat_template_kwargs) renders it. The text is then tokenized without
-// adding special tokens (the template writes BOS itself).
+// adding special tokens (the template writes BOS itself), as vLLM does.
 #include <memory>
 #include <string>
 
@@ -17,6 +17,7 @@ class ChatPrompt {
  public:
   // `source` empty: the model has no template and chat requests get a 400
   // saying so. Throws serval::Error when the template does not parse.
+  // `tok` must outlive this object.
   ChatPrompt(const std::string& source, const Tokenizer& tok);
   bool available() const { return template_ != nullptr; }
   // ApiError 400 when there is no template or the template refuses the
@@ -25,11 +26,12 @@ class ChatPrompt {
 
  private:
   std::unique_ptr<ChatTemplate> template_;
-  std::string bos_token_, eos_token_;
+  const Tokenizer& tok_;
 };
 
 // The template text: the file given with --chat-template when not empty
-// (throws serval::Error when unreadable), else the tokenizer's own.
-std::string chat_template_source(const std::string& file, const Tokenizer& tok);
+// (throws serval::Error when unreadable), else the model's own
+// (load_chat_template; empty when it has none).
+std::string chat_template_source(const std::string& file, const std::string& model_path);
 
 }  // namespace serval::server

@@ -20,15 +20,23 @@ const nlohmann::json* field(const nlohmann::json& obj, const char* key) {
 
 }  // namespace
 
-nlohmann::json parse_json_object(const std::string& body) {
-  nlohmann::json j;
+namespace {
+template <typename Json>
+Json parse_object(const std::string& body) {
+  Json j;
   try {
-    j = nlohmann::json::parse(body);
+    j = Json::parse(body);
   } catch (const nlohmann::json::exception& e) {
     throw ApiError(400, str_cat("malformed JSON in the request body: ", e.what()));
   }
-  if (!j.is_object()) throw ApiError(400, str_cat("the request body must be a JSON object, got ", json_type_name(j)));
+  if (!j.is_object()) throw ApiError(400, str_cat("the request body must be a JSON object, got ", j.type_name()));
   return j;
+}
+}  // namespace
+
+nlohmann::json parse_json_object(const std::string& body) { return parse_object<nlohmann::json>(body); }
+nlohmann::ordered_json parse_ordered_json_object(const std::string& body) {
+  return parse_object<nlohmann::ordered_json>(body);
 }
 
 std::string json_type_name(const nlohmann::json& v) {

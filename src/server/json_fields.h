@@ -12,6 +12,8 @@ namespace serval::server {
 
 // The body parsed as a JSON object; 400 on malformed JSON or a non-object.
 nlohmann::json parse_json_object(const std::string& body);
+// The same, keeping the client's key order.
+nlohmann::ordered_json parse_ordered_json_object(const std::string& body);
 
 // "string", "number", "array", ... as a client would call it.
 std::string json_type_name(const nlohmann::json& v);

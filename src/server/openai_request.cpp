@@ -10,6 +10,8 @@ namespace serval::server {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 std::vector<int32_t> token_ids(const json& arr, const std::string& param) {
   std::vector<int32_t> ids;
@@ -88,14 +90,14 @@ GenerationOptions parse_generation(const json& body) {
   return g;
 }
 
-std::string content_text(const json& content, const std::string& param) {
+std::string content_text(const ojson& content, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array())
     throw ApiError(400, str_cat("'", param, "' must be a string or a list of text parts, got ", json_type_name(content)),
                    param);
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
-    const json& part = content[i];
+    const ojson& part = content[i];
     const std::string where = str_cat(param, "[", i, "]");
     if (!part.is_object()) throw ApiError(400, str_cat("'", where, "' must be an object"), where);
     auto type = part.find("type");
@@ -139,13 +141,13 @@ std::vector<PromptInput> parse_prompts(const json& prompt) {
   return out;
 }
 
-json normalize_messages(const json& messages) {
+ojson normalize_messages(const ojson& messages) {
   if (!messages.is_array() || messages.empty())
     throw ApiError(400, "'messages' must be a non-empty list of messages", "messages");
-  json out = json::array();
+  ojson out = ojson::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string where = str_cat("messages[", i, "]");
-    const json& m = messages[i];
+    const ojson& m = messages[i];
     if (!m.is_object()) throw ApiError(400, str_cat("'", where, "' must be an object"), where);
     auto role = m.find("role");
     if (role == m.end() || !role->is_string())
@@ -154,7 +156,7 @@ json normalize_messages(const json& messages) {
     if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer")
       throw ApiError(400, str_cat("'", where, ".role' must be system, user, assistant, tool or developer, got \"",
                                   r, "\""), where + ".role");
-    json n = m;
+    ojson n = m;
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
       if (r != "assistant") throw ApiError(400, str_cat("'", where, ".content' is missing"), where + ".content");
@@ -164,12 +166,12 @@ json normalize_messages(const json& messages) {
     }
     if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
       if (!calls->is_array()) throw ApiError(400, str_cat("'", where, ".tool_calls' must be a list"), where + ".tool_calls");
-      for (json& call : n["tool_calls"]) {
+      for (ojson& call : n["tool_calls"]) {
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
           throw ApiError(400, str_cat("'", where, ".tool_calls' entries need a 'function' object"), where + ".tool_calls");
-        json& args = call["function"]["arguments"];
+        ojson& args = call["function"]["arguments"];
         if (args.is_string()) {  // the templates print arguments with tojson: give them the object
-          json parsed = json::parse(args.get<std::string>(), nullptr, false);
+          ojson parsed = ojson::parse(args.get<std::string>(), nullptr, false);
           if (!parsed.is_discarded() && parsed.is_object()) args = parsed;
         }
       }
@@ -197,21 +199,22 @@ CompletionRequest parse_completion_request(const json& body) {
   return r;
 }
 
-ChatRequest parse_chat_request(const json& body) {
+ChatRequest parse_chat_request(const ojson& ordered) {
+  const json body = ordered;  // typed fields; messages and tools keep their order below
   ChatRequest r;
   r.gen = parse_generation(body);
   if (auto v = get_int(body, "max_completion_tokens", 1, kMaxTokensLimit)) r.gen.max_tokens = int32_t(*v);
   if (r.gen.max_tokens && *r.gen.max_tokens == 0) throw ApiError(400, "'max_tokens' must be at least 1", "max_tokens");
-  auto messages = body.find("messages");
-  if (messages == body.end() || messages->is_null()) throw ApiError(400, "'messages' is required", "messages");
+  auto messages = ordered.find("messages");
+  if (messages == ordered.end() || messages->is_null()) throw ApiError(400, "'messages' is required", "messages");
   r.messages = normalize_messages(*messages);
-  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+  if (auto it = ordered.find("tools"); it != ordered.end() && !it->is_null()) {
     if (!it->is_array()) throw ApiError(400, "'tools' must be a list of tools", "tools");
     if (!it->empty()) r.tools = *it;
   }
   if (auto v = get_bool(body, "add_generation_prompt")) r.add_generation_prompt = *v;
   if (auto v = get_bool(body, "continue_final_message")) r.continue_final_message = *v;
-  if (const json* kw = get_object(body, "chat_template_kwargs")) r.template_kwargs = *kw;
+  if (get_object(body, "chat_template_kwargs")) r.template_kwargs = ordered["chat_template_kwargs"];
   if (auto v = get_bool(body, "logprobs")) r.logprobs = *v;
   if (auto v = get_int(body, "top_logprobs", 0, SamplingParams::kMaxLogprobs)) {
     if (!r.logprobs) throw ApiError(400, "'top_logprobs' needs logprobs: true", "top_logprobs");

@@ -45,11 +45,13 @@ struct CompletionRequest {
 
 struct ChatRequest {
   GenerationOptions gen;
-  nlohmann::json messages;          // normalized: content as a string (or null)
-  nlohmann::json tools;             // null when none
+  // Kept in the client's key order (ordered_json): templates print tool
+  // schemas and arguments with tojson, as Python dicts keep insertion order.
+  nlohmann::ordered_json messages;  // normalized: content as a string (or null)
+  nlohmann::ordered_json tools;     // null when none
   bool add_generation_prompt = true;
   bool continue_final_message = false;
-  nlohmann::json template_kwargs = nlohmann::json::object();  // chat_template_kwargs
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   bool logprobs = false;
   int32_t top_logprobs = 0;
 };
@@ -59,12 +61,13 @@ constexpr int64_t kMaxTokensLimit = 1 << 24;
 constexpr int64_t kMaxN = 128;
 
 CompletionRequest parse_completion_request(const nlohmann::json& body);
-ChatRequest parse_chat_request(const nlohmann::json& body);
+// The body parsed with parse_ordered_json_object (key order kept).
+ChatRequest parse_chat_request(const nlohmann::ordered_json& body);
 
 // The "prompt" field of /v1/completions or /tokenize.
 std::vector<PromptInput> parse_prompts(const nlohmann::json& prompt);
 // The "messages" field, normalized (text parts joined, tool-call arguments
 // given as JSON strings turned into objects as the templates expect).
-nlohmann::json normalize_messages(const nlohmann::json& messages);
+nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages);
 
 }  // namespace serval::server

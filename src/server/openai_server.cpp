@@ -43,12 +43,14 @@ void handle_metrics(ServerContext& ctx, const httplib::Request&, httplib::Respon
 // {"prompt": text | ids, "add_special_tokens"} or {"messages": [...], ...}
 // -> {"count", "max_model_len", "tokens"}, as vLLM's /tokenize.
 void handle_tokenize(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
-  const json body = parse_json_object(req.body);
+  const nlohmann::ordered_json ordered = parse_ordered_json_object(req.body);
+  const json body = ordered;
   if (auto m = get_string(body, "model")) ctx.check_model(*m);
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    json chat_body = body;
+    nlohmann::ordered_json chat_body = ordered;
     chat_body.erase("stream");
+    chat_body.erase("stream_options");
     const ChatRequest r = parse_chat_request(chat_body);
     ids = ctx.tokenizer.encode(ctx.chat.render(r), /*add_special=*/false);
   } else {
