@@ -2,7 +2,6 @@
 // SIGTERM/SIGINT drain: stop accepting, let requests in flight finish for up
 // to --shutdown-timeout seconds, abort the rest (their clients get a final
 // event), exit 0.
-#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
@@ -36,31 +35,30 @@ struct ServeOptions {
   EngineFlags engine;
 };
 
-// Waits for SIGTERM/SIGINT (blocked in every thread, taken here with
-// sigtimedwait) until `stop`; on a signal runs `on_signal` once.
+// The signal received (0: none). Set by a handler rather than taken with
+// sigwait: OpenBLAS/OpenMP start threads before main, so a process-directed
+// signal can land on a thread that never blocked it.
+std::atomic<int> g_signal{0};
+extern "C" void on_stop_signal(int sig) { g_signal.store(sig); }
+
+// Waits for SIGTERM/SIGINT until `stop`; on a signal runs `on_signal` once.
 void wait_for_signals(const std::atomic<bool>& stop, const std::function<void(int)>& on_signal) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  const timespec slice{0, 100 * 1000 * 1000};
   while (!stop) {
-    const int sig = sigtimedwait(&set, nullptr, &slice);
-    if (sig == SIGTERM || sig == SIGINT) {
+    if (const int sig = g_signal.load()) {
       on_signal(sig);
       return;
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
 int run_serve(const ServeOptions& o) {
-  // Signals go to the waiting thread only; a dead client must not kill us.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that went away must not kill us
 
   LoadedEngineModel loaded = load_engine_model(o.model, o.engine);
   Tokenizer* tok = loaded.tokenizer.get();

@@ -149,12 +149,12 @@ def test_requests_while_draining_get_503(serval, models):
     time.sleep(0.2)
     body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
     conn = socket.create_connection(("127.0.0.1", s.port))
-    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
+    # The connection is open and the request half sent (headers unfinished) when the drain begins.
+    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
     time.sleep(0.2)
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
-    conn.sendall(body[5:])  # the request completes after the drain began
+    conn.sendall(b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     reply = b""
     while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
         chunk = conn.recv(65536)
