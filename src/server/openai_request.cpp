@@ -160,7 +160,7 @@ ojson normalize_messages(const ojson& messages) {
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
       if (r != "assistant") throw ApiError(400, str_cat("'", where, ".content' is missing"), where + ".content");
-      n["content"] = nullptr;
+      n["content"] = "";  // an assistant turn of tool calls only; templates test `'x' in content`
     } else {
       n["content"] = content_text(*content, where + ".content");
     }
