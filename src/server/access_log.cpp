@@ -7,6 +7,25 @@ namespace {
 
 thread_local AccessRecord tl_record;
 
+// The path as sent may hold any bytes: print it %-escaped and bounded.
+std::string printable(const std::string& s, size_t max_len = 200) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (out.size() >= max_len) {
+      out += "...";
+      break;
+    }
+    if (c > 0x20 && c < 0x7f && c != '%') {
+      out += char(c);
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof(hex), "%%%02X", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
 double ms(AccessRecord::Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 }  // namespace
@@ -20,7 +39,8 @@ void start_access_record() {
 
 std::string format_access_line(const AccessRecord& r, AccessRecord::Clock::time_point end) {
   char buf[256];
-  std::string line = "access id=" + (r.id.empty() ? std::string("-") : r.id) + " " + r.method + " " + r.path;
+  std::string line = "access id=" + (r.id.empty() ? std::string("-") : r.id) + " " + printable(r.method, 16) + " " +
+                     printable(r.path);
   std::snprintf(buf, sizeof(buf), " status=%d", r.status);
   line += buf;
   if (r.prompt_tokens >= 0) line += " prompt_tokens=" + std::to_string(r.prompt_tokens);

@@ -21,11 +21,19 @@ const nlohmann::json* field(const nlohmann::json& obj, const char* key) {
 }  // namespace
 
 namespace {
+// Deeper bodies are refused while parsing: copying or printing a JSON value
+// recurses, and a hostile [[[[...]]]] must not exhaust a thread's stack.
+constexpr int kMaxJsonDepth = 128;
+
 template <typename Json>
 Json parse_object(const std::string& body) {
   Json j;
   try {
-    j = Json::parse(body);
+    j = Json::parse(body, [](int depth, nlohmann::json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth)
+        throw ApiError(400, str_cat("the request body is nested deeper than ", kMaxJsonDepth, " levels"));
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
     throw ApiError(400, str_cat("malformed JSON in the request body: ", e.what()));
   }

@@ -24,7 +24,7 @@ class ServalServer:
         self.cmd = [str(binary), "serve", "--model", str(model), "--port", str(self.port),
                     "--served-model-name", name, "--threads", str(threads), *map(str, args)]
         # stderr to a file: the access log of a long test would fill a pipe and block the server.
-        self.log = tempfile.TemporaryFile(mode="w+")
+        self.log = tempfile.TemporaryFile(mode="w+", errors="replace")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         self._wait_healthy()
 
