@@ -84,7 +84,7 @@ int run_chat_template(const ChatTemplateOptions& o) {
   if (!o.template_file.empty()) {
     source = read_file(o.template_file, "--template");
   } else {
-    source = tok->chat_template;
+    source = load_chat_template(o.model, !o.tools_file.empty());
     SERVAL_CHECK(!source.empty(), "model \"", o.model, "\" has no chat template; pass one with --template FILE");
   }
   ChatTemplate tmpl(source);

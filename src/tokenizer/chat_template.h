@@ -73,7 +73,10 @@ nlohmann::ordered_json chat_template_variables(const nlohmann::ordered_json& mes
 // The chat template stored with a model: GGUF tokenizer.chat_template, or
 // tokenizer_config.json "chat_template" (a string, or a list of {name,
 // template} from which "default" is used) in a model folder or beside a
-// tokenizer.json. Empty when the model has none.
-std::string load_chat_template(const std::string& model_path);
+// tokenizer.json. Empty when the model has none. With `with_tools` (the
+// request has tools), a template named "tool_use" (GGUF
+// tokenizer.chat_template.tool_use) is preferred, as transformers does.
+// Tokenizer::chat_template holds the default one.
+std::string load_chat_template(const std::string& model_path, bool with_tools = false);
 
 }  // namespace serval

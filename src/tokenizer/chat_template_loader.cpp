@@ -11,7 +11,7 @@ namespace serval {
 
 namespace fs = std::filesystem;
 
-std::string load_chat_template(const std::string& model_path) {
+std::string load_chat_template(const std::string& model_path, bool with_tools) {
   fs::path p(model_path);
   SERVAL_CHECK(fs::exists(p), "model path \"", model_path, "\" does not exist");
   fs::path config;
@@ -20,7 +20,9 @@ std::string load_chat_template(const std::string& model_path) {
   } else if (p.extension() == ".json") {
     config = p.parent_path() / "tokenizer_config.json";
   } else {
-    return GgufFile::open(model_path)->get_string("tokenizer.chat_template", "");
+    auto gguf = GgufFile::open(model_path);
+    std::string tool_use = with_tools ? gguf->get_string("tokenizer.chat_template.tool_use", "") : "";
+    return tool_use.empty() ? gguf->get_string("tokenizer.chat_template", "") : tool_use;
   }
   if (!fs::exists(config)) return "";
   std::ifstream in(config);
@@ -31,7 +33,8 @@ std::string load_chat_template(const std::string& model_path) {
   } catch (const nlohmann::json::exception& e) {
     fail("\"", config.string(), "\" is not valid JSON: ", e.what());
   }
-  return chat_template_from_config(cfg);
+  std::string tool_use = with_tools ? chat_template_from_config(cfg, "tool_use") : "";
+  return tool_use.empty() ? chat_template_from_config(cfg) : tool_use;
 }
 
 }  // namespace serval

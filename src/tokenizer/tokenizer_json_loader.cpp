@@ -262,13 +262,13 @@ TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::
   return spec;
 }
 
-std::string chat_template_from_config(const json& cfg) {
+std::string chat_template_from_config(const json& cfg, const std::string& name) {
   if (!cfg.is_object() || !cfg.contains("chat_template")) return "";
   const json& ct = cfg["chat_template"];
-  if (ct.is_string()) return ct.get<std::string>();
+  if (ct.is_string()) return name == "default" ? ct.get<std::string>() : "";
   if (ct.is_array())  // [{"name": "default", "template": ...}, ...]
     for (const auto& t : ct)
-      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+      if (t.is_object() && t.value("name", "") == name && t.contains("template") && t["template"].is_string())
         return t["template"].get<std::string>();
   return "";
 }

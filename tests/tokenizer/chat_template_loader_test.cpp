@@ -2,7 +2,14 @@
 // hands to it (bos/eos from the tokenizer, reasoning aliases, as transformers).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "model/gguf.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer_gguf.h"
 #include "tokenizer_test_util.h"
 
 namespace serval {
@@ -19,6 +26,44 @@ TEST(ChatTemplateLoader, FromTokenizerConfig) {
   ASSERT_NE(tok, nullptr);
   EXPECT_EQ(tok->chat_template, from_dir);
   EXPECT_NE(load_chat_template(model_path(kLlama3Dir)).find("<|start_header_id|>"), std::string::npos);
+}
+
+TEST(ChatTemplateLoader, FromGguf) {
+  // A GGUF converted from the Qwen3 folder carries the same template and special tokens.
+  GgufWriter w;
+  w.set_string("general.architecture", "qwen2");
+  add_tokenizer_metadata(model_path(kQwen3Dir), w);
+  std::string path =
+      (std::filesystem::temp_directory_path() / ("serval_chat_" + std::to_string(::getpid()) + ".gguf")).string();
+  w.write(path);
+  std::string from_gguf = load_chat_template(path);
+  auto tok = load_tokenizer(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(from_gguf, load_chat_template(model_path(kQwen3Dir)));
+  EXPECT_EQ(chat_template_special_tokens(*tok), chat_template_special_tokens(*shared_tokenizer(kQwen3Dir)));
+}
+
+TEST(ChatTemplateLoader, NamedTemplatesPreferToolUseWithTools) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("serval_chat_named_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream cfg(dir / "tokenizer_config.json");
+    cfg << R"({"chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]})";
+  }
+  EXPECT_EQ(load_chat_template(dir.string()), "D");
+  EXPECT_EQ(load_chat_template(dir.string(), true), "T");
+  {
+    std::ofstream cfg(dir / "tokenizer_config.json");
+    cfg << R"({"chat_template": "only"})";
+  }
+  EXPECT_EQ(load_chat_template(dir.string(), true), "only");
+  {
+    std::ofstream cfg(dir / "tokenizer_config.json");
+    cfg << R"({"bos_token": "<s>"})";
+  }
+  EXPECT_EQ(load_chat_template(dir.string()), "");
+  fs::remove_all(dir);
 }
 
 TEST(ChatTemplateLoader, GgufWithoutTemplateIsEmpty) {

@@ -19,6 +19,8 @@ Value no_attribute(const Value& obj, const std::string& name) {
   return Value::undefined(object_desc(obj) + " has no attribute '" + name + "'");
 }
 
+constexpr uint64_t kMaxRepeat = uint64_t{1} << 26;  // bound for hostile templates ('x' * 10**12)
+
 int64_t python_mod(int64_t a, int64_t b) {
   int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
@@ -36,6 +38,8 @@ int64_t python_floordiv(int64_t a, int64_t b) {
 }
 
 Value repeat(const Value& seq, int64_t n) {
+  size_t unit = seq.is_string() ? seq.as_string().size() : seq.as_array().size();
+  if (n > 0 && unit > 0 && static_cast<uint64_t>(n) > kMaxRepeat / unit) fail("repetition result too large");
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < n; ++i) out += seq.as_string();
@@ -81,9 +85,15 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (op == "%" && a.is_string()) return Value(percent_format(a.as_string(), b));
   } else if (op == "**") {
     if (nums) {
-      if (!floats && b.as_int() >= 0) {
-        int64_t r = 1, base = a.as_int();
-        for (int64_t i = 0; i < b.as_int(); ++i) r *= base;
+      if (!floats && b.as_int() >= 0) {  // square-and-multiply; Python's ints are unbounded, ours are not
+        int64_t r = 1, base = a.as_int(), e = b.as_int();
+        bool overflow = false;
+        while (e > 0 && !overflow) {
+          if (e & 1) overflow |= __builtin_mul_overflow(r, base, &r);
+          e >>= 1;
+          if (e > 0) overflow |= __builtin_mul_overflow(base, base, &base);
+        }
+        if (overflow) fail("integer result of ** does not fit in 64 bits");
         return Value(r);
       }
       return Value(std::pow(a.as_double(), b.as_double()));

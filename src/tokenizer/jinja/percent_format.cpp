@@ -53,11 +53,16 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       space |= fmt[i] == ' ';
     }
     int width = 0, precision = -1;
-    for (; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i) width = width * 10 + (fmt[i] - '0');
+    for (; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i) {
+      width = width * 10 + (fmt[i] - '0');
+      if (width > (1 << 20)) fail("format width too large");
+    }
     if (i < fmt.size() && fmt[i] == '.') {
       precision = 0;
-      for (++i; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i)
+      for (++i; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i) {
         precision = precision * 10 + (fmt[i] - '0');
+        if (precision > 400) fail("format precision too large");
+      }
     }
     if (i >= fmt.size()) fail("incomplete format");
     char conv = fmt[i];
@@ -86,9 +91,10 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         if (!v.is_number()) fail("must be real number, not ", v.type_name());
         char spec[16];
         std::snprintf(spec, sizeof spec, "%%%s%s.%d%c", plus ? "+" : "", space ? " " : "", precision < 0 ? 6 : precision, conv);
-        char buf[512];
-        std::snprintf(buf, sizeof buf, spec, v.as_double());
-        text = buf;
+        int n = std::snprintf(nullptr, 0, spec, v.as_double());
+        std::string buf(static_cast<size_t>(n) + 1, '\0');
+        std::snprintf(buf.data(), buf.size(), spec, v.as_double());
+        text = buf.substr(0, static_cast<size_t>(n));
         break;
       }
       case 'x': case 'X': case 'o': {
