@@ -67,12 +67,13 @@ int run_serve(const ServeOptions& o) {
 
   std::unique_ptr<server::ChatPrompt> chat;
   try {
-    chat = std::make_unique<server::ChatPrompt>(server::chat_template_source(o.chat_template, o.model), *tok);
+    chat = std::make_unique<server::ChatPrompt>(server::chat_template_source(o.chat_template, o.model, false),
+                                                server::chat_template_source(o.chat_template, o.model, true), *tok);
   } catch (const Error& e) {
     if (!o.chat_template.empty()) throw;  // the user's own template must work
     std::fprintf(stderr, "serval: warning: the model's chat template cannot be used (%s); chat requests will be "
                  "refused\n", e.what());
-    chat = std::make_unique<server::ChatPrompt>("", *tok);
+    chat = std::make_unique<server::ChatPrompt>("", "", *tok);
   }
 
   EngineOptions eo = engine_options(o.engine);
