@@ -61,7 +61,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(serval, models):
     results = {}
 
     def stream_one(i):
-        body = {"prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True, "stream": True}
+        body = {"prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True, "stream": True}
         req = urllib.request.Request(s.url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
