@@ -66,6 +66,8 @@ struct EngineRequest {
   SamplingParams params;
   // Samples of this prompt (OpenAI n): the prompt is computed once and its KV
   // blocks shared (copy-on-write); sample i draws from seed + i when a seed is set.
+  // 1..128 (OpenAI's limit). Samples are scheduled, preempted and finished
+  // independently; abort() ends them all.
   int32_t n = 1;
   // eos_token_ids are taken as given (the caller fills them from the tokenizer).
   StopCriteria stop;

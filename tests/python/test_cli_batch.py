@@ -132,9 +132,12 @@ def test_shared_prefix_hits_the_prefix_cache(serval, models, tmp_path):
     long_prompt = "Once upon a time, there was a little girl named Lily. " * 8
     requests = [{"prompt": long_prompt + s, "max_tokens": 4, "temperature": 0}
                 for s in ["She", "He", "They", "It"]]
-    proc, _ = run_batch(serval, models, tmp_path, requests, "--max-num-seqs", "1")
+    proc, results = run_batch(serval, models, tmp_path, requests, "--max-num-seqs", "1")
     rate = float(re.search(r"prefix cache hit rate: ([0-9.]+)%", proc.stderr).group(1))
     assert rate > 50
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results]
+    assert cached[0] == 0
+    assert all(c > 0 and c % 16 == 0 for c in cached[1:]), cached
     proc, _ = run_batch(serval, models, tmp_path, requests, "--max-num-seqs", "1",
                         "--no-prefix-cache")
     assert "prefix cache hit rate: 0.0%" in proc.stderr
