@@ -22,7 +22,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <random>
 
@@ -36,10 +38,10 @@ namespace serval {
 namespace {
 
 constexpr int kRequests = 64;
-// On 2 CPU cores a decode step turns compute-bound at about 8 rows (weights
-// are read once per step for up to 8 rows: cpu_matmul.cpp's stream kernel);
-// below that, a step costs about the same whatever its batch, which is the
-// regime where keeping the batch full pays.
+// Up to 8 rows a step's matmuls read each weight once for all rows
+// (cpu_matmul.cpp's stream kernel), so every decode-only step of this
+// workload takes that path. (docs/BENCHMARKS.md: on this CPU the step is compute-bound already at
+// a few rows, so fewer, fuller steps save less than on a GPU.)
 constexpr int kMaxSeqs = 8;
 constexpr int64_t kContext = 1024;
 
@@ -92,13 +94,32 @@ BenchModel& bench_model(const std::string& name) {
   return *slot;
 }
 
-// Counts forward steps.
-class StepCounter : public ModelRunner {
+// Counts forward steps, and holds the engine loop inside its first forward
+// until release(): requests submitted meanwhile all reach the scheduler in
+// the next step, so batches do not depend on how submission races the loop.
+class GatedRunner : public ModelRunner {
  public:
-  explicit StepCounter(ModelRunner& inner) : inner_(inner) {}
+  explicit GatedRunner(ModelRunner& inner) : inner_(inner) {}
   void forward(const Batch& batch, std::vector<float>& logits) override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!entered_) {
+        entered_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return released_; });
+      }
+    }
     ++steps;
     inner_.forward(batch, logits);
+  }
+  void wait_entered() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return entered_; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
+    cv_.notify_all();
   }
   const ModelConfig& config() const override { return inner_.config(); }
   int32_t block_size() const override { return inner_.block_size(); }
@@ -107,6 +128,9 @@ class StepCounter : public ModelRunner {
 
  private:
   ModelRunner& inner_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool entered_ = false, released_ = false;
 };
 
 double process_cpu_seconds() {
@@ -141,21 +165,29 @@ void BM_Batching(benchmark::State& state, const std::string& name, bool static_b
   int64_t tokens = 0, steps = 0;
   const double cpu_start = process_cpu_seconds();
   for (auto _ : state) {
-    StepCounter runner(*m.runner);
+    GatedRunner runner(*m.runner);
     EngineOptions opts;
     opts.scheduler.max_num_seqs = kMaxSeqs;
     opts.scheduler.max_num_batched_tokens = 2048;
     opts.scheduler.static_batching = static_batching;
     opts.enable_prefix_cache = false;  // the prompts share text: keep prefill equal in both modes
     Engine engine(runner, *m.tok, opts);
+    // A one-token request whose step holds the loop while the workload is queued.
+    EngineRequest gate = requests[0];
+    gate.stop.max_tokens = 1;
+    RequestHandle gate_handle = engine.submit(gate);
+    runner.wait_entered();
     std::vector<RequestHandle> handles;
     for (const EngineRequest& r : requests) handles.push_back(engine.submit(r));
+    runner.release();
+    while (std::optional<RequestEvent> ev = gate_handle.next())
+      if (ev->finished()) break;
     for (RequestHandle& h : handles)
       while (std::optional<RequestEvent> ev = h.next()) {
         tokens += int64_t(ev->token_ids.size());
         if (ev->finished()) break;
       }
-    steps += runner.steps;
+    steps += runner.steps - 1;  // not the gate's step
   }
   const double cpu = process_cpu_seconds() - cpu_start;
   state.counters["out_tok_per_s"] = benchmark::Counter(double(tokens), benchmark::Counter::kIsRate);
