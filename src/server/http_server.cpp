@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <sys/socket.h>
+#include <algorithm>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -38,6 +39,9 @@ HttpServer::HttpServer(HttpLimits limits, std::string api_key)
     : limits_(limits), api_key_(std::move(api_key)) {
   new_task_queue = [n = limits_.max_connections] { return new ConnectionPool(n); };
   set_payload_max_length(limits_.max_body_bytes);
+  // Only for the Keep-Alive header httplib writes; the connection loop below enforces them.
+  set_keep_alive_max_count(limits_.max_keep_alive_requests);
+  set_keep_alive_timeout(std::max<time_t>(1, limits_.keep_alive_timeout.count() / 1000));
   set_tcp_nodelay(true);
   set_logger([](const httplib::Request& req, const httplib::Response& res) {
     AccessRecord& r = current_access_record();
