@@ -11,6 +11,7 @@ int run(int argc, char** argv) {
   register_info(app, action);
   register_convert(app, action);
   register_random_model(app, action);
+  register_serve(app, action);
   register_chat_template(app, action);
   register_bench(app, action);
   try {

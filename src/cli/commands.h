@@ -15,6 +15,7 @@ void register_tokenize(CLI::App& app, Action& action);
 void register_info(CLI::App& app, Action& action);
 void register_convert(CLI::App& app, Action& action);
 void register_random_model(CLI::App& app, Action& action);
+void register_serve(CLI::App& app, Action& action);
 void register_chat_template(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 

@@ -1,0 +1,147 @@
+// serval serve: the OpenAI-compatible HTTP server over one Engine.
+// SIGTERM/SIGINT drain: stop accepting, let requests in flight finish for up
+// to --shutdown-timeout seconds, abort the rest (their clients get a final
+// event), exit 0.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "core/error.h"
+#include "model/model_loader.h"
+#include "server/http_server.h"
+#include "server/openai_server.h"
+#include "server/response_builder.h"
+
+namespace serval::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  std::string api_key;
+  std::string chat_template;
+  size_t max_body_bytes = 8u << 20;
+  double shutdown_timeout = 30.0;
+  size_t max_connections = 2048;
+  double request_read_timeout = 10.0;
+  int64_t max_model_len = 0;
+  EngineFlags engine;
+};
+
+// The signal received (0: none). Set by a handler rather than taken with
+// sigwait: OpenBLAS/OpenMP start threads before main, so a process-directed
+// signal can land on a thread that never blocked it.
+std::atomic<int> g_signal{0};
+extern "C" void on_stop_signal(int sig) { g_signal.store(sig); }
+
+// Waits for SIGTERM/SIGINT until `stop`; on a signal runs `on_signal` once.
+void wait_for_signals(const std::atomic<bool>& stop, const std::function<void(int)>& on_signal) {
+  while (!stop) {
+    if (const int sig = g_signal.load()) {
+      on_signal(sig);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int run_serve(const ServeOptions& o) {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that went away must not kill us
+
+  LoadedEngineModel loaded = load_engine_model(o.model, o.engine);
+  Tokenizer* tok = loaded.tokenizer.get();
+  ModelRunner* runner = loaded.runner.get();
+  const std::string name = o.served_model_name.empty() ? o.model : o.served_model_name;
+
+  std::unique_ptr<server::ChatPrompt> chat;
+  try {
+    chat = std::make_unique<server::ChatPrompt>(server::chat_template_source(o.chat_template, o.model, false),
+                                                server::chat_template_source(o.chat_template, o.model, true), *tok);
+  } catch (const Error& e) {
+    if (!o.chat_template.empty()) throw;  // the user's own template must work
+    std::fprintf(stderr, "serval: warning: the model's chat template cannot be used (%s); chat requests will be "
+                 "refused\n", e.what());
+    chat = std::make_unique<server::ChatPrompt>("", "", *tok);
+  }
+
+  EngineOptions eo = engine_options(o.engine);
+  eo.model_name = name;
+  eo.scheduler.max_model_len = o.max_model_len > 0 ? o.max_model_len : runner->config().max_position;
+  Engine engine(*runner, *tok, eo);
+  server::ServerContext ctx{engine, *tok, *chat, name};
+  ctx.max_model_len = eo.scheduler.max_model_len;
+  ctx.engine_vocab_size = runner->config().vocab_size;
+  ctx.created = server::unix_now();
+
+  server::HttpLimits limits;
+  limits.max_body_bytes = o.max_body_bytes;
+  limits.max_connections = o.max_connections;
+  limits.request_read_timeout = std::chrono::milliseconds(int64_t(o.request_read_timeout * 1000));
+  server::HttpServer http(limits, o.api_key);
+  server::register_openai_routes(http, ctx);
+  const int port = http.bind(o.host, o.port);
+  std::fprintf(stderr, "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s) "
+               "on http://%s:%d\n", name.c_str(), (long long)ctx.max_model_len, (long long)runner->num_blocks(),
+               runner->block_size(), chat->available() ? "yes" : "no", o.host.c_str(), port);
+
+  std::atomic<bool> stop{false};
+  std::thread signals([&] {
+    wait_for_signals(stop, [&](int sig) {
+      std::fprintf(stderr, "serval: %s: draining (%lld requests in flight, up to %.1f s)\n",
+                   sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)engine.num_unfinished(), o.shutdown_timeout);
+      http.begin_drain();
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(int64_t(o.shutdown_timeout * 1000));
+      while (engine.num_unfinished() > 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const int64_t left = engine.num_unfinished();
+      if (left > 0) std::fprintf(stderr, "serval: shutdown timeout: aborting %lld requests\n", (long long)left);
+      ctx.engine_alive = false;
+      engine.shutdown();
+    });
+  });
+  http.serve();  // returns once drained and every connection is closed
+  stop = true;
+  signals.join();
+  ctx.engine_alive = false;
+  engine.shutdown();
+  std::fprintf(stderr, "serval: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app, Action& action) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* sub = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  sub->add_option("--model,-m", o->model, "GGUF file or Hugging Face folder")->required();
+  sub->add_option("--host", o->host, "address to listen on")->capture_default_str();
+  sub->add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();
+  sub->add_option("--served-model-name", o->served_model_name, "the model name clients use (default: --model)");
+  sub->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize");
+  sub->add_option("--chat-template", o->chat_template, "Jinja chat template file (default: the model's own)");
+  sub->add_option("--max-body-bytes", o->max_body_bytes, "largest request body; larger gets HTTP 413")
+      ->capture_default_str();
+  sub->add_option("--shutdown-timeout", o->shutdown_timeout,
+                  "seconds SIGTERM waits for requests in flight before aborting them")->capture_default_str();
+  sub->add_option("--max-connections", o->max_connections, "connections served at once")->capture_default_str();
+  sub->add_option("--request-read-timeout", o->request_read_timeout,
+                  "seconds a client has to send a whole request")->capture_default_str();
+  sub->add_option("--max-model-len", o->max_model_len, "context length in tokens (default: the model's)");
+  add_engine_flags(*sub, o->engine);
+  sub->callback([&action, o] { action = [o] { return run_serve(*o); }; });
+}
+
+}  // namespace serval::cli

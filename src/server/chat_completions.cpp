@@ -1,0 +1,84 @@
+// POST /v1/chat/completions: messages -> chat template -> prompt -> an
+// assistant message. Streams deltas in OpenAI's order: the role, then
+// content, then finish_reason, then (with include_usage) usage.
+#include "server/access_log.h"
+#include "server/api_error.h"
+#include "server/completions.h"
+#include "server/generation.h"
+#include "server/json_fields.h"
+#include "server/sse_stream.h"
+
+namespace serval::server {
+namespace {
+
+using nlohmann::json;
+
+json chat_choice(size_t index, json message_or_delta, const char* key, json logprobs, json finish) {
+  return {{"index", index}, {key, std::move(message_or_delta)}, {"logprobs", std::move(logprobs)},
+          {"finish_reason", std::move(finish)}};
+}
+
+}  // namespace
+
+void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  const ChatRequest r = parse_chat_request(parse_ordered_json_object(req.body));
+  ctx.check_model(r.gen.model);
+  if (r.continue_final_message)
+    throw ApiError(400, "'continue_final_message' is not supported", "continue_final_message");
+  const std::string prompt = ctx.chat.render(r);
+  std::vector<int32_t> ids = ctx.tokenizer.encode(prompt, /*add_special=*/false);
+  if (ids.empty()) throw ApiError(400, "the rendered chat prompt is empty", "messages");
+  const int32_t max_tokens = resolve_max_tokens(r.gen.max_tokens, 0, int64_t(ids.size()), ctx.max_model_len);
+
+  auto gen = std::make_shared<Generation>(ctx.engine, engine_requests({ids}, {max_tokens}, r.gen, ctx.tokenizer));
+  const ResponseMeta meta{new_response_id("chatcmpl-"), unix_now(), ctx.model_name};
+  AccessRecord& record = current_access_record();
+  record.id = meta.id;
+  res.set_header("X-Request-Id", meta.id);
+  const bool want_logprobs = r.logprobs;
+
+  if (!r.gen.stream) {
+    const bool connected = gen->collect();
+    const UsageCounts u = gen->usage();
+    record.prompt_tokens = u.prompt_tokens;
+    record.completion_tokens = u.completion_tokens;
+    if (!connected) return;
+    if (const std::string error = gen->error(); !error.empty()) throw ApiError(500, error);
+    json choices = json::array();
+    for (size_t c = 0; c < gen->choices().size(); ++c) {
+      const ChoiceState& s = gen->choices()[c];
+      json lps = want_logprobs ? chat_logprobs(ctx.tokenizer, s.token_ids, s.logprobs) : json(nullptr);
+      choices.push_back(chat_choice(c, {{"role", "assistant"}, {"content", s.text}}, "message", std::move(lps),
+                                    finish_json(s.finish)));
+    }
+    res.set_content(dump_json(chat_object(meta, std::move(choices), u)), "application/json");
+    return;
+  }
+
+  const bool usage_null = r.gen.include_usage;
+  const size_t num_choices = gen->choices().size();
+  StreamFormat f;
+  f.start = [=](std::vector<json>& out) {
+    for (size_t c = 0; c < num_choices; ++c)
+      out.push_back(chat_chunk(meta, chat_choice(c, {{"role", "assistant"}, {"content", ""}}, "delta", nullptr, nullptr),
+                               usage_null));
+  };
+  f.event = [=, &tok = ctx.tokenizer](const ChoiceEvent& ev, std::vector<json>& out) {
+    const RequestEvent& e = ev.event;
+    const bool has_logprobs = want_logprobs && !e.logprobs.empty();
+    if (!e.text.empty() || has_logprobs) {
+      json lps = has_logprobs ? chat_logprobs(tok, e.token_ids, e.logprobs) : json(nullptr);
+      out.push_back(chat_chunk(meta, chat_choice(ev.choice, {{"content", e.text}}, "delta", std::move(lps), nullptr),
+                               usage_null));
+    }
+    if (e.finished() && e.finish != FinishReason::kError)
+      out.push_back(chat_chunk(meta, chat_choice(ev.choice, json::object(), "delta", nullptr, finish_json(e.finish)),
+                               usage_null));
+  };
+  f.end = [=, g = gen.get()](std::vector<json>& out) {
+    if (usage_null) out.push_back(usage_chunk(meta, "chat.completion.chunk", g->usage()));
+  };
+  stream_generation(res, gen, std::move(f));
+}
+
+}  // namespace serval::server

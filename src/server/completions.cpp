@@ -1,0 +1,114 @@
+// POST /v1/completions: prompts (text or token ids, one or many) -> text.
+#include "server/completions.h"
+
+#include "server/access_log.h"
+#include "server/api_error.h"
+#include "server/generation.h"
+#include "server/json_fields.h"
+#include "server/sse_stream.h"
+
+namespace serval::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr int32_t kDefaultMaxTokens = 16;  // OpenAI's default for completions
+
+struct Prepared {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::string> echo_text;  // the prompt as text, for echo
+  std::vector<int32_t> max_tokens;
+};
+
+Prepared prepare(const ServerContext& ctx, const CompletionRequest& r) {
+  Prepared p;
+  for (const PromptInput& in : r.prompts) {
+    std::vector<int32_t> ids = in.is_text ? ctx.tokenizer.encode(in.text, r.add_special_tokens) : in.ids;
+    if (ids.empty()) throw ApiError(400, "the prompt is empty (it has no tokens)", "prompt");
+    ctx.check_token_ids(ids, "prompt");
+    p.max_tokens.push_back(resolve_max_tokens(r.gen.max_tokens, kDefaultMaxTokens, int64_t(ids.size()),
+                                              ctx.max_model_len));
+    p.echo_text.push_back(!r.echo ? "" : in.is_text ? in.text : ctx.tokenizer.decode(ids, false));
+    p.ids.push_back(std::move(ids));
+  }
+  return p;
+}
+
+json choice_json(size_t index, std::string text, json logprobs, json finish) {
+  return {{"index", index}, {"text", std::move(text)}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}};
+}
+
+// echo with max_tokens 0: the prompts themselves, nothing generated.
+void echo_only(const ServerContext& ctx, const CompletionRequest& r, const Prepared& p, httplib::Response& res) {
+  ResponseMeta meta{new_response_id("cmpl-"), unix_now(), ctx.model_name};
+  json choices = json::array();
+  UsageCounts u;
+  for (size_t i = 0; i < p.ids.size(); ++i) {
+    u.prompt_tokens += int64_t(p.ids[i].size());
+    for (int32_t s = 0; s < r.gen.n; ++s)
+      choices.push_back(choice_json(choices.size(), p.echo_text[i], nullptr, "length"));
+  }
+  current_access_record().id = meta.id;
+  res.set_content(dump_json(completion_object(meta, choices, u)), "application/json");
+}
+
+}  // namespace
+
+void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  const CompletionRequest r = parse_completion_request(parse_json_object(req.body));
+  ctx.check_model(r.gen.model);
+  Prepared p = prepare(ctx, r);
+  if (r.gen.max_tokens && *r.gen.max_tokens == 0) return echo_only(ctx, r, p, res);
+
+  auto gen = std::make_shared<Generation>(ctx.engine, engine_requests(p.ids, p.max_tokens, r.gen, ctx.tokenizer));
+  const ResponseMeta meta{new_response_id("cmpl-"), unix_now(), ctx.model_name};
+  AccessRecord& record = current_access_record();
+  record.id = meta.id;
+  res.set_header("X-Request-Id", meta.id);
+  const bool want_logprobs = r.gen.params.logprobs >= 0;
+  const int32_t n = gen->n();
+
+  if (!r.gen.stream) {
+    const bool connected = gen->collect();
+    const UsageCounts u = gen->usage();
+    record.prompt_tokens = u.prompt_tokens;
+    record.completion_tokens = u.completion_tokens;
+    if (!connected) return;  // nobody to answer
+    if (const std::string error = gen->error(); !error.empty()) throw ApiError(500, error);
+    json choices = json::array();
+    for (size_t c = 0; c < gen->choices().size(); ++c) {
+      const ChoiceState& s = gen->choices()[c];
+      const std::string& prefix = p.echo_text[c / size_t(n)];
+      int64_t offset = int64_t(prefix.size());
+      json lps = want_logprobs ? completion_logprobs(ctx.tokenizer, s.token_ids, s.logprobs, offset) : json(nullptr);
+      choices.push_back(choice_json(c, prefix + s.text, std::move(lps), finish_json(s.finish)));
+    }
+    res.set_content(dump_json(completion_object(meta, std::move(choices), u)), "application/json");
+    return;
+  }
+
+  const bool usage_null = r.gen.include_usage;
+  auto offsets = std::make_shared<std::vector<int64_t>>(gen->choices().size(), 0);
+  StreamFormat f;
+  f.start = [=, echo = p.echo_text](std::vector<json>& out) {
+    if (!r.echo) return;
+    for (size_t c = 0; c < offsets->size(); ++c) {
+      (*offsets)[c] = int64_t(echo[c / size_t(n)].size());
+      out.push_back(completion_chunk(meta, choice_json(c, echo[c / size_t(n)], nullptr, nullptr), usage_null));
+    }
+  };
+  f.event = [=, &tok = ctx.tokenizer](const ChoiceEvent& ev, std::vector<json>& out) {
+    const RequestEvent& e = ev.event;
+    if (e.text.empty() && e.token_ids.empty() && !e.finished()) return;
+    if (e.finish == FinishReason::kError) return;  // reported at the end
+    json lps = want_logprobs ? completion_logprobs(tok, e.token_ids, e.logprobs, (*offsets)[ev.choice]) : json(nullptr);
+    out.push_back(completion_chunk(meta, choice_json(ev.choice, e.text, std::move(lps), finish_json(e.finish)),
+                                   usage_null));
+  };
+  f.end = [=, g = gen.get()](std::vector<json>& out) {
+    if (usage_null) out.push_back(usage_chunk(meta, "text_completion", g->usage()));
+  };
+  stream_generation(res, gen, std::move(f));
+}
+
+}  // namespace serval::server

@@ -1,0 +1,116 @@
+#include "server/generation.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "server/access_log.h"
+#include "server/api_error.h"
+#include "server/http_server.h"
+
+namespace serval::server {
+
+std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t>>& prompts,
+                                           const std::vector<int32_t>& max_tokens, const GenerationOptions& gen,
+                                           const Tokenizer& tok) {
+  std::vector<EngineRequest> out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest r;
+    r.prompt_ids = prompts[i];
+    r.params = gen.params;
+    r.n = gen.n;
+    r.stop.max_tokens = max_tokens[i];
+    r.stop.min_tokens = std::min(gen.min_tokens, max_tokens[i]);
+    r.stop.eos_token_ids = tok.eos_ids;
+    if (r.stop.eos_token_ids.empty() && tok.eos_id >= 0) r.stop.eos_token_ids = {tok.eos_id};
+    r.stop.ignore_eos = gen.ignore_eos;
+    r.stop.stop_token_ids = gen.stop_token_ids;
+    r.stop_strings = gen.stop;
+    r.include_stop_str_in_output = gen.include_stop_str_in_output;
+    r.skip_special_tokens = gen.skip_special_tokens;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max, int64_t prompt_len,
+                           int64_t max_model_len) {
+  if (prompt_len >= max_model_len)
+    throw ApiError(400,
+                   str_cat("the prompt has ", prompt_len, " tokens but this model's context is ", max_model_len,
+                           " tokens, which leaves no room for output: shorten the prompt"),
+                   "prompt", "context_length_exceeded");
+  const int64_t room = max_model_len - prompt_len;
+  const int64_t want = requested ? *requested : (default_max > 0 ? std::min<int64_t>(default_max, room) : room);
+  if (want > room)
+    throw ApiError(400,
+                   str_cat("this model's context is ", max_model_len, " tokens, but the prompt has ", prompt_len,
+                           " tokens and max_tokens is ", want, " (", prompt_len + want,
+                           " in all): shorten the prompt or lower max_tokens"),
+                   "max_tokens", "context_length_exceeded");
+  return int32_t(want);
+}
+
+Generation::Generation(Engine& engine, std::vector<EngineRequest> requests) : group_(engine) {
+  n_ = requests.empty() ? 1 : std::max(1, requests[0].n);
+  for (EngineRequest& r : requests) {
+    prompt_lengths_.push_back(int64_t(r.prompt_ids.size()));
+    cached_tokens_.push_back(0);
+    group_.submit(std::move(r));
+  }
+  choices_.resize(prompt_lengths_.size() * size_t(n_));
+}
+
+void Generation::apply(const GroupEvent& g) {
+  const RequestEvent& ev = g.event;
+  const size_t choice = g.request * size_t(n_) + size_t(std::clamp(ev.index, 0, n_ - 1));
+  ChoiceState& c = choices_[choice];
+  c.text += ev.text;
+  c.token_ids.insert(c.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+  c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+  if (ev.finished()) {
+    c.finish = ev.finish;
+    c.error = ev.error;
+  }
+  cached_tokens_[g.request] = std::max<int64_t>(cached_tokens_[g.request], ev.num_cached_tokens);
+  if (!ev.token_ids.empty()) current_access_record().mark_first_token();
+}
+
+bool Generation::collect() {
+  while (!done() && !disconnected_) next(std::chrono::milliseconds(20));
+  return !disconnected_;
+}
+
+std::optional<ChoiceEvent> Generation::next(std::chrono::milliseconds wait) {
+  if (disconnected_ || done()) return std::nullopt;
+  std::optional<GroupEvent> ev = group_.next(wait);
+  // Checked after every event too: a streaming client is written to, but a
+  // non-streaming one is only noticed here.
+  if (client_disconnected()) {
+    disconnected_ = true;
+    current_access_record().status = 499;
+    group_.abort_all();
+    return std::nullopt;
+  }
+  if (!ev) return std::nullopt;
+  apply(*ev);
+  const size_t choice = ev->request * size_t(n_) + size_t(std::clamp(ev->event.index, 0, n_ - 1));
+  return ChoiceEvent{choice, std::move(ev->event)};
+}
+
+UsageCounts Generation::usage() const {
+  UsageCounts u;
+  for (size_t i = 0; i < prompt_lengths_.size(); ++i) {
+    u.prompt_tokens += prompt_lengths_[i];
+    u.cached_tokens += cached_tokens_[i];
+  }
+  for (const ChoiceState& c : choices_) u.completion_tokens += int64_t(c.token_ids.size());
+  return u;
+}
+
+std::string Generation::error() const {
+  for (const ChoiceState& c : choices_)
+    if (c.finish == FinishReason::kError) return c.error.empty() ? "generation failed" : c.error;
+  return "";
+}
+
+}  // namespace serval::server

@@ -1,0 +1,77 @@
+#pragma once
+// Generation: one OpenAI generation request in flight — its engine requests
+// (one per prompt, n samples each), the output accumulated per choice
+// (choice index = prompt * n + sample, as OpenAI numbers them), usage, and
+// client-disconnect handling: a client that goes away aborts everything.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/openai_request.h"
+#include "server/request_group.h"
+#include "server/response_builder.h"
+
+namespace serval::server {
+
+struct ChoiceState {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<Logprobs> logprobs;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;  // finish == kError
+};
+
+struct ChoiceEvent {
+  size_t choice = 0;
+  RequestEvent event;
+};
+
+// Engine requests for `prompts` (token ids) with the options of `gen`;
+// `max_tokens` is each prompt's resolved output budget.
+std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t>>& prompts,
+                                           const std::vector<int32_t>& max_tokens, const GenerationOptions& gen,
+                                           const Tokenizer& tok);
+
+// The output budget of a prompt: `requested`, else `default_max` (0: the rest
+// of the context). ApiError 400 with the numbers when prompt + max_tokens do
+// not fit `max_model_len`.
+int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max, int64_t prompt_len,
+                           int64_t max_model_len);
+
+class Generation {
+ public:
+  // Submits every request (an engine refusal throws, and what was already
+  // submitted is aborted).
+  Generation(Engine& engine, std::vector<EngineRequest> requests);
+
+  // Non-streaming: waits for every choice to finish. False when the client
+  // disconnected first (everything is aborted; nothing should be sent).
+  bool collect();
+  // Streaming: the next event (already applied to choices()), waiting up to
+  // `wait`; nullopt on timeout or when done. Sets disconnected() and aborts
+  // when the client has gone.
+  std::optional<ChoiceEvent> next(std::chrono::milliseconds wait);
+  bool done() const { return group_.done(); }
+  bool disconnected() const { return disconnected_; }
+  void abort() { group_.abort_all(); }
+
+  const std::vector<ChoiceState>& choices() const { return choices_; }
+  int32_t n() const { return n_; }
+  UsageCounts usage() const;
+  // The first error message of a choice that failed ("" when none).
+  std::string error() const;
+
+ private:
+  void apply(const GroupEvent& ev);
+
+  RequestGroup group_;
+  int32_t n_;
+  std::vector<int64_t> prompt_lengths_, cached_tokens_;
+  std::vector<ChoiceState> choices_;
+  bool disconnected_ = false;
+};
+
+}  // namespace serval::server

@@ -1,0 +1,107 @@
+"""A client that disconnects mid-request (streaming or not) aborts it and its KV blocks
+are freed; SIGTERM drains (in-flight requests finish, new connections are refused) and
+exits 0; past --shutdown-timeout the rest are aborted with a final event."""
+import json
+import signal
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from serval_server import ServalServer, parse_sse, wait_until  # noqa: E402
+
+MODEL = ("stories260K", "stories260K.gguf")
+
+
+@pytest.fixture()
+def server(serval, models):
+    s = ServalServer(serval, models.joinpath(*MODEL), "--max-model-len", "512")
+    yield s
+    s.stop()
+
+
+def raw_request(port, path, body):
+    conn = socket.create_connection(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return conn
+
+
+def blocks_used(server):
+    return server.metrics()["serval:kv_cache_blocks_used"]
+
+
+def running(server):
+    return server.metrics()["serval:num_requests_running"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_aborts_and_frees_blocks(server, stream):
+    # Long generations (ignore_eos, 2000 tokens cut by the 512 context) that only end by abort.
+    conns = [raw_request(server.port, "/v1/completions",
+                         {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True, "stream": stream})
+             for _ in range(4)]
+    assert wait_until(lambda: running(server) == 4 and blocks_used(server) > 0, timeout=10)
+    if stream:
+        assert conns[0].recv(4096).startswith(b"HTTP/1.1 200")
+    for c in conns:
+        c.close()
+    assert wait_until(lambda: blocks_used(server) == 0 and running(server) == 0, timeout=5), server.metrics()
+    aborted = server.metrics()  # the requests ended as aborts, not as completions
+    assert server.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})[0] == 200
+    log = server.stop()
+    assert server.stderr.count("status=499") >= 4, server.stderr[-2000:]
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0(serval, models):
+    s = ServalServer(serval, models.joinpath(*MODEL), "--shutdown-timeout", "30")
+    results = {}
+
+    def stream_one(i):
+        body = {"prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True, "stream": True}
+        req = urllib.request.Request(s.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            results[i] = parse_sse(r.read().decode())
+
+    threads = [threading.Thread(target=stream_one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: s.metrics()["serval:num_requests_running"] == 3, timeout=10)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with pytest.raises(OSError):  # no longer accepting
+        socket.create_connection(("127.0.0.1", s.port), timeout=2).recv(1)
+    for t in threads:
+        t.join()
+    assert s.proc.wait(timeout=30) == 0
+    s.stop()
+    for chunks in results.values():  # each finished normally, not cut
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert sum(1 for c in chunks if c["choices"][0]["text"]) > 0
+    assert len(results) == 3
+    assert "draining" in s.stderr
+
+
+def test_shutdown_timeout_aborts_the_rest_with_a_final_event(serval, models):
+    s = ServalServer(serval, models.joinpath(*MODEL), "--shutdown-timeout", "0.5", "--max-num-seqs", "1")
+    out = {}
+
+    def stream_one():
+        body = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        req = urllib.request.Request(s.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out["chunks"] = parse_sse(r.read().decode())
+
+    t = threading.Thread(target=stream_one)
+    t.start()
+    assert wait_until(lambda: s.metrics()["serval:num_requests_running"] == 1, timeout=10)
+    s.proc.send_signal(signal.SIGINT)
+    t.join(timeout=30)
+    assert s.proc.wait(timeout=30) == 0
+    s.stop()
+    assert out["chunks"][-1]["choices"][0]["finish_reason"] == "abort"
