@@ -23,6 +23,11 @@ timeout 300 ./serval_tests --gtest_filter='Cuda*:StoriesGolden*' 2>&1 | tee "$OU
 TESTS=$(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests.log" | tr '\n' ' ')
 ROWS+=("tests | ${TESTS:-none ran}")
 
+echo "== Engine on CUDA (stories260K, JSONL batch)"
+ENGINE=$(timeout 120 ./gpu-engine-check.sh | tail -1)
+echo "$ENGINE"
+ROWS+=("$ENGINE")
+
 MODEL=/tmp/llama-2-7b-bf16.gguf
 echo "== random Llama-2-7B bf16 model"
 /usr/bin/time -f "%e s" ./serval random-model --like llama-2-7b --dtype bf16 --out $MODEL 2>&1 | tail -2

@@ -11,7 +11,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 rm -rf "$DEST" && mkdir -p "$DEST/models" "$DEST/libstage"
 strip -o "$DEST/serval" "$BUILD/serval"
 strip -o "$DEST/serval_tests" "$BUILD/serval_tests"
-cp "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-profile.sh" "$DEST/"
+cp "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-profile.sh" "$ROOT/scripts/gpu-engine-check.sh" "$DEST/"
 cp -r "${SERVAL_MODELS:-/work/shared/models}/stories260K" "$DEST/models/"
 # Every non-system library the binaries load, except the CUDA ones the host has.
 for lib in $(ldd "$BUILD/serval" "$BUILD/serval_tests" | awk '/=>/ {print $3}' | sort -u); do

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The Engine on CUDA (scripts/gpu-check.sh calls it): 16 stories260K requests
+# (greedy, 64 tokens, n=2 on some) through `serval generate --input`, batched
+# (64 sequences) and one at a time on CUDA, and batched on the CPU; prints how
+# many requests agree. Runs in the folder gpu-stage.sh builds.
+set -u
+cd "$(dirname "$0")"
+M=${SERVAL_MODELS:-models}/stories260K/stories260K.gguf
+W=$(mktemp -d)
+python3 - "$W/prompts.jsonl" <<'PY'
+import json, sys
+prompts = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a big bear",
+           "Tom had a red ball", "The sun was hot and", "Mom said", "There was a girl named Sue who"]
+with open(sys.argv[1], "w") as f:
+    for i, p in enumerate(prompts * 2):
+        f.write(json.dumps({"prompt": p, "max_tokens": 64, "temperature": 0, "n": 2 if i % 3 == 0 else 1}) + "\n")
+PY
+run() {
+  ./serval generate --model "$M" --input "$W/prompts.jsonl" --output "$W/$1.jsonl" --no-progress "${@:2}" \
+    2>"$W/$1.log" || { echo "$1 failed"; tail -5 "$W/$1.log"; }
+}
+run cuda-batch --device cuda --max-num-seqs 64
+run cuda-solo --device cuda --max-num-seqs 1
+run cpu-batch --device cpu --max-num-seqs 64
+python3 - "$W" <<'PY'
+import json, sys
+def load(n): return [json.loads(l) for l in open(f"{sys.argv[1]}/{n}.jsonl")]
+try:
+    a, b, c = load("cuda-batch"), load("cuda-solo"), load("cpu-batch")
+except Exception as e:
+    print("engine on CUDA: failed:", e); sys.exit()
+ids = lambda r: [ch["token_ids"] for ch in r["choices"]]
+bs = sum(ids(x) == ids(y) for x, y in zip(a, b))
+cpu = sum(ids(x) == ids(y) for x, y in zip(a, c))
+n2 = [x["choices"][0]["token_ids"] == x["choices"][1]["token_ids"] for x in a if len(x["choices"]) == 2]
+print(f"engine on CUDA: {len(a)} requests; batched == solo {bs}/{len(a)}; CUDA == CPU {cpu}/{len(a)}; "
+      f"n=2 greedy samples equal {sum(n2)}/{len(n2)}")
+PY
+rm -rf "$W"
