@@ -16,6 +16,8 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_option("--kv-cache-memory-fraction", f.kv_cache_memory_fraction,
                  "KV pool: this fraction of the memory left after the weights (default: "
                  "4 sequences of the context, at most 4096 tokens each)");
+  sub.add_option("--max-model-len", f.scheduler.max_model_len,
+                 "context length in tokens, prompt + output (default: the model's)");
   sub.add_flag("--no-prefix-cache", f.no_prefix_cache, "turn the radix prefix cache off");
   sub.add_option("--block-size", f.block_size, "tokens per KV block");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
@@ -37,6 +39,9 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                f.kv_cache_tokens);
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
+  SERVAL_CHECK(f.scheduler.max_model_len >= 0 && f.scheduler.max_model_len <= c.max_position,
+               "--max-model-len must be in [1, ", c.max_position, "] (the model's context), got ",
+               f.scheduler.max_model_len);
   // The CPU runner keeps K/V in f32, the CUDA one in bf16.
   const int64_t kv_elem_bytes = f.device == "cuda" ? 2 : 4;
   const int64_t bytes_per_token = 2 * c.num_layers * c.kv_dim() * kv_elem_bytes;

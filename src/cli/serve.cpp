@@ -31,7 +31,6 @@ struct ServeOptions {
   double shutdown_timeout = 30.0;
   size_t max_connections = 2048;
   double request_read_timeout = 10.0;
-  int64_t max_model_len = 0;
   EngineFlags engine;
 };
 
@@ -78,7 +77,7 @@ int run_serve(const ServeOptions& o) {
 
   EngineOptions eo = engine_options(o.engine);
   eo.model_name = name;
-  eo.scheduler.max_model_len = o.max_model_len > 0 ? o.max_model_len : runner->config().max_position;
+  if (eo.scheduler.max_model_len == 0) eo.scheduler.max_model_len = runner->config().max_position;
   Engine engine(*runner, *tok, eo);
   server::ServerContext ctx{engine, *tok, *chat, name};
   ctx.max_model_len = eo.scheduler.max_model_len;
@@ -139,7 +138,6 @@ void register_serve(CLI::App& app, Action& action) {
   sub->add_option("--max-connections", o->max_connections, "connections served at once")->capture_default_str();
   sub->add_option("--request-read-timeout", o->request_read_timeout,
                   "seconds a client has to send a whole request")->capture_default_str();
-  sub->add_option("--max-model-len", o->max_model_len, "context length in tokens (default: the model's)");
   add_engine_flags(*sub, o->engine);
   sub->callback([&action, o] { action = [o] { return run_serve(*o); }; });
 }
