@@ -13,30 +13,20 @@
 #include "../runtime/stories_golden.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "model/model_loader.h"
 
 namespace serval {
 namespace {
 
-struct StoriesModel {
-  LoadedModel model;
-  std::unique_ptr<Tokenizer> tok;
+// stories260K from the shared test helpers, with runners of any pool size.
+struct Stories {
+  const Tokenizer* tok;
   std::unique_ptr<ModelRunner> runner(int64_t kv_cache_tokens = 0) const {
-    RunnerOptions opts;
-    opts.threads = 2;
-    opts.kv_cache_tokens = kv_cache_tokens;
-    return ModelRunner::create(model.config, model.weights, opts);
+    return testing::stories_runner(kv_cache_tokens);
   }
 };
-
-const StoriesModel& stories() {
-  static const StoriesModel* s = [] {
-    const std::string path = models_dir() + "/stories260K/stories260K.gguf";
-    if (!std::filesystem::exists(path)) throw Error(path + " not found (set SERVAL_MODELS)");
-    return new StoriesModel{load_model(path), load_tokenizer(path)};
-  }();
-  return *s;
-}
+Stories stories() { return Stories{testing::stories_model().tok.get()}; }
 
 std::vector<int32_t> reference_tokens(int n) {
   const auto& ref = testing::stories_reference_ids();
@@ -144,24 +134,7 @@ TEST(EngineSamples, ForkedSamplesSurvivePreemption) {
   EXPECT_GT(std::stod(metrics.substr(at + name.size())), 0.0);
 }
 
-// The real runner, 2 ms slower per step, so an abort lands mid-generation.
-class SlowRunner : public ModelRunner {
- public:
-  explicit SlowRunner(ModelRunner& inner) : inner_(inner) {}
-  void forward(const Batch& batch, std::vector<float>& logits) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    inner_.forward(batch, logits);
-  }
-  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override {
-    inner_.copy_blocks(src_dst);
-  }
-  const ModelConfig& config() const override { return inner_.config(); }
-  int32_t block_size() const override { return inner_.block_size(); }
-  int64_t num_blocks() const override { return inner_.num_blocks(); }
-
- private:
-  ModelRunner& inner_;
-};
+using testing::SlowRunner;
 
 TEST(EngineSamples, AbortEndsEverySampleWithoutLeaks) {
   auto inner = stories().runner();

@@ -18,23 +18,14 @@
 namespace serval {
 namespace {
 
+// One stories260K runner (default pool) shared by the tests here.
 struct Stories {
-  LoadedModel model;
   std::unique_ptr<ModelRunner> runner;
-  std::unique_ptr<Tokenizer> tok;
+  const Tokenizer* tok;
 };
 
 Stories& stories() {
-  static Stories* s = [] {
-    const std::string path = models_dir() + "/stories260K/stories260K.gguf";
-    if (!std::filesystem::exists(path)) throw Error(path + " not found (set SERVAL_MODELS)");
-    auto* st = new Stories{load_model(path), nullptr, nullptr};
-    RunnerOptions opts;
-    opts.threads = 2;
-    st->runner = ModelRunner::create(st->model.config, st->model.weights, opts);
-    st->tok = load_tokenizer(path);
-    return st;
-  }();
+  static Stories* s = new Stories{testing::stories_runner(), testing::stories_model().tok.get()};
   return *s;
 }
 
@@ -98,23 +89,7 @@ TEST(Engine, ConcurrentSubmitsFromThreadsEqualSolo) {
   EXPECT_EQ(engine.num_unfinished(), 0);
 }
 
-// The real runner, 2 ms slower per step: 500 tokens then take over a second, so an
-// abort sent after the first event lands mid-generation even on a loaded machine.
-class SlowRunner : public ModelRunner {
- public:
-  explicit SlowRunner(ModelRunner& inner) : inner_(inner) {}
-  void forward(const Batch& batch, std::vector<float>& logits) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    inner_.forward(batch, logits);
-  }
-  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override { inner_.copy_blocks(src_dst); }
-  const ModelConfig& config() const override { return inner_.config(); }
-  int32_t block_size() const override { return inner_.block_size(); }
-  int64_t num_blocks() const override { return inner_.num_blocks(); }
-
- private:
-  ModelRunner& inner_;
-};
+using testing::SlowRunner;
 
 TEST(Engine, AbortMidGenerationFreesBlocks) {
   Stories& s = stories();
@@ -255,20 +230,14 @@ TEST(Engine, RandomAbortsNeverLoseARequest) {
 }
 
 // Delegates to the real runner, but its forward throws while `fail` is set.
-class FailingRunner : public ModelRunner {
+class FailingRunner : public testing::WrappedRunner {
  public:
-  explicit FailingRunner(ModelRunner& inner) : inner_(inner) {}
+  using WrappedRunner::WrappedRunner;
   void forward(const Batch& batch, std::vector<float>& logits) override {
     if (fail) throw Error("injected forward failure");
     inner_.forward(batch, logits);
   }
-  const ModelConfig& config() const override { return inner_.config(); }
-  int32_t block_size() const override { return inner_.block_size(); }
-  int64_t num_blocks() const override { return inner_.num_blocks(); }
   std::atomic<bool> fail{false};
-
- private:
-  ModelRunner& inner_;
 };
 
 TEST(Engine, ForwardFailureGivesErrorEventAndEngineGoesOn) {

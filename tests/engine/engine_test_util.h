@@ -3,9 +3,12 @@
 // with runners of any KV pool size, reading a request's events to its end,
 // and reading a metric from the registry's exposition text.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -47,24 +50,47 @@ Collected collect(RequestHandle& h);
 // exposition, e.g. model_name="serval"), or -1 if absent.
 double metric_value(const std::string& exposition, const std::string& sample);
 
-// A ModelRunner wrapper counting the tokens and sequences it computes.
-class CountingRunner : public ModelRunner {
+// A ModelRunner that passes every call to `inner`; test runners override
+// forward() to count, slow down or fail steps.
+class WrappedRunner : public ModelRunner {
  public:
-  explicit CountingRunner(ModelRunner& inner) : inner_(inner) {}
-  void forward(const Batch& batch, std::vector<float>& logits) override;
+  explicit WrappedRunner(ModelRunner& inner) : inner_(inner) {}
+  void forward(const Batch& batch, std::vector<float>& logits) override {
+    inner_.forward(batch, logits);
+  }
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override {
     inner_.copy_blocks(src_dst);
   }
   const ModelConfig& config() const override { return inner_.config(); }
   int32_t block_size() const override { return inner_.block_size(); }
   int64_t num_blocks() const override { return inner_.num_blocks(); }
+
+ protected:
+  ModelRunner& inner_;
+};
+
+// Counts the tokens and sequences it computes.
+class CountingRunner : public WrappedRunner {
+ public:
+  using WrappedRunner::WrappedRunner;
+  void forward(const Batch& batch, std::vector<float>& logits) override;
   // Tokens computed so far (all forwards); read after the requests finished.
   int64_t tokens() const { return tokens_.load(); }
   int64_t forwards() const { return forwards_.load(); }
 
  private:
-  ModelRunner& inner_;
   std::atomic<int64_t> tokens_{0}, forwards_{0};
+};
+
+// The real runner, 2 ms slower per step: 500 tokens then take over a second, so
+// an abort sent after the first event lands mid-generation even on a loaded machine.
+class SlowRunner : public WrappedRunner {
+ public:
+  using WrappedRunner::WrappedRunner;
+  void forward(const Batch& batch, std::vector<float>& logits) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    inner_.forward(batch, logits);
+  }
 };
 
 }  // namespace serval::testing
