@@ -20,8 +20,11 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
                  "context length in tokens, prompt + output (default: the model's)");
   sub.add_flag("--no-prefix-cache", f.no_prefix_cache, "turn the radix prefix cache off");
   sub.add_option("--block-size", f.block_size, "tokens per KV block");
+  sub.add_option("--gpu-memory-fraction", f.gpu_memory_fraction,
+                 "on a GPU: the fraction of its memory for weights, activations and the KV pool (default 0.9)");
+  sub.add_flag("--enforce-eager", f.enforce_eager, "on a GPU: run every step op by op, without CUDA graphs");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
-  sub.add_option("--device", f.device, "cpu or cuda (default: cpu)");
+  sub.add_option("--device", f.device, "cpu, cuda or auto (default: auto, cuda when there is a GPU)");
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -42,16 +45,24 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   SERVAL_CHECK(f.scheduler.max_model_len >= 0 && f.scheduler.max_model_len <= c.max_position,
                "--max-model-len must be in [1, ", c.max_position, "] (the model's context), got ",
                f.scheduler.max_model_len);
+  const std::string device = resolve_device(f.device);
   // The CPU runner keeps K/V in f32, the CUDA one in bf16.
-  const int64_t kv_elem_bytes = f.device == "cuda" ? 2 : 4;
+  const int64_t kv_elem_bytes = device == "cuda" ? 2 : 4;
   const int64_t bytes_per_token = 2 * c.num_layers * c.kv_dim() * kv_elem_bytes;
+  SERVAL_CHECK(f.gpu_memory_fraction > 0 && f.gpu_memory_fraction <= 1,
+               "--gpu-memory-fraction must be in (0, 1], got ", f.gpu_memory_fraction);
   RunnerOptions ro;
   ro.block_size = f.block_size;
   ro.threads = f.threads;
-  ro.device = f.device;
+  ro.device = device;
   ro.kv_cache_tokens = f.kv_cache_tokens;
-  SERVAL_CHECK(f.device != "cuda" || f.kv_cache_memory_fraction == 0,
-               "--kv-cache-memory-fraction plans host memory; on --device cuda give --kv-cache-tokens");
+  ro.gpu_memory_fraction = device == "cpu" ? 0 : f.gpu_memory_fraction;
+  ro.enforce_eager = f.enforce_eager;
+  ro.max_num_batched_tokens = f.scheduler.max_num_batched_tokens;
+  ro.max_num_seqs = int32_t(f.scheduler.max_num_seqs);
+  ro.max_model_len = int32_t(f.scheduler.max_model_len);
+  SERVAL_CHECK(device == "cpu" || f.kv_cache_memory_fraction == 0,
+               "--kv-cache-memory-fraction plans host memory; on a GPU use --gpu-memory-fraction or --kv-cache-tokens");
   if (f.kv_cache_tokens == 0 && f.kv_cache_memory_fraction != 0) {
     // The runner converts the weights to f32: that, and a small activation
     // reserve, come off the available memory first.
@@ -66,6 +77,13 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   m.plan.block_size = m.runner->block_size();
   m.plan.bytes_per_token = bytes_per_token;
   m.plan.context_len = c.max_position;
+  if (m.runner->device() != "cpu") {
+    const double gib = double(int64_t(1) << 30);
+    std::fprintf(stderr, "%s memory: weights %.2f GiB, activations %.2f GiB (steps of up to %lld tokens), KV %.2f GiB%s\n",
+                 m.runner->device().c_str(), double(m.runner->weight_bytes()) / gib,
+                 double(m.runner->activation_bytes()) / gib, (long long)ro.max_num_batched_tokens,
+                 double(m.plan.bytes()) / gib, f.enforce_eager ? "; CUDA graphs off (--enforce-eager)" : "");
+  }
   std::fprintf(stderr, "%s\n", m.plan.describe().c_str());
   return m;
 }

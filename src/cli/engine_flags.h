@@ -19,8 +19,10 @@ struct EngineFlags {
   int64_t kv_cache_tokens = 0;          // 0: from the memory fraction
   double kv_cache_memory_fraction = 0;  // 0: the runner's default pool
   int32_t block_size = 16;
+  double gpu_memory_fraction = 0.9;    // on a GPU: weights + activations + KV pool
+  bool enforce_eager = false;          // no CUDA graphs
   int threads = 0;
-  std::string device = "cpu";
+  std::string device = "auto";         // cuda when there is a GPU, else cpu
 };
 
 void add_engine_flags(CLI::App& sub, EngineFlags& flags);

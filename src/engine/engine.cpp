@@ -235,20 +235,29 @@ void Engine::step(IterationStats& it, EventMap& events) {
     try {
       if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
       batch_builder_.build(plan.items, batch_);
-      runner_.forward(batch_, logits_);
-      SERVAL_CHECK(logits_.size() == num_rows * size_t(vocab_size_), "model runner returned ",
-                   logits_.size(), " logits for ", num_rows, " rows of vocabulary ", vocab_size_);
+      SERVAL_CHECK(batch_.logits_rows.size() == num_rows, "batch builder made ",
+                   batch_.logits_rows.size(), " logits rows for ", num_rows, " sampled sequences");
+      // One spec per sample; a forked sample draws from its parent's row. The
+      // draws are made here, from each request's Rng, so that a seed picks
+      // the same token on every backend.
+      std::vector<SampleSpec> specs(sampled.size());
+      std::vector<std::vector<int32_t>> banned(sampled.size());
       for (size_t i = 0; i < sampled.size(); ++i) {
-        // A forked sample draws from its parent's row.
         Sequence& s = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
-        const size_t row = i < num_rows ? i : size_t(plan.forks[i - num_rows].row);
-        const std::span<const float> logits(logits_.data() + row * size_t(vocab_size_),
-                                            size_t(vocab_size_));
-        const std::vector<int32_t> banned = s.stop().banned_tokens(int64_t(s.output_ids().size()));
-        SampleResult r = sampler_.sample(logits, s.params(), s.prompt_ids(), s.output_ids(),
-                                         s.rng(), banned);
-        sampled[i] = SampledToken{r.token, std::move(r.logprobs)};
+        banned[i] = s.stop().banned_tokens(int64_t(s.output_ids().size()));
+        SampleSpec& spec = specs[i];
+        spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
+        spec.params = &s.params();
+        spec.prompt_ids = s.prompt_ids();
+        spec.output_ids = s.output_ids();
+        spec.banned = banned[i];
+        spec.uniform = s.params().greedy() ? 0.0 : s.rng().uniform();
       }
+      runner_.forward_sample(batch_, specs, results_);
+      SERVAL_CHECK(results_.size() == sampled.size(), "model runner sampled ", results_.size(),
+                   " tokens for ", sampled.size(), " samples");
+      for (size_t i = 0; i < sampled.size(); ++i)
+        sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
     } catch (const std::exception& e) {
       error = e.what();
     }

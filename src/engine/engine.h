@@ -5,8 +5,9 @@
 // a mutex-protected inbox, and read results from each request's channel.
 //
 // One loop iteration: drain inbox and aborts -> Scheduler::schedule ->
-// copy-on-write block copies -> BatchBuilder -> ModelRunner::forward -> Sampler
-// per logits row -> Scheduler::commit -> publish RequestEvents (incremental,
+// copy-on-write block copies -> BatchBuilder -> ModelRunner::forward_sample
+// (the forward pass and one sample per logits row, on the runner's device) ->
+// Scheduler::commit -> publish RequestEvents (incremental,
 // UTF-8 safe text; stop strings held back and cut) -> record metrics. A forward
 // or sampling failure finishes that step's requests with an error event
 // (Scheduler::fail_step); the engine keeps running.
@@ -149,9 +150,8 @@ class Engine {
   KvCacheManager kv_;
   Scheduler sched_;
   BatchBuilder batch_builder_;
-  Sampler sampler_;
   Batch batch_;
-  std::vector<float> logits_;
+  std::vector<SampleResult> results_;
   std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
   PrefixCacheStats last_prefix_stats_;
 

@@ -6,7 +6,10 @@
 // Conventions (shared by every backend):
 //  - Activations are Tensors: non-owning 2-D views [rows, cols], row-major and
 //    contiguous, in the backend's activation dtype (`act_dtype()`: f32 on the
-//    CPU, bf16 on CUDA). Their memory comes from `alloc()`.
+//    CPU, bf16 on CUDA). Their memory comes from `alloc()`. The residual stream
+//    (the hidden state the layers add into) is f32 on every backend: ops that
+//    read or write it (embedding, add_rmsnorm, add, rmsnorm's and gather_rows'
+//    input) take f32 tensors there, and rmsnorm writes the activation dtype.
 //  - Weights are uploaded once through `upload_weight()` into a backend-specific
 //    format (the CPU keeps f32; a GPU may keep bf16/int8/int4 blocks). The model
 //    only passes the resulting handles back to ops.
@@ -18,12 +21,14 @@
 //  - Ops never validate indices: the runner validates the Batch on the host first.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "model/model_config.h"
 #include "model/weights.h"
+#include "sampling/sampler.h"
 
 namespace serval {
 
@@ -114,6 +119,24 @@ struct RopeParams {
   const float* inv_freq = nullptr;
 };
 
+// One row of logits to sample, with what the sampler needs (the semantics are
+// sampling/sampler.h's, on every backend).
+struct SampleSpec {
+  int32_t row = 0;                              // row of the logits tensor
+  const SamplingParams* params = nullptr;
+  std::span<const int32_t> prompt_ids, output_ids;  // for the penalties
+  std::span<const int32_t> banned;              // logit -inf before anything else
+  double uniform = 0.0;                         // the request's draw in [0, 1); unused when greedy
+};
+
+// Ops recorded once and replayed (CUDA graphs). Replays read the same device
+// memory the capture saw: callers update the contents, never the addresses.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  virtual void replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -130,6 +153,19 @@ class Backend {
   // Copies a tensor into host f32 (converting from the activation dtype).
   virtual void tensor_to_host(const Tensor& t, float* dst) = 0;
   virtual void synchronize() = 0;
+  // Copies `rows` rows of `row_bytes` from a host array with pitch `src_pitch`
+  // to device memory with pitch `dst_pitch` (bytes); waits like copy_to_device.
+  virtual void copy_rows_to_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                                   int64_t row_bytes, int64_t rows);
+  // Free and total memory of the device in bytes (the CPU: available host memory).
+  virtual void memory_info(int64_t& free_bytes, int64_t& total_bytes) = 0;
+
+  // ---- graphs ----
+  // Between begin_capture() and end_capture(), ops are recorded, not run; the
+  // recorded ops must not allocate, synchronize or copy to the host.
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture();
+  virtual std::unique_ptr<DeviceGraph> end_capture();
 
   // ---- weights ----
   // Converts `view` (any DType of core/dtype.h) into the backend's format.
@@ -160,6 +196,13 @@ class Backend {
   // Rotates q [T, num_heads * head_dim] and k [T, num_kv_heads * head_dim] in place
   // at positions[t].
   virtual void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) = 0;
+  // rope(q, k) then kv_write(k, v): one kernel on devices where that saves a
+  // pass over k. Default: the two ops.
+  virtual void rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32_t* positions, const RopeParams& rope,
+                             const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
+    this->rope(q, k, positions, rope);
+    kv_write(k, v, slot_mapping, kv, geom);
+  }
   // Copies block `src` of both pools to block `dst`.
   virtual void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) = 0;
   // Writes k, v [T, num_kv_heads * head_dim] to the pools at slot_mapping[t].
@@ -174,12 +217,31 @@ class Backend {
                                Tensor out) = 0;
   // out = silu(gate) * up, elementwise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
+  // out = silu(x @ gate^T) * (x @ up^T): the MLP's first half. `gate_buf` and
+  // `up_buf` are scratch of out's shape that a backend may use. Default:
+  // matmul_multi into them, then silu_mul.
+  virtual void gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
+                            Tensor up_buf, Tensor out) {
+    matmul_multi(x, {&gate, &up}, {gate_buf, up_buf});
+    silu_mul(gate_buf, up_buf, out);
+  }
   // out[r, :] = x[rows[r], :] for r < out.rows.
   virtual void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) = 0;
+
+  // ---- sampling ----
+  // One token per spec from f32 `logits` [R, vocab] (the backend's memory),
+  // with logprobs when the spec asks; out[i] belongs to specs[i]. Throws
+  // serval::Error when a row cannot be sampled (NaN or +inf logits, all -inf,
+  // a token id outside the vocabulary), as sampling/sampler.h does.
+  virtual void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) = 0;
 };
 
-// Creates the backend for `device` ("cpu"); `threads` 0 means all cores.
-// Throws serval::Error for devices this build does not have.
+// "cuda" when `device` is "auto" and this build has CUDA and the machine a
+// GPU, "cpu" for "auto" otherwise; any other name unchanged.
+std::string resolve_device(const std::string& device);
+
+// Creates the backend for `device` ("cpu", "cuda" or "auto"); `threads` 0
+// means all cores. Throws serval::Error for devices this build does not have.
 std::unique_ptr<Backend> create_backend(const std::string& device, int threads);
 
 }  // namespace serval

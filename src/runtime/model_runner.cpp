@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "runtime/backend.h"
 #include "runtime/rope.h"
+#include "runtime/step_graphs.h"
 
 namespace serval {
 
@@ -20,21 +21,35 @@ struct LayerWeights {
   std::unique_ptr<DeviceWeight> ffn_norm, gate, up, down;
 };
 
-// Activation buffers for up to `capacity` tokens per step, reused across steps.
+// Activation buffers for up to `capacity` tokens and `row_capacity` logits
+// rows per step, reused across steps. x (the residual stream) and rows are f32.
 struct Workspace {
-  int64_t capacity = 0;
-  DeviceBuffer x, xn, q, k, v, attn, proj, gate, up, rows, logits;
+  int64_t capacity = 0, row_capacity = 0;
+  DeviceBuffer x, xn, q, k, v, attn, proj, gate, up, mlp, rows, logits;
+  int64_t bytes = 0;
 };
+
+constexpr double kGiB = double(int64_t(1) << 30);
+
+// Device memory kept out of the KV pool for what grows at run time: attention
+// partials, sampling scratch, cuBLASLt's workspace, graphs.
+constexpr int64_t kGpuReserveBytes = int64_t(1) << 30;
 
 class BackendModelRunner : public ModelRunner {
  public:
   BackendModelRunner(const ModelConfig& config, const WeightStore& weights, const RunnerOptions& opts);
 
   void forward(const Batch& batch, std::vector<float>& logits) override;
+  void forward_sample(const Batch& batch, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   const ModelConfig& config() const override { return cfg_; }
   int32_t block_size() const override { return geom_.block_size; }
-  int64_t num_blocks() const override { return geom_.num_blocks; }
+  int64_t num_blocks() const override { return num_blocks_; }
+  std::string device() const override { return backend_->name(); }
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  int64_t activation_bytes() const override { return ws_.bytes; }
+  int64_t graph_replays() const override { return graph_replays_; }
+  int64_t graphs_captured() const override { return graphs_ ? graphs_->size() : 0; }
 
  private:
   std::unique_ptr<DeviceWeight> upload(const WeightStore& ws, const std::string& name,
@@ -42,8 +57,15 @@ class BackendModelRunner : public ModelRunner {
   void load_weights(const WeightStore& ws);
   void setup_rope(const WeightStore& ws);
   void plan_kv_cache(const RunnerOptions& opts);
-  void ensure_workspace(int64_t tokens);
+  void check_weights_fit(const WeightStore& ws, double fraction);
+  void ensure_workspace(int64_t tokens, int64_t rows);
   BatchView upload_batch(const Batch& batch);
+  void validate(const Batch& batch) const;
+  // Runs the step (from a graph when it can); returns the f32 logits [R, vocab]
+  // in device memory.
+  Tensor run(const Batch& batch);
+  // Enqueues the forward pass over `bv`; logits land in ws_.logits.
+  void enqueue_forward(const BatchView& bv);
   Tensor act(const DeviceBuffer& buf, int64_t rows, int64_t cols) const {
     return Tensor{buf.data(), backend_->act_dtype(), rows, cols};
   }
@@ -56,7 +78,11 @@ class BackendModelRunner : public ModelRunner {
   RopeParams rope_;
   KvGeometry geom_;
   std::vector<KvLayer> kv_;
+  int64_t num_blocks_ = 0;  // blocks the engine may use; the pool may hold one spare (graph padding)
+  int64_t weight_bytes_ = 0;
   Workspace ws_;
+  std::unique_ptr<StepGraphs> graphs_;  // null: eager only
+  int64_t graph_replays_ = 0;
   // Batch metadata: packed on the host, copied to the device in one transfer.
   std::vector<int64_t> meta_host_;
   DeviceBuffer meta_dev_;
@@ -67,11 +93,35 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
     : cfg_(config) {
   cfg_.validate();
   SERVAL_CHECK(opts.block_size > 0, "runner: block_size must be positive, got ", opts.block_size);
+  SERVAL_CHECK(opts.gpu_memory_fraction >= 0 && opts.gpu_memory_fraction <= 1,
+               "--gpu-memory-fraction must be in (0, 1], got ", opts.gpu_memory_fraction);
+  SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
+               "max_num_seqs must be positive");
   backend_ = create_backend(opts.device, opts.threads);
+  const bool gpu = backend_->name() != "cpu";
+  if (gpu) check_weights_fit(weights, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
   load_weights(weights);
   setup_rope(weights);
+  // Activations for the largest step first: the KV pool gets what is left.
+  ensure_workspace(std::max<int64_t>(opts.max_num_batched_tokens, opts.max_num_seqs), opts.max_num_seqs);
   plan_kv_cache(opts);
-  ensure_workspace(std::min<int64_t>(cfg_.max_position, 512));
+  if (backend_->supports_graphs() && !opts.enforce_eager) {
+    const int32_t max_len = opts.max_model_len > 0 ? opts.max_model_len : int32_t(cfg_.max_position);
+    graphs_ = std::make_unique<StepGraphs>(*backend_, std::min<int32_t>(opts.max_num_seqs, 512), max_len,
+                                           geom_.block_size, int32_t(num_blocks_));
+  }
+}
+
+void BackendModelRunner::check_weights_fit(const WeightStore& ws, double fraction) {
+  // Matrices become bf16 on the GPU, vectors f32 (backend/cuda).
+  int64_t bytes = 0;
+  for (const auto& [name, t] : ws.all()) bytes += t.numel() * (t.shape.size() == 2 ? 2 : 4);
+  int64_t free_b = 0, total_b = 0;
+  backend_->memory_info(free_b, total_b);
+  SERVAL_CHECK(bytes <= free_b && double(bytes) <= fraction * double(total_b), "the model's weights need ",
+               double(bytes) / kGiB, " GiB of GPU memory, but the GPU has ", double(free_b) / kGiB, " GiB free of ",
+               double(total_b) / kGiB, " GiB (--gpu-memory-fraction ", fraction,
+               "): use a smaller or quantized model, or another GPU");
 }
 
 void BackendModelRunner::setup_rope(const WeightStore& weights) {
@@ -102,7 +152,9 @@ void BackendModelRunner::setup_rope(const WeightStore& weights) {
 
 std::unique_ptr<DeviceWeight> BackendModelRunner::upload(const WeightStore& ws, const std::string& name,
                                                          const std::vector<int64_t>& shape) {
-  return backend_->upload_weight(ws.get(name, shape));
+  const TensorView& view = ws.get(name, shape);
+  weight_bytes_ += dtype_bytes(view.shape.size() == 2 ? backend_->act_dtype() : DType::F32, view.numel());
+  return backend_->upload_weight(view);
 }
 
 void BackendModelRunner::load_weights(const WeightStore& ws) {
@@ -143,6 +195,7 @@ void BackendModelRunner::plan_kv_cache(const RunnerOptions& opts) {
   const int64_t bytes_per_token = 2 * cfg_.num_layers * dtype_bytes(backend_->kv_dtype(), cfg_.kv_dim());
   SERVAL_CHECK(opts.kv_cache_tokens >= 0 && opts.kv_memory_bytes >= 0,
                "runner: kv_cache_tokens and kv_memory_bytes must not be negative");
+  const bool gpu = backend_->name() != "cpu";
   int64_t tokens = 0;
   if (opts.kv_cache_tokens > 0) {
     tokens = opts.kv_cache_tokens;
@@ -151,33 +204,61 @@ void BackendModelRunner::plan_kv_cache(const RunnerOptions& opts) {
     SERVAL_CHECK(tokens >= opts.block_size, "runner: kv_memory_bytes ", opts.kv_memory_bytes,
                  " holds less than one block of ", opts.block_size, " tokens (", bytes_per_token,
                  " bytes per token)");
+  } else if (gpu && opts.gpu_memory_fraction > 0) {
+    // Everything this process holds on the device (weights, activations, the
+    // CUDA context) is already allocated: the pool gets the rest of the fraction.
+    int64_t free_b = 0, total_b = 0;
+    backend_->memory_info(free_b, total_b);
+    const int64_t used = total_b - free_b;
+    const int64_t budget = int64_t(opts.gpu_memory_fraction * double(total_b)) - used - kGpuReserveBytes;
+    const int64_t min_bytes = bytes_per_token * opts.block_size;
+    SERVAL_CHECK(budget >= min_bytes && budget <= free_b, "GPU memory plan: --gpu-memory-fraction ",
+                 opts.gpu_memory_fraction, " of ", double(total_b) / kGiB, " GiB leaves no room for a KV cache: ",
+                 double(used) / kGiB, " GiB are in use (weights ", double(weight_bytes_) / kGiB, " GiB, activations ",
+                 double(ws_.bytes) / kGiB, " GiB for ", ws_.capacity, " tokens per step), ",
+                 double(kGpuReserveBytes) / kGiB, " GiB is reserved for scratch; raise the fraction or lower ",
+                 "--max-num-batched-tokens / --max-num-seqs");
+    tokens = budget / bytes_per_token;
   } else {
     tokens = 4 * std::min<int64_t>(cfg_.max_position, 4096);
   }
-  geom_.num_blocks = (tokens + opts.block_size - 1) / opts.block_size;
+  num_blocks_ = (tokens + opts.block_size - 1) / opts.block_size;
+  SERVAL_CHECK(num_blocks_ < (int64_t(1) << 31) - 1, "runner: ", num_blocks_, " KV blocks are more than a block id holds");
+  // One spare block that no request owns: graph-padding rows write there.
+  geom_.num_blocks = num_blocks_ + (backend_->supports_graphs() ? 1 : 0);
   kv_.clear();
   for (int64_t l = 0; l < cfg_.num_layers; ++l) kv_.push_back(backend_->alloc_kv_layer(geom_));
 }
 
-void BackendModelRunner::ensure_workspace(int64_t tokens) {
-  if (tokens <= ws_.capacity) return;
-  const int64_t T = std::max<int64_t>(tokens, ws_.capacity * 3 / 2);
+void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {
+  if (tokens <= ws_.capacity && rows <= ws_.row_capacity) return;
+  const int64_t T = std::max(tokens, ws_.capacity * 3 / 2);
+  const int64_t R = std::max({rows, ws_.row_capacity * 3 / 2, int64_t(1)});
   const DType a = backend_->act_dtype();
-  auto buf = [&](int64_t cols) { return backend_->alloc(dtype_bytes(a, T * cols)); };
-  ws_.x = buf(cfg_.hidden_size);
-  ws_.xn = buf(cfg_.hidden_size);
-  ws_.q = buf(cfg_.q_dim());
-  ws_.k = buf(cfg_.kv_dim());
-  ws_.v = buf(cfg_.kv_dim());
-  ws_.attn = buf(cfg_.q_dim());
-  ws_.proj = buf(cfg_.hidden_size);
-  ws_.gate = buf(cfg_.intermediate_size);
-  ws_.up = buf(cfg_.intermediate_size);
-  ws_.rows = buf(cfg_.hidden_size);
+  ws_ = Workspace{};  // free the old buffers first
+  int64_t bytes = 0;
+  auto buf = [&](int64_t n, DType dt) {
+    bytes += dtype_bytes(dt, n);
+    return backend_->alloc(dtype_bytes(dt, n));
+  };
+  ws_.x = buf(T * cfg_.hidden_size, DType::F32);
+  ws_.xn = buf(T * cfg_.hidden_size, a);
+  ws_.q = buf(T * cfg_.q_dim(), a);
+  ws_.k = buf(T * cfg_.kv_dim(), a);
+  ws_.v = buf(T * cfg_.kv_dim(), a);
+  ws_.attn = buf(T * cfg_.q_dim(), a);
+  ws_.proj = buf(T * cfg_.hidden_size, a);
+  ws_.gate = buf(T * cfg_.intermediate_size, a);
+  ws_.up = buf(T * cfg_.intermediate_size, a);
+  ws_.mlp = buf(T * cfg_.intermediate_size, a);
+  ws_.rows = buf(R * cfg_.hidden_size, DType::F32);
   // Logits are f32 on every backend: the LM head accumulates in f32 and
   // rounding them to a bf16 activation would only lose precision.
-  ws_.logits = backend_->alloc(T * cfg_.vocab_size * int64_t(sizeof(float)));
+  ws_.logits = buf(R * cfg_.vocab_size, DType::F32);
   ws_.capacity = T;
+  ws_.row_capacity = R;
+  ws_.bytes = bytes;
+  if (graphs_) graphs_->clear();  // they hold the old addresses
 }
 
 BatchView BackendModelRunner::upload_batch(const Batch& b) {
@@ -224,8 +305,8 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
   return v;
 }
 
-void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits) {
-  batch.validate(geom_.block_size, geom_.num_blocks);
+void BackendModelRunner::validate(const Batch& batch) const {
+  batch.validate(geom_.block_size, num_blocks_);
   for (int32_t t = 0; t < batch.num_tokens(); ++t) {
     SERVAL_CHECK(batch.token_ids[t] >= 0 && batch.token_ids[t] < cfg_.vocab_size, "batch: token_ids[", t, "] = ",
                  batch.token_ids[t], " is outside the vocabulary of ", cfg_.vocab_size);
@@ -234,16 +315,62 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
     SERVAL_CHECK(batch.context_len[s] <= cfg_.max_position, "batch: sequence ", s, " has context_len ",
                  batch.context_len[s], ", beyond the model's context length ", cfg_.max_position);
   }
-  const int64_t T = batch.num_tokens();
-  const int64_t R = int64_t(batch.logits_rows.size());
-  ensure_workspace(T);
-  const BatchView bv = upload_batch(batch);
-  Backend& be = *backend_;
+}
 
+Tensor BackendModelRunner::run(const Batch& batch) {
+  validate(batch);
+  const int64_t R = int64_t(batch.logits_rows.size());
+  if (graphs_ && graphs_->eligible(batch)) {
+    const int32_t B = graphs_->padded_size(batch.num_seqs());
+    ensure_workspace(B, B);  // may drop the graphs, so before find()
+    const BatchView bv = graphs_->upload(batch, B);
+    if (DeviceGraph* g = graphs_->find(B)) {
+      g->replay();
+      ++graph_replays_;
+      return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
+    }
+    // First step of this size: run it eagerly (which also sizes every scratch
+    // buffer and matmul plan the graph will use), then record it.
+    enqueue_forward(bv);
+    backend_->begin_capture();
+    try {
+      enqueue_forward(bv);
+    } catch (...) {
+      try { backend_->end_capture(); } catch (...) {}
+      throw;
+    }
+    graphs_->store(B, backend_->end_capture());
+    return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
+  }
+  ensure_workspace(batch.num_tokens(), R);
+  enqueue_forward(upload_batch(batch));
+  return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
+}
+
+void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits) {
+  const Tensor out = run(batch);
+  logits.resize(size_t(out.numel()));
+  if (out.rows > 0) backend_->tensor_to_host(out, logits.data());
+}
+
+void BackendModelRunner::forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
+                                        std::vector<SampleResult>& out) {
+  const Tensor logits = run(batch);
+  for (const SampleSpec& s : specs)
+    SERVAL_CHECK(s.params != nullptr && s.row >= 0 && s.row < logits.rows, "forward_sample: spec row ", s.row,
+                 " is outside the step's ", logits.rows, " logits rows");
+  backend_->sample(logits, specs, out);
+}
+
+void BackendModelRunner::enqueue_forward(const BatchView& bv) {
+  Backend& be = *backend_;
+  const int64_t T = bv.num_tokens, R = bv.num_logits_rows;
   const int64_t Hd = cfg_.hidden_size, Qd = cfg_.q_dim(), KVd = cfg_.kv_dim(), I = cfg_.intermediate_size;
-  const Tensor x = act(ws_.x, T, Hd), xn = act(ws_.xn, T, Hd), proj = act(ws_.proj, T, Hd);
+  const Tensor x{ws_.x.data(), DType::F32, T, Hd};
+  const Tensor xn = act(ws_.xn, T, Hd), proj = act(ws_.proj, T, Hd);
   const Tensor q = act(ws_.q, T, Qd), k = act(ws_.k, T, KVd), v = act(ws_.v, T, KVd);
   const Tensor attn = act(ws_.attn, T, Qd), gate = act(ws_.gate, T, I), up = act(ws_.up, T, I);
+  const Tensor mlp = act(ws_.mlp, T, I);
   const float eps = cfg_.rms_eps;
   const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
 
@@ -262,31 +389,27 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
       be.rmsnorm(q.reshaped(cfg_.head_dim), *L.q_norm, eps, q.reshaped(cfg_.head_dim));
       be.rmsnorm(k.reshaped(cfg_.head_dim), *L.k_norm, eps, k.reshaped(cfg_.head_dim));
     }
-    be.rope(q, k, bv.positions, rope_);
-    be.kv_write(k, v, bv.slot_mapping, kv_[l], geom_);
+    be.rope_kv_write(q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
     be.paged_attention(q, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale, attn);
     be.matmul(attn, *L.wo, nullptr, proj);
     be.add_rmsnorm(x, proj, *L.ffn_norm, eps, xn);
 
-    be.matmul_multi(xn, {L.gate.get(), L.up.get()}, {gate, up});
-    be.silu_mul(gate, up, gate);
-    be.matmul(gate, *L.down, nullptr, proj);
+    be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, mlp);
+    be.matmul(mlp, *L.down, nullptr, proj);
     if (l + 1 < layers_.size()) {
       be.add_rmsnorm(x, proj, *layers_[l + 1].attn_norm, eps, xn);
     } else {
       be.add(x, proj);
     }
   }
-
-  logits.resize(size_t(R * cfg_.vocab_size));
   if (R == 0) return;
   // Only the rows that need logits go through the final norm and the LM head.
-  const Tensor rows = act(ws_.rows, R, Hd);
+  const Tensor rows{ws_.rows.data(), DType::F32, R, Hd};
+  const Tensor rows_n = act(ws_.xn, R, Hd);
   const Tensor out{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
   be.gather_rows(x, bv.logits_rows, rows);
-  be.rmsnorm(rows, *output_norm_, eps, rows);
-  be.matmul(rows, output_ ? *output_ : *tok_embd_, nullptr, out);
-  be.tensor_to_host(out, logits.data());
+  be.rmsnorm(rows, *output_norm_, eps, rows_n);
+  be.matmul(rows_n, output_ ? *output_ : *tok_embd_, nullptr, out);
 }
 
 void BackendModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
@@ -303,6 +426,21 @@ void BackendModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_
 
 void ModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) {
   fail("this model runner cannot copy KV blocks");
+}
+
+void ModelRunner::forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
+                                 std::vector<SampleResult>& out) {
+  std::vector<float> logits;
+  forward(batch, logits);
+  const int64_t V = config().vocab_size;
+  out.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const SampleSpec& s = specs[i];
+    SERVAL_CHECK(s.params != nullptr && s.row >= 0 && int64_t(s.row) * V < int64_t(logits.size()),
+                 "forward_sample: spec row ", s.row, " is outside the step's logits");
+    const std::span<const float> row(logits.data() + int64_t(s.row) * V, size_t(V));
+    out[i] = host_sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned);
+  }
 }
 
 std::unique_ptr<ModelRunner> ModelRunner::create(const ModelConfig& config, const WeightStore& weights,

@@ -10,16 +10,27 @@
 
 #include "model/model_config.h"
 #include "model/weights.h"
+#include "runtime/backend.h"
 #include "runtime/batch.h"
 
 namespace serval {
 
 struct RunnerOptions {
-  std::string device = "cpu";
+  std::string device = "cpu";   // "cpu", "cuda" or "auto" (cuda when there is a GPU)
   int32_t block_size = 16;      // tokens per KV block
-  int64_t kv_cache_tokens = 0;  // 0: size the pool from kv_memory_bytes
-  int64_t kv_memory_bytes = 0;  // 0: 4 sequences of min(max_position, 4096) tokens
+  int64_t kv_cache_tokens = 0;  // 0: size the pool from kv_memory_bytes, else gpu_memory_fraction
+  int64_t kv_memory_bytes = 0;  // 0: see gpu_memory_fraction
+  // On a GPU with neither of the above: weights + activations + KV pool take
+  // this fraction of the device's memory. 0 (or a CPU): the pool holds 4
+  // sequences of min(max_position, 4096) tokens.
+  double gpu_memory_fraction = 0;
   int threads = 0;              // CPU threads for kernels and BLAS; 0: all cores
+  // The largest step the engine will run (activation buffers are planned for
+  // it; a larger one grows them) and the most sequences in one step.
+  int64_t max_num_batched_tokens = 512;
+  int32_t max_num_seqs = 256;
+  int32_t max_model_len = 0;    // 0: the model's context
+  bool enforce_eager = false;   // never replay decode steps from graphs
 };
 
 class ModelRunner {
@@ -41,6 +52,13 @@ class ModelRunner {
   // (the engine loop).
   virtual void forward(const Batch& batch, std::vector<float>& logits) = 0;
 
+  // Runs one step and samples one token for each spec (spec.row indexes the
+  // step's logits rows), where the logits are: on a GPU they never reach the
+  // host. Throws like forward() and Backend::sample(). Default: forward(), then
+  // sampling/Sampler on the host.
+  virtual void forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
+                              std::vector<SampleResult>& out);
+
   // Copies whole KV blocks (every layer, K and V): for each pair, block
   // `first` to block `second`. For copy-on-write of a shared partial block
   // when a sequence forks. Throws if a block id is outside the pool.
@@ -49,6 +67,17 @@ class ModelRunner {
   virtual const ModelConfig& config() const = 0;
   virtual int32_t block_size() const = 0;
   virtual int64_t num_blocks() const = 0;
+  // What the runner is running on, for start-up logs ("cuda", "cpu").
+  virtual std::string device() const { return "cpu"; }
+  // Device memory the runner holds (weights, activations, KV pool), 0 if unknown.
+  virtual int64_t weight_bytes() const { return 0; }
+  virtual int64_t activation_bytes() const { return 0; }
+  // Decode steps replayed from graphs so far, and graphs captured.
+  virtual int64_t graph_replays() const { return 0; }
+  virtual int64_t graphs_captured() const { return 0; }
+
+ private:
+  Sampler host_sampler_;  // forward_sample's default
 };
 
 }  // namespace serval

@@ -43,6 +43,14 @@ SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams
                              std::span<const int32_t> prompt_ids,
                              std::span<const int32_t> output_ids, Rng& rng,
                              std::span<const int32_t> banned) {
+  const double u = params.greedy() ? 0.0 : rng.uniform();
+  return sample(logits, params, prompt_ids, output_ids, u, banned);
+}
+
+SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams& params,
+                             std::span<const int32_t> prompt_ids,
+                             std::span<const int32_t> output_ids, double u,
+                             std::span<const int32_t> banned) {
   SampleResult result;
   std::span<const float> x = logits;
   if (params.has_penalties() || !params.greedy() || !banned.empty()) {
@@ -57,14 +65,14 @@ SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams
   } else {
     const float t = params.temperature;
     for (float& v : work_) v /= t;
-    result.token = sample_filtered(work_, params, rng);
+    result.token = sample_filtered(work_, params, u);
   }
   if (params.logprobs >= 0) result.logprobs = compute_logprobs(logits, result.token, params.logprobs);
   return result;
 }
 
 int32_t Sampler::sample_filtered(std::span<const float> x, const SamplingParams& params,
-                                 Rng& rng) {
+                                 double u) {
   const int64_t vocab = int64_t(x.size());
   const float max = checked_max(x).value;
   // `all`: every token is still a candidate and candidates_ is not materialized
@@ -104,7 +112,6 @@ int32_t Sampler::sample_filtered(std::span<const float> x, const SamplingParams&
     }
   }
 
-  const double u = rng.uniform();
   if (all) {
     weights_.resize(size_t(vocab));
     exp_shifted(x, max, weights_.data());

@@ -39,9 +39,16 @@ class Sampler {
   SampleResult sample(std::span<const float> logits, const SamplingParams& params,
                       std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids,
                       Rng& rng, std::span<const int32_t> banned = {});
+  // The same with the draw made by the caller: `uniform` in [0, 1) is what
+  // rng.uniform() would have returned (ignored when greedy). The GPU sampler
+  // takes the same draw, so a seed picks the same token on every backend up
+  // to rounding of the logits.
+  SampleResult sample(std::span<const float> logits, const SamplingParams& params,
+                      std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids,
+                      double uniform, std::span<const int32_t> banned = {});
 
  private:
-  int32_t sample_filtered(std::span<const float> x, const SamplingParams& params, Rng& rng);
+  int32_t sample_filtered(std::span<const float> x, const SamplingParams& params, double u);
   float kth_largest(std::span<const float> x, float max, int32_t k);
   void apply_top_p(std::span<const float> x, float max, float top_p);
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kv/kv_memory_plan.h"
 
 namespace serval {
 
@@ -46,6 +47,22 @@ void CpuBackend::copy_to_device(void* dst, const void* src, int64_t bytes) {
 
 void CpuBackend::copy_to_host(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
+}
+
+void CpuBackend::memory_info(int64_t& free_bytes, int64_t& total_bytes) {
+  free_bytes = total_bytes = available_memory_bytes();
+}
+
+void CpuBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) {
+  SERVAL_CHECK(logits.dtype == DType::F32, "cpu backend: sample expects f32 logits");
+  out.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const SampleSpec& s = specs[i];
+    SERVAL_CHECK(s.row >= 0 && s.row < logits.rows, "sample: row ", s.row, " is outside the ", logits.rows,
+                 " rows of logits");
+    const std::span<const float> row(f32(logits) + int64_t(s.row) * logits.cols, size_t(logits.cols));
+    out[i] = sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned);
+  }
 }
 
 void CpuBackend::tensor_to_host(const Tensor& t, float* dst) {

@@ -33,6 +33,7 @@ class CpuBackend : public Backend {
   void copy_to_host(void* dst, const void* src, int64_t bytes) override;
   void tensor_to_host(const Tensor& t, float* dst) override;
   void synchronize() override {}
+  void memory_info(int64_t& free_bytes, int64_t& total_bytes) override;
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
@@ -50,9 +51,12 @@ class CpuBackend : public Backend {
                        int32_t num_heads, float scale, Tensor out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) override;
+  // The host Sampler over each row (the logits are already host memory).
+  void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
 
  private:
   int threads_;
+  Sampler sampler_;
   // Per-thread attention scores, grown to the longest context seen.
   std::vector<std::vector<float>> scores_;
 };

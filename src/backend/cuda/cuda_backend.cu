@@ -48,6 +48,7 @@ CudaBackend::~CudaBackend() {
 
 DeviceBuffer CudaBackend::alloc(int64_t bytes) {
   SERVAL_CHECK(bytes >= 0, "cuda backend: cannot allocate ", bytes, " bytes");
+  SERVAL_CHECK(!capturing_, "cuda backend: cannot allocate while a graph is being captured");
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, size_t(std::max<int64_t>(bytes, 256)));
   if (err != cudaSuccess) {
@@ -77,6 +78,21 @@ void CudaBackend::copy_to_host(void* dst, const void* src, int64_t bytes) {
 }
 
 void CudaBackend::synchronize() { SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::copy_rows_to_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                                      int64_t row_bytes, int64_t rows) {
+  if (rows <= 0 || row_bytes <= 0) return;
+  SERVAL_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(row_bytes),
+                                      size_t(rows), cudaMemcpyHostToDevice, stream_));
+  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::memory_info(int64_t& free_bytes, int64_t& total_bytes) {
+  size_t f = 0, t = 0;
+  SERVAL_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  free_bytes = int64_t(f);
+  total_bytes = int64_t(t);
+}
 
 void CudaBackend::tensor_to_host(const Tensor& t, float* dst) {
   SERVAL_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32, "cuda backend: tensor_to_host expects bf16 or f32, got ",
@@ -154,6 +170,8 @@ void CudaBackend::copy_kv_block(const KvLayer& kv, const KvGeometry& g, int64_t 
 
 void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
   if (buf.bytes() < bytes) {
+    SERVAL_CHECK(!capturing_, "cuda backend: a scratch buffer must grow (", bytes,
+                 " bytes) while a graph is being captured; run the step eagerly first");
     synchronize();  // the old buffer may still be in use by queued kernels
     buf = alloc(std::max<int64_t>(bytes, buf.bytes() * 3 / 2));
   }
@@ -165,5 +183,12 @@ void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
 namespace serval {
 
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<cuda::CudaBackend>(0); }
+
+bool cuda_device_present() {
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();  // no device is not an error to keep
+  return ok;
+}
 
 }  // namespace serval

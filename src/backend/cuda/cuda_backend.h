@@ -43,6 +43,13 @@ class CudaBackend : public Backend {
   void copy_to_host(void* dst, const void* src, int64_t bytes) override;
   void tensor_to_host(const Tensor& t, float* dst) override;
   void synchronize() override;
+  void copy_rows_to_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+                           int64_t rows) override;
+  void memory_info(int64_t& free_bytes, int64_t& total_bytes) override;
+
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override;
+  std::unique_ptr<DeviceGraph> end_capture() override;
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
@@ -55,6 +62,8 @@ class CudaBackend : public Backend {
   void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) override;
   void add(Tensor x, const Tensor& delta) override;
   void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) override;
+  void rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32_t* positions, const RopeParams& rope,
+                     const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) override;
   void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) override;
   void kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv,
                 const KvGeometry& geom) override;
@@ -62,6 +71,7 @@ class CudaBackend : public Backend {
                        int32_t num_heads, float scale, Tensor out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) override;
+  void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
 
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
@@ -83,6 +93,7 @@ class CudaBackend : public Backend {
   DeviceBuffer lt_workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, MatmulPlan> plans_;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
+  bool capturing_ = false;      // inside begin_capture() .. end_capture()
   void* host_staging_ = nullptr;  // pinned, for tensor_to_host
   int64_t host_staging_bytes_ = 0;
 };

@@ -7,77 +7,101 @@ namespace serval::cuda {
 
 namespace {
 
-// out[r, :] = src[idx[r], :] (idx null: r).
-__global__ void gather_kernel(const bf16* src, const int32_t* idx, bf16* out, int64_t cols) {
+// Eight consecutive values of a bf16 or f32 row as f32, and back: the residual
+// stream is f32, everything else bf16 (cuda_backend.h).
+__device__ __forceinline__ void load8(const bf16* p, int64_t c, float* f) {
+  bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(p)[c], f);
+}
+__device__ __forceinline__ void load8(const float* p, int64_t c, float* f) {
+  const float4 a = reinterpret_cast<const float4*>(p)[2 * c], b = reinterpret_cast<const float4*>(p)[2 * c + 1];
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ __forceinline__ void store8(bf16* p, int64_t c, const float* f) {
+  reinterpret_cast<Bf16x8*>(p)[c] = f32_to_bf16x8(f);
+}
+__device__ __forceinline__ void store8(float* p, int64_t c, const float* f) {
+  reinterpret_cast<float4*>(p)[2 * c] = make_float4(f[0], f[1], f[2], f[3]);
+  reinterpret_cast<float4*>(p)[2 * c + 1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+__device__ __forceinline__ float load1(const bf16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float load1(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ void store1(bf16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
+__device__ __forceinline__ void store1(float* p, int64_t i, float v) { p[i] = v; }
+
+// out[r, :] = src[idx[r], :] (idx null: r), converting the element type.
+template <typename In, typename Out>
+__global__ void gather_kernel(const In* src, const int32_t* idx, Out* out, int64_t cols) {
   const int64_t r = blockIdx.x;
-  const bf16* s = src + int64_t(idx ? idx[r] : r) * cols;
-  bf16* o = out + r * cols;
+  const In* s = src + int64_t(idx ? idx[r] : r) * cols;
+  Out* o = out + r * cols;
   if (cols % 8 == 0) {
-    for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x)
-      reinterpret_cast<Bf16x8*>(o)[c] = reinterpret_cast<const Bf16x8*>(s)[c];
+    for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
+      float f[8];
+      load8(s, c, f);
+      store8(o, c, f);
+    }
   } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = s[c];
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) store1(o, c, load1(s, c));
   }
 }
 
 // Matches the CPU: out = w * (x * rsqrt(mean(x^2) + eps)). With `delta`, the
-// residual x += delta is stored first (rounded to bf16) and normalized as stored.
-template <bool kAdd, bool kVec>
-__global__ void rmsnorm_kernel(bf16* x, const bf16* delta, const float* w, float eps, bf16* out, int64_t cols) {
+// residual x += delta is stored first (in X's type) and normalized as stored.
+// The second pass re-reads the row (it is in L1/L2): rows are at most a few
+// KB, and registers would cap the width.
+template <bool kAdd, typename X>
+__global__ void rmsnorm_kernel(X* x, const bf16* delta, const float* w, float eps, bf16* out, int64_t cols) {
   __shared__ float scratch[32];
-  bf16* xr = x + int64_t(blockIdx.x) * cols;
+  X* xr = x + int64_t(blockIdx.x) * cols;
+  const bf16* dr = kAdd ? delta + int64_t(blockIdx.x) * cols : nullptr;
   bf16* orow = out + int64_t(blockIdx.x) * cols;
+  const bool vec = cols % 8 == 0;
   float ss = 0.0f;
-  if constexpr (kVec) {
-    // The second pass re-reads the row (it is in L1/L2): rows are at most a few
-    // KB, and registers would cap the width.
+  if (vec) {
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
       float f[8];
-      Bf16x8 v = reinterpret_cast<const Bf16x8*>(xr)[c];
-      bf16x8_to_f32(v, f);
+      load8(xr, c, f);
       if constexpr (kAdd) {
         float d[8];
-        bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(delta + int64_t(blockIdx.x) * cols)[c], d);
+        load8(dr, c, d);
 #pragma unroll
         for (int i = 0; i < 8; ++i) f[i] += d[i];
-        v = f32_to_bf16x8(f);
-        reinterpret_cast<Bf16x8*>(xr)[c] = v;
-        bf16x8_to_f32(v, f);
+        store8(xr, c, f);
+        load8(xr, c, f);  // normalize what was stored (bf16 rounding, if any)
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
     }
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      float f = __bfloat162float(xr[c]);
+      float f = load1(xr, c);
       if constexpr (kAdd) {
-        const bf16 s = __float2bfloat16(f + __bfloat162float(delta[int64_t(blockIdx.x) * cols + c]));
-        xr[c] = s;
-        f = __bfloat162float(s);
+        store1(xr, c, f + load1(dr, c));
+        f = load1(xr, c);
       }
       ss += f * f;
     }
   }
   const float r = rsqrtf(block_sum(ss, scratch) / float(cols) + eps);
-  if constexpr (kVec) {
+  if (vec) {
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
       float f[8];
-      bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(xr)[c], f);
+      load8(xr, c, f);
       const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
       const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
       for (int i = 0; i < 8; ++i) f[i] = ws[i] * (f[i] * r);
-      reinterpret_cast<Bf16x8*>(orow)[c] = f32_to_bf16x8(f);
+      store8(orow, c, f);
     }
   } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      orow[c] = __float2bfloat16(w[c] * (__bfloat162float(xr[c]) * r));
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) store1(orow, c, w[c] * (load1(xr, c) * r));
   }
 }
 
-__global__ void add_kernel(bf16* x, const bf16* d, int64_t n) {
+template <typename X>
+__global__ void add_kernel(X* x, const bf16* d, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(d[i]));
+    store1(x, i, load1(x, i) + __bfloat162float(d[i]));
 }
 
 __global__ void silu_mul_kernel(const bf16* g, const bf16* u, bf16* o, int64_t n) {
@@ -117,62 +141,89 @@ void check_bf16(const Tensor& t, const char* what) {
   SERVAL_CHECK(t.dtype == DType::BF16, "cuda backend: ", what, " expects bf16 tensors, got ", dtype_name(t.dtype));
 }
 
+// The residual stream's ops take bf16 or f32 there.
+void check_stream(const Tensor& t, const char* what) {
+  SERVAL_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32, "cuda backend: ", what,
+               " expects a bf16 or f32 tensor, got ", dtype_name(t.dtype));
+}
+
+template <typename Out>
+void launch_gather(const void* src, DType src_dtype, const int32_t* idx, Out* out, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
+  if (src_dtype == DType::F32)
+    gather_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(static_cast<const float*>(src), idx, out, cols);
+  else
+    gather_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(static_cast<const bf16*>(src), idx, out, cols);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
+void gather(const void* src, DType src_dtype, const int32_t* idx, const Tensor& out, cudaStream_t stream) {
+  if (out.dtype == DType::F32)
+    launch_gather(src, src_dtype, idx, static_cast<float*>(out.data), out.rows, out.cols, stream);
+  else
+    launch_gather(src, src_dtype, idx, bf(out), out.rows, out.cols, stream);
+}
+
+template <bool kAdd>
+void launch_rmsnorm(const Tensor& x, const bf16* delta, const float* w, float eps, const Tensor& out,
+                    cudaStream_t stream) {
+  const dim3 grid(unsigned(x.rows)), block(unsigned(row_threads(x.cols)));
+  if (x.dtype == DType::F32)
+    rmsnorm_kernel<kAdd><<<grid, block, 0, stream>>>(static_cast<float*>(x.data), delta, w, eps, bf(out), x.cols);
+  else
+    rmsnorm_kernel<kAdd><<<grid, block, 0, stream>>>(bf(x), delta, w, eps, bf(out), x.cols);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void CudaBackend::embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) {
   const CudaWeight& w = as_cuda(table);
   SERVAL_CHECK(w.dtype() == DType::BF16 && w.cols() == out.cols, "embedding: table \"", w.name(),
                "\" does not match the output width ", out.cols);
+  check_stream(out, "embedding");
   if (out.rows == 0) return;
-  gather_kernel<<<unsigned(out.rows), row_threads(out.cols), 0, stream_>>>(static_cast<const bf16*>(w.data()), ids,
-                                                                           bf(out), out.cols);
-  SERVAL_CUDA_LAUNCH_CHECK();
+  gather(w.data(), DType::BF16, ids, out, stream_);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) {
-  check_bf16(x, "gather_rows");
+  check_stream(x, "gather_rows");
+  SERVAL_CHECK(out.dtype == x.dtype && out.cols == x.cols, "gather_rows: output must match the input's dtype and width");
   if (out.rows == 0) return;
-  gather_kernel<<<unsigned(out.rows), row_threads(out.cols), 0, stream_>>>(bf(x), rows, bf(out), out.cols);
-  SERVAL_CUDA_LAUNCH_CHECK();
+  gather(x.data, x.dtype, rows, out, stream_);
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) {
-  check_bf16(x, "rmsnorm");
+  check_stream(x, "rmsnorm");
+  check_bf16(out, "rmsnorm's output");
+  SERVAL_CHECK(out.data != x.data || x.dtype == DType::BF16, "rmsnorm: an f32 input cannot be normalized in place");
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == x.cols, "rmsnorm: weight \"", cw.name(), "\" has ",
                cw.cols(), " entries, rows have ", x.cols);
   if (x.rows == 0) return;
-  const auto* W = static_cast<const float*>(cw.data());
-  if (x.cols % 8 == 0)
-    rmsnorm_kernel<false, true><<<unsigned(x.rows), row_threads(x.cols), 0, stream_>>>(bf(x), nullptr, W, eps,
-                                                                                       bf(out), x.cols);
-  else
-    rmsnorm_kernel<false, false><<<unsigned(x.rows), row_threads(x.cols), 0, stream_>>>(bf(x), nullptr, W, eps,
-                                                                                        bf(out), x.cols);
-  SERVAL_CUDA_LAUNCH_CHECK();
+  launch_rmsnorm<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, stream_);
 }
 
 void CudaBackend::add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) {
-  check_bf16(residual, "add_rmsnorm");
+  check_stream(residual, "add_rmsnorm");
+  check_bf16(delta, "add_rmsnorm's delta");
+  check_bf16(out, "add_rmsnorm's output");
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == residual.cols, "add_rmsnorm: weight \"", cw.name(),
                "\" has ", cw.cols(), " entries, rows have ", residual.cols);
   if (residual.rows == 0) return;
-  const auto* W = static_cast<const float*>(cw.data());
-  if (residual.cols % 8 == 0)
-    rmsnorm_kernel<true, true><<<unsigned(residual.rows), row_threads(residual.cols), 0, stream_>>>(
-        bf(residual), bf(delta), W, eps, bf(out), residual.cols);
-  else
-    rmsnorm_kernel<true, false><<<unsigned(residual.rows), row_threads(residual.cols), 0, stream_>>>(
-        bf(residual), bf(delta), W, eps, bf(out), residual.cols);
-  SERVAL_CUDA_LAUNCH_CHECK();
+  launch_rmsnorm<true>(residual, bf(delta), static_cast<const float*>(cw.data()), eps, out, stream_);
 }
 
 void CudaBackend::add(Tensor x, const Tensor& delta) {
-  check_bf16(x, "add");
+  check_stream(x, "add");
+  check_bf16(delta, "add's delta");
   const int64_t n = x.numel();
   if (n == 0) return;
-  add_kernel<<<grid_for(n, 256, num_sms_), 256, 0, stream_>>>(bf(x), bf(delta), n);
+  if (x.dtype == DType::F32)
+    add_kernel<<<grid_for(n, 256, num_sms_), 256, 0, stream_>>>(static_cast<float*>(x.data), bf(delta), n);
+  else
+    add_kernel<<<grid_for(n, 256, num_sms_), 256, 0, stream_>>>(bf(x), bf(delta), n);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 

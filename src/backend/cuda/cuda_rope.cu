@@ -1,5 +1,7 @@
-// Rotary position embedding, in place on q and k. The angle is float(pos) *
-// inv_freq in f32, as torch (and the CPU backend) compute it.
+// Rotary position embedding, in place on q and k, and fused with the KV-cache
+// write: rotated k goes straight to its slot, so k is read once and not written
+// back. The angle is float(pos) * inv_freq in f32, as torch (and the CPU
+// backend) compute it.
 #include "backend/cuda/cuda_backend.h"
 
 namespace serval::cuda {
@@ -30,14 +32,96 @@ __global__ void rope_kernel(bf16* q, bf16* k, const int32_t* positions, const fl
   }
 }
 
-}  // namespace
+// Grid (token, group of kHeadsPerBlock heads): q pairs rotated in place; k
+// pairs rotated into the token's slot of the K pool (dimensions past rope_dim
+// copied); v copied to the V pool, each block taking a share of the row. The
+// pools' rows are [kv_heads * head_dim], like k's and v's. cos/sin of the
+// token's rope_dim / 2 angles are computed once per block, not once per head:
+// a decode step has one token, and sincosf per element made this kernel
+// latency-bound.
+constexpr int kHeadsPerBlock = 8;
 
-void CudaBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& p) {
+__global__ void rope_kv_write_kernel(bf16* q, const bf16* k, const bf16* v, const int32_t* positions,
+                                     const int64_t* slots, const float* inv_freq, bf16* K, bf16* V, int q_heads,
+                                     int k_heads, int head_dim, int rope_dim, bool neox) {
+  extern __shared__ float cs_s[];  // [half] cos, then [half] sin
+  const int t = blockIdx.x;
+  const int half = rope_dim / 2;
+  const float pos = float(positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) sincosf(pos * inv_freq[i], &cs_s[half + i], &cs_s[i]);
+  __syncthreads();
+  const int64_t kv_row = int64_t(k_heads) * head_dim;
+  const bf16* kt = k + int64_t(t) * kv_row;
+  bf16* Kt = K + slots[t] * kv_row;
+  const int head0 = blockIdx.y * kHeadsPerBlock;
+  const int heads = min(kHeadsPerBlock, q_heads + k_heads - head0);
+  for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
+    const int head = head0 + e / half, i = e % half;
+    const float cs = cs_s[i], sn = cs_s[half + i];
+    const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+    if (head < q_heads) {
+      bf16* h = q + (int64_t(t) * q_heads + head) * head_dim;
+      const float a = __bfloat162float(h[ia]), b = __bfloat162float(h[ib]);
+      h[ia] = __float2bfloat16(a * cs - b * sn);
+      h[ib] = __float2bfloat16(b * cs + a * sn);
+    } else {
+      const int64_t off = int64_t(head - q_heads) * head_dim;
+      const float a = __bfloat162float(kt[off + ia]), b = __bfloat162float(kt[off + ib]);
+      Kt[off + ia] = __float2bfloat16(a * cs - b * sn);
+      Kt[off + ib] = __float2bfloat16(b * cs + a * sn);
+    }
+  }
+  const int pass = head_dim - rope_dim;  // partial rotary: the rest of each k head
+  for (int e = threadIdx.x; e < heads * pass; e += blockDim.x) {
+    const int head = head0 + e / pass;
+    if (head < q_heads) continue;  // q's pass-through dims stay where they are
+    const int64_t off = int64_t(head - q_heads) * head_dim + rope_dim + e % pass;
+    Kt[off] = kt[off];
+  }
+  // This block's share of the v row.
+  const bf16* vt = v + int64_t(t) * kv_row;
+  bf16* Vt = V + slots[t] * kv_row;
+  if (kv_row % 8 == 0) {
+    const int64_t n8 = kv_row / 8, per = (n8 + gridDim.y - 1) / gridDim.y;
+    const int64_t c1 = min(n8, per * (blockIdx.y + 1));
+    for (int64_t c = per * blockIdx.y + threadIdx.x; c < c1; c += blockDim.x)
+      reinterpret_cast<Bf16x8*>(Vt)[c] = reinterpret_cast<const Bf16x8*>(vt)[c];
+  } else {
+    const int64_t per = (kv_row + gridDim.y - 1) / gridDim.y, c1 = min(kv_row, per * (blockIdx.y + 1));
+    for (int64_t c = per * blockIdx.y + threadIdx.x; c < c1; c += blockDim.x) Vt[c] = vt[c];
+  }
+}
+
+void check_rope(const Tensor& q, const Tensor& k, const RopeParams& p) {
   SERVAL_CHECK(q.dtype == DType::BF16 && k.dtype == DType::BF16, "rope: expects bf16 q and k");
   SERVAL_CHECK(p.head_dim > 0 && p.rope_dim > 0 && p.rope_dim <= p.head_dim && p.rope_dim % 2 == 0 &&
                    q.cols % p.head_dim == 0 && k.cols % p.head_dim == 0,
                "rope: head_dim ", p.head_dim, " / rope_dim ", p.rope_dim, " do not fit q width ", q.cols,
                " and k width ", k.cols);
+}
+
+}  // namespace
+
+void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32_t* positions, const RopeParams& p,
+                                const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& g) {
+  check_rope(q, k, p);
+  const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;
+  SERVAL_CHECK(v.dtype == DType::BF16 && k.cols == row && v.cols == row && g.head_dim == p.head_dim,
+               "rope_kv_write: k and v must be bf16 of width ", row, ", got ", k.cols, " and ", v.cols);
+  if (q.rows == 0) return;
+  const int q_heads = int(q.cols / p.head_dim), k_heads = int(k.cols / p.head_dim);
+  const int pairs = kHeadsPerBlock * (p.rope_dim / 2);
+  const int threads = std::min(512, (pairs + 31) / 32 * 32);
+  const dim3 grid(unsigned(q.rows), unsigned(ceil_div(q_heads + k_heads, kHeadsPerBlock)));
+  const size_t smem = size_t(p.rope_dim) * sizeof(float);
+  rope_kv_write_kernel<<<grid, threads, smem, stream_>>>(
+      bf(q), bf(k), bf(v), positions, slot_mapping, p.inv_freq, static_cast<bf16*>(kv.k.data()),
+      static_cast<bf16*>(kv.v.data()), q_heads, k_heads, p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& p) {
+  check_rope(q, k, p);
   if (q.rows == 0) return;
   const int q_heads = int(q.cols / p.head_dim), k_heads = int(k.cols / p.head_dim);
   const int pairs = (q_heads + k_heads) * (p.rope_dim / 2);

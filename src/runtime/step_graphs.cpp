@@ -1,0 +1,108 @@
+#include "runtime/step_graphs.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace serval {
+
+StepGraphs::StepGraphs(Backend& backend, int32_t max_batch, int32_t max_context, int32_t block_size,
+                       int32_t pad_block)
+    : backend_(backend),
+      max_batch_(max_batch),
+      max_context_(max_context),
+      block_size_(block_size),
+      pad_block_(pad_block),
+      stride_((max_context + block_size - 1) / block_size) {
+  SERVAL_CHECK(max_batch >= 1 && max_context >= 1, "step graphs: bad limits");
+  for (int32_t b : {1, 2, 4})
+    if (b < max_batch) ladder_.push_back(b);
+  for (int32_t b = 8; b < max_batch; b += 8) ladder_.push_back(b);
+  ladder_.push_back(max_batch);
+  // Offsets for the largest batch; each array starts on a 64-byte boundary.
+  const int64_t B = max_batch;
+  int64_t at = 0;
+  auto place = [&at](int64_t bytes) {
+    const int64_t o = at;
+    at += (bytes + 63) / 64 * 64;
+    return o;
+  };
+  layout_.token_ids = place(B * 4);
+  layout_.positions = place(B * 4);
+  layout_.query_start = place((B + 1) * 4);
+  layout_.context_len = place(B * 4);
+  layout_.logits_rows = place(B * 4);
+  layout_.slot_mapping = place(B * 8);
+  layout_.header_bytes = at;
+  layout_.block_table = place(B * stride_ * 4);
+  layout_.total = at;
+  meta_ = backend_.alloc(layout_.total);  // zeroed: stale table rows name block 0, a real block
+  host_.assign(size_t(layout_.header_bytes / 8), 0);
+}
+
+bool StepGraphs::eligible(const Batch& b) const {
+  const int32_t S = b.num_seqs();
+  if (S < 1 || S > max_batch_ || b.num_tokens() != S || int32_t(b.logits_rows.size()) != S) return false;
+  if (b.max_blocks_per_seq > stride_) return false;
+  for (int32_t s = 0; s < S; ++s)
+    if (b.logits_rows[size_t(s)] != s || b.context_len[size_t(s)] > max_context_) return false;
+  return true;
+}
+
+int32_t StepGraphs::padded_size(int32_t num_seqs) const {
+  return *std::lower_bound(ladder_.begin(), ladder_.end(), num_seqs);
+}
+
+BatchView StepGraphs::upload(const Batch& b, int32_t B) {
+  const int32_t S = b.num_seqs();
+  char* h = reinterpret_cast<char*>(host_.data());
+  auto i32 = [h](int64_t off) { return reinterpret_cast<int32_t*>(h + off); };
+  int32_t* tok = i32(layout_.token_ids);
+  int32_t* pos = i32(layout_.positions);
+  int32_t* qs = i32(layout_.query_start);
+  int32_t* ctx = i32(layout_.context_len);
+  int32_t* rows = i32(layout_.logits_rows);
+  auto* slots = reinterpret_cast<int64_t*>(h + layout_.slot_mapping);
+  std::memcpy(tok, b.token_ids.data(), size_t(S) * 4);
+  std::memcpy(pos, b.positions.data(), size_t(S) * 4);
+  std::memcpy(ctx, b.context_len.data(), size_t(S) * 4);
+  std::memcpy(slots, b.slot_mapping.data(), size_t(S) * 8);
+  for (int32_t i = 0; i <= B; ++i) qs[i] = i;
+  for (int32_t i = 0; i < B; ++i) rows[i] = i;
+  for (int32_t i = S; i < B; ++i) {
+    tok[i] = 0;
+    pos[i] = 0;
+    ctx[i] = 1;
+    slots[i] = int64_t(pad_block_) * block_size_;
+  }
+  char* dev = static_cast<char*>(meta_.data());
+  backend_.copy_to_device(dev, h, layout_.header_bytes);
+  // Only the real rows' tables: a padding row reads key 0 through whatever
+  // (valid) block id its row holds, and that output is never used.
+  backend_.copy_rows_to_device(dev + layout_.block_table, int64_t(stride_) * 4, b.block_table.data(),
+                               int64_t(b.max_blocks_per_seq) * 4, int64_t(b.max_blocks_per_seq) * 4, S);
+
+  BatchView v;
+  v.token_ids = reinterpret_cast<const int32_t*>(dev + layout_.token_ids);
+  v.positions = reinterpret_cast<const int32_t*>(dev + layout_.positions);
+  v.query_start = reinterpret_cast<const int32_t*>(dev + layout_.query_start);
+  v.context_len = reinterpret_cast<const int32_t*>(dev + layout_.context_len);
+  v.block_table = reinterpret_cast<const int32_t*>(dev + layout_.block_table);
+  v.slot_mapping = reinterpret_cast<const int64_t*>(dev + layout_.slot_mapping);
+  v.logits_rows = reinterpret_cast<const int32_t*>(dev + layout_.logits_rows);
+  v.num_tokens = B;
+  v.num_seqs = B;
+  v.num_logits_rows = B;
+  v.max_blocks_per_seq = stride_;
+  v.max_query_len = 1;
+  v.max_context_len = max_context_;  // an upper bound: kernels launched for it serve any context
+  return v;
+}
+
+DeviceGraph* StepGraphs::find(int32_t padded) const {
+  auto it = graphs_.find(padded);
+  return it == graphs_.end() ? nullptr : it->second.get();
+}
+
+}  // namespace serval

@@ -1,0 +1,58 @@
+#pragma once
+// StepGraphs: decode steps replayed from CUDA graphs (issue 5). A decode step
+// (every sequence has one new token and needs logits) of S sequences is padded
+// up to the next size B of a ladder (1, 2, 4, 8, then multiples of 8) and run
+// from a graph recorded for B: one launch instead of hundreds, and no launch
+// gaps between the small kernels.
+//
+// A graph replays the addresses it was recorded with, so decode metadata goes
+// to one fixed device buffer laid out for the largest B, block tables with a
+// fixed row stride (the blocks of the longest context allowed). Padding rows
+// are sequences of one token at position 0 whose K/V go to a spare block of
+// the pool that no request owns; their logits are computed and ignored.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/batch.h"
+
+namespace serval {
+
+class StepGraphs {
+ public:
+  // `max_batch`: largest S replayed; `max_context`: longest context a
+  // sequence may have; `pad_block`: the spare KV block.
+  StepGraphs(Backend& backend, int32_t max_batch, int32_t max_context, int32_t block_size, int32_t pad_block);
+
+  // Whether `batch` is a decode step this can run (graphs or not yet).
+  bool eligible(const Batch& batch) const;
+  // The ladder size a step of `num_seqs` sequences is padded to.
+  int32_t padded_size(int32_t num_seqs) const;
+  // Copies the padded metadata of `batch` to the fixed buffer and returns its
+  // view (B tokens, B sequences, B logits rows; max_context_len is the bound).
+  BatchView upload(const Batch& batch, int32_t padded);
+
+  DeviceGraph* find(int32_t padded) const;
+  void store(int32_t padded, std::unique_ptr<DeviceGraph> graph) { graphs_[padded] = std::move(graph); }
+  // Forgets every graph (the buffers they read were reallocated).
+  void clear() { graphs_.clear(); }
+  int64_t size() const { return int64_t(graphs_.size()); }
+
+ private:
+  struct Layout {
+    int64_t token_ids, positions, query_start, context_len, logits_rows, slot_mapping, block_table, header_bytes,
+        total;
+  };
+
+  Backend& backend_;
+  int32_t max_batch_, max_context_, block_size_, pad_block_, stride_;
+  std::vector<int32_t> ladder_;
+  Layout layout_{};
+  DeviceBuffer meta_;
+  std::vector<int64_t> host_;  // the header part, 8-byte aligned
+  std::map<int32_t, std::unique_ptr<DeviceGraph>> graphs_;
+};
+
+}  // namespace serval
