@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One command for the GPU machine: every CUDA test, then the benchmarks of
-# issue 5 on a random Llama-2-7B-shape bf16 model, then a short table.
-# Layout it expects (scripts/gpu-stage.sh builds it): serval, serval_tests,
-# lib.tar.xz (shared libraries the GPU host lacks), models/stories260K/.
-# Usage: ./gpu-check.sh [--quick]   (--quick: tests and batch-1 figures only)
+# One command for the GPU machine (issue 5): the ceilings of this GPU, every
+# CUDA test, the Engine on CUDA, then the issue's benchmarks on random
+# Llama-2-7B-shape (and, with --8b, Llama-3.1-8B-shape) bf16 models, then a
+# short table. Layout it expects (scripts/gpu-stage.sh builds it): serval,
+# serval_tests, lib.tar.xz (shared libraries the GPU host lacks), models/.
+# Usage: ./gpu-check.sh [--quick] [--8b] [--no-tests]
+#   --quick: tests and the 7B batch-1/prefill figures only
 set -u
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -12,63 +14,115 @@ mkdir -p "$OUT_DIR" lib
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
+QUICK=0; EIGHT=0; TESTS=1
+for a in "$@"; do
+  case $a in --quick) QUICK=1 ;; --8b) EIGHT=1 ;; --no-tests) TESTS=0 ;; esac
+done
 declare -a ROWS
+row() { ROWS+=("$*"); echo "  -> $*"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
 ldd ./serval | grep -E "not found" && { echo "missing libraries"; exit 1; }
 
-echo "== CUDA tests"
-timeout 300 ./serval_tests --gtest_filter='Cuda*:StoriesGolden*' 2>&1 | tee "$OUT_DIR/tests.log" | grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) |^\[[a-z0-9_]+\] worst|Failure|Expected|Which is|rel_diff|leaves" 
-TESTS=$(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests.log" | tr '\n' ' ')
-ROWS+=("tests | ${TESTS:-none ran}")
+echo "== ceilings of this GPU (torch: device copy, 8192^3 bf16 matmul on random data)"
+CEIL=$(timeout 60 python3 - <<'PY' 2>&1 | tail -1
+import torch, time
+x = torch.empty(int(4e9) // 2, dtype=torch.bfloat16, device="cuda").normal_()
+y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize(); s = torch.cuda.Event(True); e = torch.cuda.Event(True)
+s.record(); [y.copy_(x) for _ in range(10)]; e.record(); torch.cuda.synchronize()
+bw = 2 * x.numel() * 2 * 10 / (s.elapsed_time(e) / 1e3) / 1e9
+a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); b = torch.randn_like(a)
+for _ in range(3): a @ b
+s.record(); [a @ b for _ in range(10)]; e.record(); torch.cuda.synchronize()
+tf = 2 * 8192**3 * 10 / (s.elapsed_time(e) / 1e3) / 1e12
+print(f"copy {bw:.0f} GB/s, bf16 matmul {tf:.0f} TFLOP/s")
+PY
+)
+row "ceilings | $CEIL"
 
-echo "== Engine on CUDA (stories260K, JSONL batch)"
-ENGINE=$(timeout 120 ./gpu-engine-check.sh | tail -1)
-echo "$ENGINE"
-ROWS+=("$ENGINE")
+if [ $TESTS = 1 ]; then
+  echo "== CUDA tests"
+  timeout 420 ./serval_tests --gtest_filter='Cuda*:StoriesGolden*:EngineOnCuda*' 2>&1 | tee "$OUT_DIR/tests.log" |
+    grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) |^\[[a-z0-9_ ,=-]+\]|Failure|Expected|Which is|rel_diff|leaves|error"
+  row "tests | $(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests.log" | tr '\n' ' ')"
+  row "failed | $(grep -E "^\[  FAILED  \] [A-Z]" "$OUT_DIR/tests.log" | sed 's/\[  FAILED  \] //' | tr '\n' ' ')"
+  echo "== Engine on CUDA (stories260K, JSONL batch)"
+  row "$(timeout 120 ./gpu-engine-check.sh | tail -1)"
+fi
 
-MODEL=/tmp/llama-2-7b-bf16.gguf
-echo "== random Llama-2-7B bf16 model"
-/usr/bin/time -f "%e s" ./serval random-model --like llama-2-7b --dtype bf16 --out $MODEL 2>&1 | tail -2
-
-echo "== 7B-shape model: CUDA against the CPU backend (prompt logits, 32 greedy tokens)"
-gen() { timeout 200 ./serval generate --model $MODEL --prompt "The quick brown fox jumps over the lazy dog" \
-  --max-tokens 32 --temperature 0 --ignore-eos --json --dump-logits --device "$@"; }
-gen cpu > "$OUT_DIR/gen-cpu.json" 2>/dev/null
-gen cuda > "$OUT_DIR/gen-cuda.json" 2>/dev/null
-CMP=$(python3 - "$OUT_DIR/gen-cpu.json" "$OUT_DIR/gen-cuda.json" <<'PY'
+bench() {  # label, model, then serval bench arguments
+  local label=$1 model=$2; shift 2
+  echo "== bench $label: $*"
+  local j
+  j=$(timeout 300 ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
+  if [ -z "$j" ]; then tail -3 "$OUT_DIR/bench-err.log"; row "$label | failed"; return; fi
+  echo "$j" | tee -a "$OUT_DIR/bench.jsonl"
+  row "$label | $(echo "$j" | python3 -c '
 import json, sys
+j = json.load(sys.stdin)
+f = []
+if j.get("prefill_tokens_per_s"): f.append("prefill %.0f tok/s (MFU %.1f%%)" % (j["prefill_tokens_per_s"], 100 * j["prefill_mfu"]))
+if j.get("decode_tokens_per_s"): f.append("decode %.1f tok/s, %.3f ms/step (%.1f%% of roofline)" % (j["decode_tokens_per_s"], j["decode_step_ms"], 100 * j["decode_roofline_fraction"]))
+for k in ("output_tokens_per_s", "gbs", "attention_gbs", "ttft_p50_s", "tpot_p50_s", "load_s"):
+    if k in j: f.append("%s %.4g" % (k, j[k]))
+print(" | ".join(f))')"
+}
+
+compare_cpu() {  # model, label
+  gen() { timeout 300 ./serval generate --model "$1" --prompt "The quick brown fox jumps over the lazy dog" \
+    --max-tokens 32 --temperature 0 --ignore-eos --json --dump-logits --device "$2"; }
+  gen "$1" cpu > "$OUT_DIR/gen-cpu.json" 2>/dev/null
+  gen "$1" cuda > "$OUT_DIR/gen-cuda.json" 2>"$OUT_DIR/gen-cuda.err"
+  local cmp
+  cmp=$(python3 - "$OUT_DIR/gen-cpu.json" "$OUT_DIR/gen-cuda.json" <<'PY'
+import json, math, sys
 try:
     a, b = (json.load(open(f)) for f in sys.argv[1:3])
 except Exception as e:
     print("failed:", e); sys.exit()
 la, lb = a["prompt_logits"], b["prompt_logits"]
-rel = max(abs(x - y) for x, y in zip(la, lb)) / max(abs(x) for x in la)
+rel = math.sqrt(sum((x - y) ** 2 for x, y in zip(la, lb)) / sum(x * x for x in la))
+mx = max(abs(x - y) for x, y in zip(la, lb)) / max(abs(x) for x in la)
 ta, tb = a["token_ids"], b["token_ids"]
 same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-print(f"prompt-logit rel error {rel:.2e}; greedy tokens equal for {same} of {len(ta)}")
+print(f"prompt-logit rel error (L2) {rel:.2e}, max-abs/max {mx:.2e}; greedy tokens equal for {same} of {len(ta)}")
 PY
 )
-echo "$CMP"
-ROWS+=("7B-shape CUDA vs CPU | $CMP")
-
-bench() {  # label, then serval bench arguments
-  local label=$1; shift
-  echo "== bench $label: $*"
-  local j
-  j=$(timeout 240 ./serval bench --model $MODEL --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log")
-  if [ -z "$j" ]; then tail -3 "$OUT_DIR/bench-err.log"; ROWS+=("$label | failed"); return; fi
-  echo "$j" | tee -a "$OUT_DIR/bench.jsonl"
-  ROWS+=("$label | $(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("prefill %.0f tok/s (MFU %.1f%%) | decode %.1f tok/s, %.2f ms/step (%.1f%% of roofline) | load %.1f s" % (j["prefill_tokens_per_s"], 100*j["prefill_mfu"], j["decode_tokens_per_s"], j["decode_step_ms"], 100*j["decode_roofline_fraction"], j["load_s"]))')")
+  row "$2 CUDA vs CPU | $cmp"
 }
-bench "batch-1 decode tg128" --requests 1 --input-len 1 --output-len 129
-bench "prefill 512" --requests 1 --input-len 512 --output-len 2
+
+M7=/tmp/llama-2-7b-bf16.gguf
+echo "== random Llama-2-7B bf16 model"
+/usr/bin/time -f "written in %e s" ./serval random-model --like llama-2-7b --dtype bf16 --out $M7 2>&1 | tail -1
+[ $QUICK = 0 ] && compare_cpu $M7 "7B-shape"
+bench "7B batch-1 decode tg128" $M7 --requests 1 --input-len 1 --output-len 129
+bench "7B batch-1 decode tg128, --enforce-eager" $M7 --requests 1 --input-len 1 --output-len 129 --enforce-eager
+bench "7B prefill 512" $M7 --requests 1 --input-len 512 --output-len 2
 if [ $QUICK = 0 ]; then
-  bench "64 x (128 in, 128 out)" --requests 64 --input-len 128 --output-len 128
-  bench "256 x (128 in, 128 out)" --requests 256 --input-len 128 --output-len 128
+  bench "7B 64 x (128 in, 128 out)" $M7 --requests 64 --input-len 128 --output-len 128
+  bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128
 fi
-rm -f $MODEL
+rm -f $M7
+
+if [ $EIGHT = 1 ]; then
+  M8=/tmp/llama-3.1-8b-bf16.gguf
+  echo "== random Llama-3.1-8B bf16 model"
+  /usr/bin/time -f "written in %e s" ./serval random-model --like llama-3.1-8b --dtype bf16 --out $M8 2>&1 | tail -1
+  # Start-up to ready: load, upload, plan, first token of a one-token request.
+  START=$( { /usr/bin/time -f "%e" ./serval generate --model $M8 --device cuda --prompt "Hi" --max-tokens 1 \
+    --max-model-len 8192 >/dev/null 2>"$OUT_DIR/startup.err"; } 2>&1 | tail -1)
+  row "8B start-up to first token (generate, 1 token) | ${START} s; $(grep -m1 'memory' "$OUT_DIR/startup.err")"
+  bench "8B batch-1 decode tg128" $M8 --requests 1 --input-len 1 --output-len 129
+  bench "8B prefill 4096" $M8 --requests 1 --input-len 4096 --output-len 2 --max-batch-tokens 4096
+  for B in 1 64; do for C in 4096 16384 32768; do
+    bench "8B attention B=$B ctx=$C" $M8 --mode attention --batch-sizes $B --context-lens $C
+  done; done
+  bench "8B engine 1000 x (1000 in, 1000 out)" $M8 --mode engine --requests 1000 --input-len 1000 --output-len 1000 \
+    --max-num-seqs 256 --max-num-batched-tokens 8192
+  rm -f $M8
+fi
 
 echo
 echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader))"

@@ -1,0 +1,135 @@
+// The CUDA backend's fused and mixed-dtype ops: the f32 residual stream
+// (embedding into f32, add_rmsnorm and rmsnorm reading f32 and writing bf16,
+// add and gather_rows on f32) against the CPU backend, and rope_kv_write
+// against rope followed by kv_write. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cuda_test_util.h"
+#include "runtime/rope.h"
+
+namespace serval::testing {
+namespace {
+
+std::unique_ptr<DeviceWeight> weight(Backend& be, const std::string& name, std::vector<int64_t> shape,
+                                     const std::vector<float>& v) {
+  return be.upload_weight(TensorView{name, DType::F32, std::move(shape), v.data(), int64_t(v.size() * 4)});
+}
+
+// An f32 tensor on any backend (the residual stream's dtype).
+DevTensor upload_f32(Backend& be, const std::vector<float>& values, int64_t rows, int64_t cols) {
+  DevTensor d;
+  d.buf = be.alloc(rows * cols * 4 + 64);
+  d.t = Tensor{d.buf.data(), DType::F32, rows, cols};
+  be.copy_to_device(d.t.data, values.data(), int64_t(values.size()) * 4);
+  return d;
+}
+
+TEST(CudaFusedOps, F32ResidualStreamOpsMatchCpu) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  auto cpu = create_backend("cpu", 0);
+  double worst = 0;
+  for (int64_t cols : {8, 36, 4096}) {
+    const int64_t rows = 5, V = 50;
+    // Residual values with more precision than bf16 holds: an f32 stream keeps them.
+    std::vector<float> x(size_t(rows * cols));
+    std::mt19937 rng{uint32_t(cols)};
+    std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+    for (float& f : x) f = dist(rng);
+    const auto d = random_bf16(size_t(rows * cols), 21), w = random_bf16(size_t(cols), 22);
+    const auto table = random_bf16(size_t(V * cols), 23);
+    auto w_c = weight(*cpu, "norm", {cols}, w), w_g = weight(*gpu, "norm", {cols}, w);
+    auto t_c = weight(*cpu, "emb", {V, cols}, table), t_g = weight(*gpu, "emb", {V, cols}, table);
+
+    // embedding into an f32 stream: exact.
+    const std::vector<int32_t> ids = {3, 49, 0, 3, 7};
+    DeviceBuffer id_c = upload_ints(*cpu, ids), id_g = upload_ints(*gpu, ids);
+    DevTensor e_c = upload_f32(*cpu, x, rows, cols), e_g = upload_f32(*gpu, x, rows, cols);
+    cpu->embedding(*t_c, static_cast<int32_t*>(id_c.data()), e_c.t);
+    gpu->embedding(*t_g, static_cast<int32_t*>(id_g.data()), e_g.t);
+    EXPECT_EQ(download(*gpu, e_g.t), download(*cpu, e_c.t)) << "embedding into f32, cols " << cols;
+
+    DevTensor x_c = upload_f32(*cpu, x, rows, cols), x_g = upload_f32(*gpu, x, rows, cols);
+    DevTensor d_c = upload(*cpu, d, rows, cols), d_g = upload(*gpu, d, rows, cols);
+    DevTensor o_c = zeros(*cpu, rows, cols), o_g = zeros(*gpu, rows, cols);
+    cpu->rmsnorm(x_c.t, *w_c, 1e-5f, o_c.t);
+    gpu->rmsnorm(x_g.t, *w_g, 1e-5f, o_g.t);
+    const double rn = max_rel_diff(download(*gpu, o_g.t), download(*cpu, o_c.t));
+    EXPECT_LT(rn, 1e-2) << "rmsnorm f32 -> bf16, cols " << cols;
+
+    cpu->add_rmsnorm(x_c.t, d_c.t, *w_c, 1e-5f, o_c.t);
+    gpu->add_rmsnorm(x_g.t, d_g.t, *w_g, 1e-5f, o_g.t);
+    // The residual itself is f32 on both: equal up to f32 rounding of one add.
+    const double res = max_rel_diff(download(*gpu, x_g.t), download(*cpu, x_c.t));
+    EXPECT_LT(res, 1e-6) << "f32 residual after add_rmsnorm, cols " << cols;
+    const double an = max_rel_diff(download(*gpu, o_g.t), download(*cpu, o_c.t));
+    EXPECT_LT(an, 1e-2) << "add_rmsnorm output, cols " << cols;
+
+    cpu->add(x_c.t, d_c.t);
+    gpu->add(x_g.t, d_g.t);
+    EXPECT_LT(max_rel_diff(download(*gpu, x_g.t), download(*cpu, x_c.t)), 1e-6) << "add into f32, cols " << cols;
+
+    const std::vector<int32_t> sel = {4, 0, 2};
+    DeviceBuffer s_c = upload_ints(*cpu, sel), s_g = upload_ints(*gpu, sel);
+    DevTensor g_c = upload_f32(*cpu, std::vector<float>(size_t(3 * cols), 0.5f), 3, cols);
+    DevTensor g_g = upload_f32(*gpu, std::vector<float>(size_t(3 * cols), 0.5f), 3, cols);
+    cpu->gather_rows(x_c.t, static_cast<int32_t*>(s_c.data()), g_c.t);
+    gpu->gather_rows(x_g.t, static_cast<int32_t*>(s_g.data()), g_g.t);
+    EXPECT_EQ(download(*gpu, g_g.t), download(*cpu, g_c.t)) << "gather_rows f32, cols " << cols;
+    worst = std::max({worst, rn, an, res});
+  }
+  std::printf("[f32 residual ops] worst relative difference vs CPU %.2e\n", worst);
+}
+
+TEST(CudaFusedOps, RopeKvWriteEqualsRopeThenKvWrite) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; };
+  int cases = 0;
+  for (const Case& c : {Case{RopeStyle::Neox, 128, 128, 32, 8}, Case{RopeStyle::Interleaved, 128, 128, 8, 8},
+                        Case{RopeStyle::Neox, 64, 32, 12, 4}, Case{RopeStyle::Interleaved, 8, 8, 6, 2},
+                        Case{RopeStyle::Neox, 6, 4, 3, 1}}) {
+    ModelConfig cfg;
+    cfg.head_dim = c.head_dim;
+    cfg.rope_dim = c.rope_dim;
+    cfg.rope_theta = 10000;
+    const std::vector<float> inv = rope_inv_freq(cfg, {});
+    DeviceBuffer f = gpu->alloc(int64_t(inv.size() * 4));
+    gpu->copy_to_device(f.data(), inv.data(), int64_t(inv.size() * 4));
+    const RopeParams rp{c.style, c.head_dim, c.rope_dim, static_cast<const float*>(f.data())};
+    const int64_t T = 7, qw = int64_t(c.q_heads) * c.head_dim, kw = int64_t(c.kv_heads) * c.head_dim;
+    const std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 17, 9000};
+    const std::vector<int64_t> slots = {5, 0, 63, 17, 30, 31, 2};
+    const auto q = random_bf16(size_t(T * qw), 31), k = random_bf16(size_t(T * kw), 32),
+               v = random_bf16(size_t(T * kw), 33);
+    DeviceBuffer p = upload_ints(*gpu, pos), s = upload_ints(*gpu, slots);
+    KvGeometry g{4, 16, c.kv_heads, c.head_dim};
+    std::vector<float> q_out[2];
+    std::vector<uint16_t> pools[2][2];
+    for (int fused = 0; fused < 2; ++fused) {
+      KvLayer kv = gpu->alloc_kv_layer(g);
+      DevTensor qt = upload(*gpu, q, T, qw), kt = upload(*gpu, k, T, kw), vt = upload(*gpu, v, T, kw);
+      if (fused) {
+        gpu->rope_kv_write(qt.t, kt.t, vt.t, static_cast<int32_t*>(p.data()), rp, static_cast<int64_t*>(s.data()),
+                           kv, g);
+      } else {
+        gpu->rope(qt.t, kt.t, static_cast<int32_t*>(p.data()), rp);
+        gpu->kv_write(kt.t, vt.t, static_cast<int64_t*>(s.data()), kv, g);
+      }
+      q_out[fused] = download(*gpu, qt.t);
+      const int64_t elems = g.num_blocks * g.block_size * kw;
+      for (int i = 0; i < 2; ++i) {
+        pools[fused][i].resize(size_t(elems));
+        gpu->copy_to_host(pools[fused][i].data(), (i == 0 ? kv.k : kv.v).data(), elems * 2);
+      }
+    }
+    EXPECT_EQ(q_out[1], q_out[0]) << "q, head_dim " << c.head_dim << " rope_dim " << c.rope_dim;
+    EXPECT_EQ(pools[1][0], pools[0][0]) << "K pool, head_dim " << c.head_dim << " rope_dim " << c.rope_dim;
+    EXPECT_EQ(pools[1][1], pools[0][1]) << "V pool, head_dim " << c.head_dim;
+    ++cases;
+  }
+  std::printf("[rope_kv_write] %d cases bitwise equal to rope + kv_write\n", cases);
+}
+
+}  // namespace
+}  // namespace serval::testing
