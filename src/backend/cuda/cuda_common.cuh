@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/error.h"
 
@@ -25,6 +26,33 @@ using bf16 = __nv_bfloat16;
 #define SERVAL_CUDA_LAUNCH_CHECK() SERVAL_CUDA_CHECK(cudaGetLastError())
 
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// Programmatic dependent launch (Hopper): `kernel` may be scheduled while the
+// kernel before it on `stream` is still running, so its launch latency (and,
+// for a GEMV, its first weight loads) overlaps that kernel's tail. The kernel
+// must call pdl_wait() before it reads anything the previous kernel wrote;
+// it may call pdl_launch_dependents() once the next kernel may be scheduled.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Waits until the previous kernel of the stream has finished and its writes
+// are visible (returns at once for a kernel launched without PDL).
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Lets the next kernel of the stream be scheduled now (it still waits for this
+// one's completion at its own pdl_wait()).
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
 // Eight bf16 values moved as one 16-byte access.
 struct alignas(16) Bf16x8 {

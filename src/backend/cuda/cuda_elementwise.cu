@@ -31,6 +31,8 @@ __device__ __forceinline__ void store1(float* p, int64_t i, float v) { p[i] = v;
 // out[r, :] = src[idx[r], :] (idx null: r), converting the element type.
 template <typename In, typename Out>
 __global__ void gather_kernel(const In* src, const int32_t* idx, Out* out, int64_t cols) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const In* s = src + int64_t(idx ? idx[r] : r) * cols;
   Out* o = out + r * cols;
@@ -52,6 +54,11 @@ __global__ void gather_kernel(const In* src, const int32_t* idx, Out* out, int64
 template <bool kAdd, typename X>
 __global__ void rmsnorm_kernel(X* x, const bf16* delta, const float* w, float eps, bf16* out, int64_t cols) {
   __shared__ float scratch[32];
+  // Launched as a programmatic dependent (launch_pdl): wait for the producer of
+  // x / delta, and let the next kernel (usually a GEMV that starts streaming
+  // its weights before it needs `out`) be scheduled at once.
+  pdl_wait();
+  pdl_launch_dependents();
   X* xr = x + int64_t(blockIdx.x) * cols;
   const bf16* dr = kAdd ? delta + int64_t(blockIdx.x) * cols : nullptr;
   bf16* orow = out + int64_t(blockIdx.x) * cols;
@@ -100,6 +107,8 @@ __global__ void rmsnorm_kernel(X* x, const bf16* delta, const float* w, float ep
 
 template <typename X>
 __global__ void add_kernel(X* x, const bf16* d, int64_t n) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     store1(x, i, load1(x, i) + __bfloat162float(d[i]));
 }
@@ -150,10 +159,11 @@ void check_stream(const Tensor& t, const char* what) {
 template <typename Out>
 void launch_gather(const void* src, DType src_dtype, const int32_t* idx, Out* out, int64_t rows, int64_t cols,
                    cudaStream_t stream) {
+  const dim3 grid{unsigned(rows)}, block{unsigned(row_threads(cols))};
   if (src_dtype == DType::F32)
-    gather_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(static_cast<const float*>(src), idx, out, cols);
+    launch_pdl(gather_kernel<float, Out>, grid, block, 0, stream, static_cast<const float*>(src), idx, out, cols);
   else
-    gather_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(static_cast<const bf16*>(src), idx, out, cols);
+    launch_pdl(gather_kernel<bf16, Out>, grid, block, 0, stream, static_cast<const bf16*>(src), idx, out, cols);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
@@ -169,9 +179,10 @@ void launch_rmsnorm(const Tensor& x, const bf16* delta, const float* w, float ep
                     cudaStream_t stream) {
   const dim3 grid(unsigned(x.rows)), block(unsigned(row_threads(x.cols)));
   if (x.dtype == DType::F32)
-    rmsnorm_kernel<kAdd><<<grid, block, 0, stream>>>(static_cast<float*>(x.data), delta, w, eps, bf(out), x.cols);
+    launch_pdl(rmsnorm_kernel<kAdd, float>, grid, block, 0, stream, static_cast<float*>(x.data), delta, w, eps,
+               bf(out), x.cols);
   else
-    rmsnorm_kernel<kAdd><<<grid, block, 0, stream>>>(bf(x), delta, w, eps, bf(out), x.cols);
+    launch_pdl(rmsnorm_kernel<kAdd, bf16>, grid, block, 0, stream, bf(x), delta, w, eps, bf(out), x.cols);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
@@ -220,10 +231,11 @@ void CudaBackend::add(Tensor x, const Tensor& delta) {
   check_bf16(delta, "add's delta");
   const int64_t n = x.numel();
   if (n == 0) return;
+  const dim3 grid(unsigned(grid_for(n, 256, num_sms_))), block(256);
   if (x.dtype == DType::F32)
-    add_kernel<<<grid_for(n, 256, num_sms_), 256, 0, stream_>>>(static_cast<float*>(x.data), bf(delta), n);
+    launch_pdl(add_kernel<float>, grid, block, 0, stream_, static_cast<float*>(x.data), bf(delta), n);
   else
-    add_kernel<<<grid_for(n, 256, num_sms_), 256, 0, stream_>>>(bf(x), bf(delta), n);
+    launch_pdl(add_kernel<bf16>, grid, block, 0, stream_, bf(x), bf(delta), n);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 

@@ -47,8 +47,12 @@ __global__ void rope_kv_write_kernel(bf16* q, const bf16* k, const bf16* v, cons
   extern __shared__ float cs_s[];  // [half] cos, then [half] sin
   const int t = blockIdx.x;
   const int half = rope_dim / 2;
+  // Positions and frequencies are not written by the previous kernel (the
+  // q/k/v projection): the angles are computed while it drains (launch_pdl).
   const float pos = float(positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) sincosf(pos * inv_freq[i], &cs_s[half + i], &cs_s[i]);
+  pdl_wait();
+  pdl_launch_dependents();
   __syncthreads();
   const int64_t kv_row = int64_t(k_heads) * head_dim;
   const bf16* kt = k + int64_t(t) * kv_row;
@@ -114,9 +118,9 @@ void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32
   const int threads = std::min(512, (pairs + 31) / 32 * 32);
   const dim3 grid(unsigned(q.rows), unsigned(ceil_div(q_heads + k_heads, kHeadsPerBlock)));
   const size_t smem = size_t(p.rope_dim) * sizeof(float);
-  rope_kv_write_kernel<<<grid, threads, smem, stream_>>>(
-      bf(q), bf(k), bf(v), positions, slot_mapping, p.inv_freq, static_cast<bf16*>(kv.k.data()),
-      static_cast<bf16*>(kv.v.data()), q_heads, k_heads, p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
+  launch_pdl(rope_kv_write_kernel, grid, dim3(unsigned(threads)), smem, stream_, bf(q), bf(k), bf(v), positions,
+             slot_mapping, p.inv_freq, static_cast<bf16*>(kv.k.data()), static_cast<bf16*>(kv.v.data()), q_heads,
+             k_heads, p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
