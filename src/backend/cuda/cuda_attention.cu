@@ -1,7 +1,6 @@
 // CudaBackend::paged_attention: fills AttnParams, picks the decode split count
 // and launches the prefill and decode kernels (a mixed batch runs both; each
 // kernel skips the sequences of the other kind).
-#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_attention.cuh"
@@ -32,19 +31,14 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   p.max_blocks_per_seq = b.max_blocks_per_seq;
   p.scale_log2 = float(double(scale) * 1.4426950408889634);
 
-  // Splits: enough blocks for ~4 per SM across the batch, but no split
-  // shorter than one key tile.
-  const int tiles = std::max(1, ceil_div(b.max_context_len, kDecodeKeyTile));
-  const int64_t base = int64_t(b.num_seqs) * g.num_kv_heads;
-  int splits = int(std::clamp<int64_t>((int64_t(num_sms_) * 4 + base - 1) / base, 1, tiles));
-  splits = std::min(splits, attention_max_splits());
-  p.tiles_per_split = ceil_div(tiles, splits);
-  p.num_splits = ceil_div(tiles, p.tiles_per_split);
-  SERVAL_CHECK(attention_decode_smem(p.group, p.head_dim) <= 200 * 1024, "paged_attention: a GQA group of ",
-               p.group, " heads of ", p.head_dim, " dims needs too much shared memory");
+  // b.max_context_len may be an upper bound (CUDA graphs): the split count and
+  // the partials' size follow from it and the shape only, so the eager step
+  // that precedes a capture sizes the scratch for every replay.
+  p.num_splits = attention_decode_splits(p, b.max_context_len, num_sms_);
   if (p.num_splits > 1) {
-    const int64_t rows = base * p.num_splits * p.group;
-    float* part = static_cast<float*>(scratch(attn_partials_, rows * (p.head_dim + 2) * 4));
+    const int64_t floats = attention_decode_partial_floats(p);
+    const int64_t rows = floats / (p.head_dim + 2);
+    float* part = static_cast<float*>(scratch(attn_partials_, floats * 4));
     p.part_out = part;
     p.part_ml = part + rows * p.head_dim;
   }

@@ -8,10 +8,9 @@
 namespace serval::cuda {
 
 // Keys per shared-memory tile of the prefill kernel, and of the decode kernel
-// (smaller: its occupancy is limited by shared memory and registers, and it
-// needs many blocks in flight to cover memory latency).
+// (16: one tensor-core MMA's worth of keys per warp and step).
 constexpr int kAttnKeyTile = 64;
-constexpr int kDecodeKeyTile = 32;
+constexpr int kDecodeKeyTile = 16;
 
 struct AttnParams {
   const bf16* q = nullptr;  // [T, num_heads * D]
@@ -24,9 +23,12 @@ struct AttnParams {
   int num_seqs = 0, num_heads = 0, kv_heads = 0, group = 0, head_dim = 0;
   int block_size = 0, max_blocks_per_seq = 0;
   float scale_log2 = 0;  // softmax scale * log2(e): the kernels use exp2
-  // Split-KV decode: each split covers tiles_per_split key tiles and leaves its
-  // unnormalized output [group, D] and (max, sum) per head in the partials.
-  int num_splits = 1, tiles_per_split = 1;
+  // Split-KV decode: the launch has num_splits splits per (sequence, KV head);
+  // each sequence divides its own context among them on the device (see
+  // attention_decode_splits). With more than one split, each leaves its
+  // unnormalized output and its (max, sum) per head in the partials, and a
+  // merge kernel writes `out`.
+  int num_splits = 1;
   float* part_out = nullptr;  // [S, kv_heads, splits, group, D]
   float* part_ml = nullptr;   // [S, kv_heads, splits, group, 2]
 };
@@ -41,8 +43,13 @@ __device__ __forceinline__ const bf16* kv_row(const bf16* pool, const AttnParams
 // Launchers; they return false if head_dim has no compiled kernel.
 bool launch_attention_prefill(const AttnParams& p, int max_query_len, cudaStream_t stream);
 bool launch_attention_decode(const AttnParams& p, cudaStream_t stream);
-// Shared memory the decode kernel needs, for sizing checks.
-size_t attention_decode_smem(int group, int head_dim);
-int attention_max_splits();
+
+// The decode launch's split count. It depends only on the launch shape
+// (num_seqs, kv_heads, group, head_dim), the SM count and `max_context_bound`
+// (an upper bound of every context: under CUDA graphs the model's maximum),
+// never on the real contexts, so a captured launch serves every later step.
+int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms);
+// Floats of partials that a launch with p.num_splits > 1 needs.
+int64_t attention_decode_partial_floats(const AttnParams& p);
 
 }  // namespace serval::cuda

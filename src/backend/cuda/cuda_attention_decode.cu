@@ -1,9 +1,25 @@
-// Split-KV ("FlashDecoding") attention for sequences with one new token.
-// One thread block serves one (sequence, KV head, split): the whole GQA group
-// of query heads shares each K/V tile it loads, so K/V is read from memory
-// once per group. Splits over the context keep all SMs busy when the batch is
-// small; a second kernel merges the splits' partial softmaxes.
+// Split-KV ("FlashDecoding") attention for sequences with one new token, on
+// tensor cores.
+//
+// A thread block serves one (sequence, KV head, split) and the query heads of
+// that KV head's GQA group (up to 16; larger groups take several blocks), so
+// each K/V row is read from memory once per group. The block's 4 warps take
+// the split's 16-key tiles in turn. Each warp streams its tiles into its own
+// two-stage shared-memory ring with cp.async (the next tile is in flight while
+// it computes one), computes S = Q K^T and O^T += V^T P^T with mma.sync
+// m16n8k16 (bf16 in, f32 accumulate; P goes from the first MMA's accumulators
+// straight into the second's operand) and keeps its own online softmax; the
+// warps are combined at the end. With one split the block writes the output;
+// otherwise it leaves partials and a merge kernel combines the splits.
+//
+// CUDA graphs: the grid depends only on the launch shape and the split count
+// (attention_decode_splits); each sequence spreads its own context over the
+// splits on the device, and splits past its end exit at once.
 #include <math_constants.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_attention.cuh"
 
@@ -11,224 +27,491 @@ namespace serval::cuda {
 
 namespace {
 
-constexpr int kDecodeThreads = 128;
+constexpr int kThreads = 128, kWarps = kThreads / 32;
+constexpr int kTile = kDecodeKeyTile;  // keys per warp step: the MMA's n (2 x 8) and k (16)
+constexpr int kStages = 2;             // tiles per warp ring: one computing, one in flight
+constexpr int kMinSplitTiles = 8;      // no split shorter than this (2 tiles per warp)
 constexpr int kMaxSplits = 128;
+constexpr int kHeadsPerBlock = 16;     // the MMA's m: query heads of one block
 
-__host__ __device__ constexpr int round4(int n) { return (n + 3) / 4 * 4; }
+__host__ __device__ constexpr int head_blocks(int group) { return (group + kHeadsPerBlock - 1) / kHeadsPerBlock; }
 
-// Shared memory: q [G, D] f32, acc [G, D] f32, p [G, BK] f32, (m, l, alpha)
-// per head, then K tile [BK, D + 8] and V tile [BK, D] in bf16. The 8-element
-// pad on K rows keeps lanes that read different keys in different banks.
+// Tiles of each split for a sequence of n_tiles tiles: its context spread
+// evenly, but no split shorter than kMinSplitTiles (a short context leaves the
+// later splits empty).
+__device__ __forceinline__ int split_tiles(int n_tiles, int num_splits) {
+  return max(kMinSplitTiles, (n_tiles + num_splits - 1) / num_splits);
+}
+
+// Shared memory of the decode kernel for head_dim D.
 template <int D>
-__global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnParams p) {
-  constexpr int BK = kDecodeKeyTile, NCH = D / 8, KS = D + 8, PER_LANE = BK / 32;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int G = p.group;
-  float* q_s = reinterpret_cast<float*>(smem);
-  float* acc_s = q_s + G * D;
-  float* p_s = acc_s + G * D;
-  float* ml_s = p_s + G * BK;
-  bf16* k_s = reinterpret_cast<bf16*>(ml_s + round4(3 * G));
-  bf16* v_s = k_s + BK * KS;
+struct DecodeSmem {
+  static constexpr int DP = (D + 15) / 16 * 16;  // head_dim padded to the MMA's k (only D = 8 pads)
+  // Row stride in elements: an odd number of 16-byte units, so that the eight
+  // rows one ldmatrix reads fall in different banks.
+  static constexpr int RS = (DP / 8) % 2 ? DP : DP + 8;
+  static constexpr int TILE_ELEMS = kTile * RS;             // one K or V tile
+  static constexpr int STAGE_BYTES = 2 * TILE_ELEMS * 2;    // K then V
+  static constexpr int RING_BYTES = kWarps * kStages * STAGE_BYTES;
+  static constexpr int CS = DP + 4;                          // f32 stride of the combine rows (conflict-free)
+  static constexpr int COMBINE_BYTES = kWarps * kHeadsPerBlock * CS * 4;
+  static constexpr int MAIN_BYTES = RING_BYTES > COMBINE_BYTES ? RING_BYTES : COMBINE_BYTES;
+  // After the rings (or the combine buffer over them): (m, l) per warp and
+  // head, then the block's (M, L) per head.
+  static constexpr int BYTES = MAIN_BYTES + (kWarps + 1) * kHeadsPerBlock * 2 * 4;
+};
 
-  const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x, tid = threadIdx.x;
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) { return uint32_t(__cvta_generic_to_shared(ptr)); }
+
+// 16 bytes global -> shared, bypassing L1; bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The memory clobbers (here and on cp.async) keep plain shared-memory stores
+// (padding, the combine buffer over the rings) on their side of these reads.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// c += a (16x16, row-major) * b (16x8, column-major); bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The kernels are launched as programmatic dependents of the kernel before
+// them: every block waits for it before reading anything (and before exiting,
+// so that kernels after ours may rely on the whole chain having finished).
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Fragment layouts (PTX m16n8k16; lane = 4 g + t): A regs {row g, k 2t}, {row
+// g+8, k 2t}, {row g, k 2t+8}, {row g+8, k 2t+8}; B regs {k 2t, n g}, {k 2t+8,
+// n g}; C {row g, n 2t, 2t+1}, {row g+8, n 2t, 2t+1}. S = Q K^T puts heads on
+// rows and keys on n, which is exactly the B layout of P^T in O^T = V^T P^T
+// (d on rows, heads on n); NH = 2 uses rows g+8 (heads 8-15) as a second n tile.
+template <int D, int NH>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel(AttnParams p) {
+  using Sm = DecodeSmem<D>;
+  constexpr int DP = Sm::DP, RS = Sm::RS, KC = DP / 16, MT = DP / 16, NCH = D / 8;
+  constexpr int CPL = (kTile * NCH + 31) / 32;  // 16-byte chunks per lane per tile, of K and of V
+  extern __shared__ __align__(16) unsigned char smem[];
+  wait_for_previous_kernel();
+
+  const int hb_count = head_blocks(p.group);
+  const int kvh = blockIdx.x / hb_count, h0 = (blockIdx.x % hb_count) * kHeadsPerBlock;
+  const int s = blockIdx.y, split = blockIdx.z;
+  const int G = p.group, GL = min(kHeadsPerBlock, G - h0);  // heads h0 .. h0 + GL - 1 of the group
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int q0 = p.query_start[s];
   if (p.query_start[s + 1] - q0 != 1) return;  // the prefill kernel serves it
   const int n_ctx = p.positions[q0] + 1;
-  const int n_tiles = (n_ctx + BK - 1) / BK;
-  const int tile0 = split * p.tiles_per_split, tile1 = min(n_tiles, tile0 + p.tiles_per_split);
-  const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
-  const bf16* qrow = p.q + int64_t(q0) * p.num_heads * D + int64_t(kvh) * G * D;
-
-  for (int i = tid; i < G * D; i += kDecodeThreads) {
-    q_s[i] = __bfloat162float(qrow[i]) * p.scale_log2;
-    acc_s[i] = 0.0f;
+  const int n_tiles = (n_ctx + kTile - 1) / kTile;
+  const int tps = split_tiles(n_tiles, p.num_splits);
+  const int tile0 = split * tps, tile_end = min(n_tiles, tile0 + tps);
+  const int64_t part_row = ((int64_t(s) * p.kv_heads + kvh) * p.num_splits + split) * G + h0;
+  if (tile0 >= n_tiles) {  // past this sequence's context: weigh nothing in the merge
+    if (p.num_splits > 1)
+      for (int h = tid; h < GL; h += kThreads) {
+        p.part_ml[(part_row + h) * 2] = -CUDART_INF_F;
+        p.part_ml[(part_row + h) * 2 + 1] = 0.0f;
+      }
+    return;
   }
-  for (int h = tid; h < G; h += kDecodeThreads) {
-    ml_s[3 * h] = -CUDART_INF_F;
-    ml_s[3 * h + 1] = 0.0f;
+  // This warp's tiles: tile0 + warp, + kWarps, ... below tile_end.
+  const int nt = max(0, (tile_end - tile0 - warp + kWarps - 1) / kWarps);
+
+  // Q as MMA A fragments (rows = heads, k = d); rows past the block's heads are 0.
+  const bf16* qbase = p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D;
+  uint32_t qa[KC][4];
+#pragma unroll
+  for (int kk = 0; kk < KC; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i & 1), d = 16 * kk + 8 * (i >> 1) + 2 * t;
+      qa[kk][i] = (i & 1) < NH && row < GL && d < D ? *reinterpret_cast<const uint32_t*>(qbase + row * D + d) : 0u;
+    }
+
+  unsigned char* ring = smem + warp * kStages * Sm::STAGE_BYTES;
+  if constexpr (DP != D) {  // D = 8: zero the padding columns once; cp.async never writes them
+    for (int r = lane; r < kStages * 2 * kTile; r += 32)
+      *reinterpret_cast<uint4*>(ring + (r * RS + D) * 2) = make_uint4(0, 0, 0, 0);
+  }
+  const uint32_t ring_s = smem_addr(ring);
+
+  // Lane L (and L + 16) finds the pool offset of key L of the warp's i-th tile
+  // (-1 past the context); the loads' lanes take it by shuffle.
+  const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
+  const int64_t slot_stride = int64_t(p.kv_heads) * D, head_off = int64_t(kvh) * D;
+  auto key_offset = [&](int i) -> int64_t {
+    const int j = (tile0 + warp + i * kWarps) * kTile + (lane & 15);
+    if (i >= nt || j >= n_ctx) return -1;
+    const int64_t blk = table[j / p.block_size];
+    return (blk * p.block_size + j % p.block_size) * slot_stride + head_off;
+  };
+  // Consecutive lanes copy consecutive 16-byte chunks of a key row.
+  auto issue = [&](int i, int64_t off) {
+    const uint32_t ks = ring_s + (i % kStages) * Sm::STAGE_BYTES, vs = ks + Sm::TILE_ELEMS * 2;
+#pragma unroll
+    for (int u = 0; u < CPL; ++u) {
+      const int c = lane + 32 * u, key = c / NCH, ch = c % NCH;
+      const int64_t o = __shfl_sync(0xffffffffu, off, key & 31);
+      if ((kTile * NCH) % 32 == 0 || c < kTile * NCH) {
+        const int bytes = o >= 0 ? 16 : 0;  // zeros past the context: P there is 0, and 0 * V must be 0
+        const int64_t src = o >= 0 ? o + ch * 8 : 0;
+        const uint32_t dst = uint32_t(key * RS + ch * 8) * 2;
+        cp_async16(ks + dst, p.k_pool + src, bytes);
+        cp_async16(vs + dst, p.v_pool + src, bytes);
+      }
+    }
+  };
+
+  {
+    int64_t first[kStages];
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) first[st] = key_offset(st);  // the table loads overlap
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      if (st < nt) issue(st, first[st]);
+      cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
+    }
+  }
+  int64_t pending = key_offset(kStages);  // the next tile's offsets, loaded one tile ahead
+
+  float m[NH], l[NH], acc[NH][MT][4];
+#pragma unroll
+  for (int r = 0; r < NH; ++r) {
+    m[r] = -CUDART_INF_F;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][mt][c] = 0.0f;
+  }
+  // ldmatrix row addresses: lanes 8m..8m+7 give the rows of matrix m = (keys
+  // 0-7 | 8-15) x (d 0-7 | 8-15) of a 16 x 16 block, in the order the
+  // fragments want (the same order serves K and, transposed, V).
+  const uint32_t lds_off = uint32_t(((lane & 7) + ((lane >> 4) << 3)) * RS + ((lane >> 3) & 1) * 8) * 2;
+
+  for (int i = 0; i < nt; ++i) {
+    cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
+    __syncwarp();                  // ... and every lane's
+    const uint32_t ks = ring_s + (i % kStages) * Sm::STAGE_BYTES + lds_off, vs = ks + Sm::TILE_ELEMS * 2;
+
+    float sc[2][4] = {};  // S for keys 0-7 and 8-15 of the tile
+#pragma unroll
+    for (int kk = 0; kk < KC; ++kk) {
+      uint32_t b[4];
+      ldsm_x4(b, ks + kk * 32);
+      mma_bf16(sc[0], qa[kk], b[0], b[1]);
+      mma_bf16(sc[1], qa[kk], b[2], b[3]);
+    }
+
+    // Online softmax of heads g (+8): this lane has keys 2t, 2t+1, 8+2t, 9+2t;
+    // the quad (lanes 4g..4g+3) has the tile's 16. Every tile has a live key.
+    const int key0 = (tile0 + warp + i * kWarps) * kTile;
+    uint32_t pb[NH][2];
+    float alpha[NH];
+#pragma unroll
+    for (int r = 0; r < NH; ++r) {
+      float x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + (e >> 1) * 8 + 2 * t + (e & 1);
+        x[e] = key < n_ctx ? sc[e >> 1][2 * r + (e & 1)] * p.scale_log2 : -CUDART_INF_F;
+      }
+      float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx);
+      alpha[r] = exp2f(m[r] - m_new);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = exp2f(x[e] - m_new);
+      l[r] = l[r] * alpha[r] + ((x[0] + x[1]) + (x[2] + x[3]));  // this lane's part; the quad sums at the end
+      m[r] = m_new;
+      pb[r][0] = pack_bf16(x[0], x[1]);
+      pb[r][1] = pack_bf16(x[2], x[3]);
+    }
+    // The accumulators' columns are heads 2t, 2t+1 (+8): their alphas live in lanes 8t and 8t + 4.
+#pragma unroll
+    for (int r = 0; r < NH; ++r) {
+      const float a_even = __shfl_sync(0xffffffffu, alpha[r], 8 * t);
+      const float a_odd = __shfl_sync(0xffffffffu, alpha[r], 8 * t + 4);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        acc[r][mt][0] *= a_even;
+        acc[r][mt][1] *= a_odd;
+        acc[r][mt][2] *= a_even;
+        acc[r][mt][3] *= a_odd;
+      }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t a[4];
+      ldsm_x4_trans(a, vs + mt * 32);
+#pragma unroll
+      for (int r = 0; r < NH; ++r) mma_bf16(acc[r][mt], a, pb[r][0], pb[r][1]);
+    }
+
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    if (i + kStages < nt) issue(i + kStages, pending);
+    cp_async_commit();
+    pending = key_offset(i + kStages + 1);
+  }
+  cp_async_wait<0>();
+
+  // Combine the warps: each scales its accumulators to the block's max per
+  // head and leaves them in shared memory (over the rings); then the block sums.
+  float* ml_s = reinterpret_cast<float*>(smem + Sm::MAIN_BYTES);  // [warp][head] (m, l)
+  float* fin_s = ml_s + kWarps * kHeadsPerBlock * 2;              // [head] (M, L)
+#pragma unroll
+  for (int r = 0; r < NH; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (t == 0) {
+      ml_s[(warp * kHeadsPerBlock + g + 8 * r) * 2] = m[r];
+      ml_s[(warp * kHeadsPerBlock + g + 8 * r) * 2 + 1] = l[r];
+    }
+  }
+  __syncthreads();  // all warps are past their rings, and (m, l) are visible
+
+  auto warp_weight = [&](int w, int h, float M) {
+    const float mw = ml_s[(w * kHeadsPerBlock + h) * 2];
+    return mw == -CUDART_INF_F ? 0.0f : exp2f(mw - M);  // a warp without tiles weighs nothing
+  };
+  auto block_max = [&](int h) {
+    float M = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kHeadsPerBlock + h) * 2]);
+    return M;
+  };
+  float* comb = reinterpret_cast<float*>(smem);  // [warp][head][CS]
+#pragma unroll
+  for (int r = 0; r < NH; ++r)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int h = 8 * r + 2 * t + c;
+      const float w = warp_weight(warp, h, block_max(h));
+      float* row = comb + (warp * kHeadsPerBlock + h) * Sm::CS + g;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        row[16 * mt] = acc[r][mt][c] * w;
+        row[16 * mt + 8] = acc[r][mt][2 + c] * w;
+      }
+    }
+  if (tid < 8 * NH) {
+    const float M = block_max(tid);
+    float L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) L += ml_s[(w * kHeadsPerBlock + tid) * 2 + 1] * warp_weight(w, tid, M);
+    fin_s[tid * 2] = M;
+    fin_s[tid * 2 + 1] = L;
   }
   __syncthreads();
 
-  const int warp = tid >> 5, lane = tid & 31;
-  for (int tile = tile0; tile < tile1; ++tile) {
-    const int key0 = tile * BK;
-    // Consecutive threads read consecutive 16-byte chunks of one key row. All
-    // loads of a thread are issued before its first store, so a tile costs
-    // one memory round trip rather than one per chunk.
-    constexpr int kLoads = (BK * NCH + kDecodeThreads - 1) / kDecodeThreads;
-    Bf16x8 kv[kLoads], vv[kLoads];
+  // Pairs of d per thread; rows of the output (or partials) are contiguous in d.
+  const bool direct = p.num_splits == 1;
+  bf16* orow = p.out + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D;
+  for (int e = tid; e < GL * (D / 2); e += kThreads) {
+    const int h = e / (D / 2), d = 2 * (e % (D / 2));
+    float2 o = make_float2(0.0f, 0.0f);
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int c = tid + u * kDecodeThreads, key = c / NCH, ch = c % NCH, j = key0 + key;
-      kv[u] = vv[u] = Bf16x8{};
-      if (c < BK * NCH && j < n_ctx) {
-        kv[u] = reinterpret_cast<const Bf16x8*>(kv_row(p.k_pool, p, table, j, kvh))[ch];
-        vv[u] = reinterpret_cast<const Bf16x8*>(kv_row(p.v_pool, p, table, j, kvh))[ch];
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 v = *reinterpret_cast<const float2*>(comb + (w * kHeadsPerBlock + h) * Sm::CS + d);
+      o.x += v.x;
+      o.y += v.y;
     }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int c = tid + u * kDecodeThreads, key = c / NCH, ch = c % NCH;
-      if (c < BK * NCH) {
-        *reinterpret_cast<Bf16x8*>(k_s + key * KS + ch * 8) = kv[u];
-        *reinterpret_cast<Bf16x8*>(v_s + key * D + ch * 8) = vv[u];
-      }
+    if (direct) {
+      const float inv = 1.0f / fin_s[h * 2 + 1];
+      *reinterpret_cast<__nv_bfloat162*>(orow + h * D + d) = __floats2bfloat162_rn(o.x * inv, o.y * inv);
+    } else {
+      *reinterpret_cast<float2*>(p.part_out + (part_row + h) * D + d) = o;
     }
-    __syncthreads();
-
-    // Scores. With few heads per group (G * BK < threads), `split` neighbouring
-    // lanes share one key's dot product, each taking every split-th chunk of
-    // head_dim, so that all threads work. Keys past the context are skipped.
-    const int split = max(1, min(kDecodeThreads / (G * BK), NCH));  // 1, 2 or 4
-    const int live = min(BK, n_ctx - key0);
-    for (int e = tid; e < G * BK * split; e += kDecodeThreads) {
-      const int part = e % split, he = e / split, h = he / BK, key = he % BK;
-      float dot = 0.0f;
-      if (key < live) {
-        const float* qh = q_s + h * D;
-        const bf16* kr = k_s + key * KS;
-#pragma unroll 4
-        for (int ch = part; ch < NCH; ch += split) {
-          float kf[8];
-          bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(kr + ch * 8), kf);
-          const float4 a = *reinterpret_cast<const float4*>(qh + ch * 8);
-          const float4 b = *reinterpret_cast<const float4*>(qh + ch * 8 + 4);
-          dot += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] + b.z * kf[6] +
-                 b.w * kf[7];
-        }
-      }
-      // Partners are adjacent lanes of full warps (G * BK * split is a multiple of 32).
-      for (int o = 1; o < split; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if (part == 0) p_s[he] = key < live ? dot : -CUDART_INF_F;
-    }
-    __syncthreads();
-
-    // Online softmax, one warp per head: the tile has at least one live key.
-    for (int h = warp; h < G; h += kDecodeThreads / 32) {
-      float* ph = p_s + h * BK;
-      float sc[PER_LANE], mx = -CUDART_INF_F;
-#pragma unroll
-      for (int i = 0; i < PER_LANE; ++i) mx = fmaxf(mx, sc[i] = ph[lane + 32 * i]);
-      const float m_old = ml_s[3 * h];
-      const float m_new = fmaxf(m_old, warp_max(mx));
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < PER_LANE; ++i) {
-        sc[i] = exp2f(sc[i] - m_new);
-        sum += sc[i];
-        ph[lane + 32 * i] = sc[i];
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) {
-        const float alpha = exp2f(m_old - m_new);
-        ml_s[3 * h] = m_new;
-        ml_s[3 * h + 1] = ml_s[3 * h + 1] * alpha + sum;
-        ml_s[3 * h + 2] = alpha;
-      }
-    }
-    __syncthreads();
-
-    for (int e = tid; e < G * D / 2; e += kDecodeThreads) {
-      const int h = e / (D / 2), d = 2 * (e % (D / 2));
-      float2 a = *reinterpret_cast<float2*>(acc_s + h * D + d);
-      const float alpha = ml_s[3 * h + 2];
-      a.x *= alpha;
-      a.y *= alpha;
-      const float* ph = p_s + h * BK;
-#pragma unroll 8
-      for (int key = 0; key < live; ++key) {
-        const float pk = ph[key];
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v_s + key * D + d));
-        a.x += pk * v.x;
-        a.y += pk * v.y;
-      }
-      *reinterpret_cast<float2*>(acc_s + h * D + d) = a;
-    }
-    __syncthreads();
   }
-
-  if (p.num_splits == 1) {
-    bf16* orow = p.out + int64_t(q0) * p.num_heads * D + int64_t(kvh) * G * D;
-    for (int e = tid; e < G * D; e += kDecodeThreads) orow[e] = __float2bfloat16(acc_s[e] / ml_s[3 * (e / D) + 1]);
-  } else {
-    const int64_t base = (int64_t(s) * p.kv_heads + kvh) * p.num_splits + split;
-    for (int e = tid; e < G * D; e += kDecodeThreads) p.part_out[base * G * D + e] = acc_s[e];
-    for (int h = tid; h < G; h += kDecodeThreads) {
-      p.part_ml[(base * G + h) * 2] = ml_s[3 * h];
-      p.part_ml[(base * G + h) * 2 + 1] = ml_s[3 * h + 1];
-    }
+  if (!direct && tid < GL) {
+    p.part_ml[(part_row + tid) * 2] = fin_s[tid * 2];
+    p.part_ml[(part_row + tid) * 2 + 1] = fin_s[tid * 2 + 1];
   }
 }
 
-// Merges the splits of one (sequence, query head): out = sum_i w_i o_i / sum_i w_i l_i
-// with w_i = 2^(m_i - max m). Empty splits have m = -inf and weigh nothing.
-__global__ void attn_combine_kernel(AttnParams p) {
+// Merges the splits of one (sequence, query head): out = sum_i w_i o_i / sum_i
+// w_i l_i with w_i = 2^(m_i - max m). Empty splits (m = -inf) weigh nothing
+// and their outputs are not read.
+__global__ void __launch_bounds__(128) attn_merge_kernel(AttnParams p) {
   __shared__ float w_s[kMaxSplits];
-  __shared__ float inv_l;
-  const int s = blockIdx.y, head = blockIdx.x;
+  __shared__ float inv_l_s;
+  wait_for_previous_kernel();
+  const int head = blockIdx.x, s = blockIdx.y;
   const int q0 = p.query_start[s];
   if (p.query_start[s + 1] - q0 != 1) return;
-  const int G = p.group, kvh = head / G, h = head % G, D = p.head_dim;
-  const int64_t base = (int64_t(s) * p.kv_heads + kvh) * p.num_splits;
-  if (threadIdx.x == 0) {
-    float M = -CUDART_INF_F;
-    for (int i = 0; i < p.num_splits; ++i) M = fmaxf(M, p.part_ml[((base + i) * G + h) * 2]);
-    float L = 0.0f;
-    for (int i = 0; i < p.num_splits; ++i) {
-      const float m = p.part_ml[((base + i) * G + h) * 2];
-      const float w = m == -CUDART_INF_F ? 0.0f : exp2f(m - M);
-      w_s[i] = w;
-      L += w * p.part_ml[((base + i) * G + h) * 2 + 1];
+  const int G = p.group, kvh = head / G, h = head % G, D = p.head_dim, S = p.num_splits;
+  const int64_t row0 = (int64_t(s) * p.kv_heads + kvh) * S;  // split i: partial row (row0 + i) * G + h
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float m_i[kMaxSplits / 32], M = -CUDART_INF_F;
+#pragma unroll
+    for (int u = 0; u < kMaxSplits / 32; ++u) {
+      const int i = lane + 32 * u;
+      m_i[u] = i < S ? p.part_ml[((row0 + i) * G + h) * 2] : -CUDART_INF_F;
+      M = fmaxf(M, m_i[u]);
     }
-    inv_l = 1.0f / L;
+    M = warp_max(M);
+    float L = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kMaxSplits / 32; ++u) {
+      const int i = lane + 32 * u;
+      if (i < S) {
+        const float w = m_i[u] == -CUDART_INF_F ? 0.0f : exp2f(m_i[u] - M);
+        w_s[i] = w;
+        L += w * p.part_ml[((row0 + i) * G + h) * 2 + 1];
+      }
+    }
+    L = warp_sum(L);
+    if (lane == 0) inv_l_s = 1.0f / L;
   }
   __syncthreads();
-  bf16* orow = p.out + int64_t(q0) * p.num_heads * D + int64_t(head) * D;
+  bf16* orow = p.out + (int64_t(q0) * p.num_heads + head) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
-    for (int i = 0; i < p.num_splits; ++i)
-      if (w_s[i] != 0.0f) acc += w_s[i] * p.part_out[((base + i) * G + h) * D + d];
-    orow[d] = __float2bfloat16(acc * inv_l);
+    for (int i = 0; i < S; ++i) {
+      const float w = w_s[i];
+      if (w != 0.0f) acc += w * p.part_out[((row0 + i) * G + h) * D + d];
+    }
+    orow[d] = __float2bfloat16(acc * inv_l_s);
   }
 }
 
-template <int D>
-void launch_decode(const AttnParams& p, cudaStream_t stream) {
-  const size_t smem = attention_decode_smem(p.group, D);
-  if (smem > 48 * 1024)
-    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(smem)));
-  const dim3 grid(unsigned(p.num_splits), unsigned(p.kv_heads), unsigned(p.num_seqs));
-  attn_decode_kernel<D><<<grid, kDecodeThreads, smem, stream>>>(p);
-  SERVAL_CUDA_LAUNCH_CHECK();
-  if (p.num_splits > 1) {
-    attn_combine_kernel<<<dim3(unsigned(p.num_heads), unsigned(p.num_seqs)), std::min(D, 128), 0, stream>>>(p);
-    SERVAL_CUDA_LAUNCH_CHECK();
+// Calls f(std::integral_constant<int, D>) for a compiled head_dim.
+template <typename F>
+bool with_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+    case 32: f(std::integral_constant<int, 32>{}); return true;
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 80: f(std::integral_constant<int, 80>{}); return true;
+    case 96: f(std::integral_constant<int, 96>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    case 256: f(std::integral_constant<int, 256>{}); return true;
+    default: return false;
   }
 }
+
+// Blocks of one instantiation that an SM holds at once (set up once, so that
+// calls under stream capture touch nothing but the launch).
+template <int D, int NH>
+int resident_blocks() {
+  static int per_sm = 0;
+  if (per_sm == 0) {
+    constexpr int smem = DecodeSmem<D>::BYTES;
+    if (smem > 48 * 1024)
+      SERVAL_CUDA_CHECK(
+          cudaFuncSetAttribute(attn_decode_kernel<D, NH>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // K/V bypass L1 (cp.async.cg): give the SM's memory to shared, for occupancy.
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D, NH>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           int(cudaSharedmemCarveoutMaxShared)));
+    int n = 0;
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<D, NH>, kThreads, smem));
+    per_sm = std::max(n, 1);
+  }
+  return per_sm;
+}
+
+// Programmatic dependent launch: the grid may be scheduled while the previous
+// kernel drains; the kernels wait for it (griddepcontrol.wait) first thing.
+template <typename... Args>
+void launch_dependent(void (*kernel)(Args...), dim3 grid, int threads, int smem, cudaStream_t stream,
+                      const AttnParams& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
+template <int D, int NH>
+void launch_decode(const AttnParams& p, cudaStream_t stream) {
+  resident_blocks<D, NH>();  // sets the shared-memory limit on first use
+  const dim3 grid(unsigned(p.kv_heads * head_blocks(p.group)), unsigned(p.num_seqs), unsigned(p.num_splits));
+  launch_dependent(attn_decode_kernel<D, NH>, grid, kThreads, DecodeSmem<D>::BYTES, stream, p);
+  if (p.num_splits > 1)
+    launch_dependent(attn_merge_kernel, dim3(unsigned(p.num_heads), unsigned(p.num_seqs)), std::clamp(D, 32, 128), 0,
+                     stream, p);
+}
+
+bool two_head_tiles(int group) { return std::min(group, kHeadsPerBlock) > 8; }
 
 }  // namespace
 
-size_t attention_decode_smem(int group, int head_dim) {
-  const int floats = 2 * group * head_dim + group * kDecodeKeyTile + round4(3 * group);
-  return size_t(floats) * 4 + size_t(kDecodeKeyTile) * (2 * head_dim + 8) * 2;
+int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms) {
+  int per_sm = 0;
+  with_head_dim(p.head_dim, [&](auto d) {
+    per_sm = two_head_tiles(p.group) ? resident_blocks<decltype(d)::value, 2>() : resident_blocks<decltype(d)::value, 1>();
+  });
+  if (per_sm == 0) return 1;  // no kernel for this head_dim: the launch reports it
+  // Split only while the blocks of the batch fill less than ~a wave, and
+  // never into splits shorter than kMinSplitTiles of the bound. Among the
+  // split counts, take the fewest that reach 85% of the best wave efficiency
+  // (blocks / (resident slots x whole waves)), as FlashAttention's heuristic does.
+  const int64_t base = int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group);
+  const int64_t slots = int64_t(per_sm) * std::max(num_sms, 1);
+  const int bound_tiles = ceil_div(std::max(max_context_bound, 1), kTile);
+  const int max_splits = std::min(kMaxSplits, ceil_div(bound_tiles, kMinSplitTiles));
+  if (max_splits <= 1 || base * 5 >= slots * 4) return 1;
+  auto efficiency = [&](int splits) {
+    const double waves = double(base * splits) / double(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int n = 1; n <= max_splits; ++n) best = std::max(best, efficiency(n));
+  for (int n = 1; n <= max_splits; ++n)
+    if (efficiency(n) >= 0.85 * best) return n;
+  return 1;
 }
 
-int attention_max_splits() { return kMaxSplits; }
+int64_t attention_decode_partial_floats(const AttnParams& p) {
+  return int64_t(p.num_seqs) * p.kv_heads * p.num_splits * p.group * (p.head_dim + 2);
+}
 
 bool launch_attention_decode(const AttnParams& p, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 8: launch_decode<8>(p, stream); return true;
-    case 16: launch_decode<16>(p, stream); return true;
-    case 32: launch_decode<32>(p, stream); return true;
-    case 64: launch_decode<64>(p, stream); return true;
-    case 80: launch_decode<80>(p, stream); return true;
-    case 96: launch_decode<96>(p, stream); return true;
-    case 128: launch_decode<128>(p, stream); return true;
-    case 256: launch_decode<256>(p, stream); return true;
-    default: return false;
-  }
+  SERVAL_CHECK(p.num_splits >= 1 && p.num_splits <= kMaxSplits, "decode attention: ", p.num_splits, " splits");
+  return with_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if (two_head_tiles(p.group))
+      launch_decode<D, 2>(p, stream);
+    else
+      launch_decode<D, 1>(p, stream);
+  });
 }
 
 }  // namespace serval::cuda

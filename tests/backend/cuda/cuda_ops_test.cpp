@@ -84,7 +84,7 @@ TEST(CudaOps, MatmulMatchesCpuForDecodeAndPrefillShapes) {
   SERVAL_CUDA_OR_SKIP(gpu);
   auto cpu = create_backend("cpu", 0);
   struct Shape { int64_t T, in, out; bool bias; };
-  // Rows 1..8 take the GEMV kernel, more rows cuBLASLt.
+  // Rows 1..16 take the GEMV kernel, more rows cuBLASLt.
   for (const Shape& s : {Shape{1, 4096, 4096, false}, Shape{5, 64, 172, true}, Shape{77, 256, 512, false},
                          Shape{1, 128, 32000, false}, Shape{300, 512, 1024, true}, Shape{8, 11008, 256, false},
                          Shape{3, 4096, 1000, true}, Shape{9, 1024, 96, false}}) {
