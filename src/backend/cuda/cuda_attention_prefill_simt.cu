@@ -1,0 +1,228 @@
+// CUDA-core fallback of the prefill attention, for head dims without a
+// tensor-core kernel (cuda_attention_prefill.cu serves 64 and 128): online
+// softmax over key tiles read through the block table, causal by position, so
+// a chunk attends to the cached prefix and to itself. A thread block takes 64
+// query rows of one KV head (64 / G tokens x the G query heads of its GQA
+// group) so K/V tiles are shared by the group. f32 math.
+#include <math_constants.h>
+
+#include "backend/cuda/cuda_attention_prefill_simt.cuh"
+
+namespace serval::cuda {
+
+namespace {
+
+constexpr int kRows = 64;  // query rows per block
+constexpr int kThreads = 128;
+constexpr int kKeyTile = 64;
+
+// Address of key/value j of sequence s (block table `table`), KV head kvh.
+__device__ __forceinline__ const bf16* paged_row(const bf16* pool, const AttnParams& p, const int32_t* table, int j,
+                                                 int kvh) {
+  const int64_t slot = int64_t(table[j / p.block_size]) * p.block_size + j % p.block_size;
+  return pool + (slot * p.kv_heads + kvh) * p.head_dim;
+}
+
+template <int D>
+constexpr size_t prefill_smem() {
+  // qT [D][64] f32, pT [64][64] f32, kT [D][64] bf16, V [64][D + 8] bf16
+  return size_t(D) * kRows * 4 + size_t(kKeyTile) * kRows * 4 + size_t(D) * kKeyTile * 2 +
+         size_t(kKeyTile) * (D + 8) * 2;
+}
+
+// Thread (ty, tx) = (tid / 8, tid % 8) owns query rows 4ty..4ty+3; for scores
+// it owns keys 8tx..8tx+7 of the tile, for the output the 8-wide chunks
+// tx, tx + 8, ... of head_dim (so 8 neighbouring lanes read 128 contiguous bytes).
+template <int D>
+__global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
+  constexpr int BK = kKeyTile, NCH = D / 8, CPT = (NCH + 7) / 8, VS = D + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* qT = reinterpret_cast<float*>(smem);
+  float* pT = qT + D * kRows;
+  bf16* kT = reinterpret_cast<bf16*>(pT + BK * kRows);
+  bf16* vS = kT + D * BK;
+
+  const int G = p.group, QT = kRows / G;
+  const int s = blockIdx.z, kvh = blockIdx.y;
+  const int qs = p.query_start[s], qe = p.query_start[s + 1];
+  if (qe - qs <= 1) return;  // decode sequences: the split-KV kernel
+  const int t0 = qs + blockIdx.x * QT;
+  if (t0 >= qe) return;
+  const int t_last = min(t0 + QT, qe) - 1;
+  const int n_keys = p.positions[t_last] + 1;  // positions increase within a chunk
+  const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
+  const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
+
+  // Query rows r = i * G + h (token t0 + i, head kvh * G + h), pre-scaled.
+  for (int e = tid; e < kRows * NCH; e += kThreads) {
+    const int r = e % kRows, ch = e / kRows, t = t0 + r / G;
+    float f[8] = {};
+    if (r < QT * G && t <= t_last) {
+      const bf16* src = p.q + int64_t(t) * p.num_heads * D + int64_t(kvh * G + r % G) * D + ch * 8;
+      bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(src), f);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qT[(ch * 8 + i) * kRows + r] = f[i] * p.scale_log2;
+  }
+  int pos[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = ty * 4 + i, t = t0 + r / G;
+    pos[i] = (r < QT * G && t <= t_last) ? p.positions[t] : -1;  // -1: padding row, sees no key
+  }
+
+  float m[4], l[4], acc[4][CPT * 8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -CUDART_INF_F;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT * 8; ++c) acc[i][c] = 0.0f;
+  }
+
+  for (int key0 = 0; key0 < n_keys; key0 += BK) {
+    __syncthreads();  // the previous tile's K, V and P are consumed
+    // All of a thread's K and V loads are in flight before its first store.
+    constexpr int kLoads = (BK * NCH + kThreads - 1) / kThreads;
+    Bf16x8 kr[kLoads], vr[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int c = tid + u * kThreads;
+      kr[u] = vr[u] = Bf16x8{};
+      if (c < BK * NCH) {
+        const int kkey = c % BK, kch = c / BK, vkey = c / NCH, vch = c % NCH;
+        if (key0 + kkey < n_keys) kr[u] = reinterpret_cast<const Bf16x8*>(paged_row(p.k_pool, p, table, key0 + kkey, kvh))[kch];
+        if (key0 + vkey < n_keys) vr[u] = reinterpret_cast<const Bf16x8*>(paged_row(p.v_pool, p, table, key0 + vkey, kvh))[vch];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int c = tid + u * kThreads;
+      if (c < BK * NCH) {
+        const int kkey = c % BK, kch = c / BK, vkey = c / NCH, vch = c % NCH;
+        const bf16* kb = reinterpret_cast<const bf16*>(&kr[u]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) kT[(kch * 8 + i) * BK + kkey] = kb[i];
+        *reinterpret_cast<Bf16x8*>(vS + vkey * VS + vch * 8) = vr[u];
+      }
+    }
+    __syncthreads();
+
+    float sc[4][8] = {};
+#pragma unroll 4
+    for (int d = 0; d < D; ++d) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qT + d * kRows + ty * 4);
+      float kf[8];
+      bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(kT + d * BK + tx * 8), kf);
+      const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) sc[i][jj] += qv[i] * kf[jj];
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float mx = -CUDART_INF_F;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        if (key0 + tx * 8 + jj > pos[i]) sc[i][jj] = -CUDART_INF_F;
+        mx = fmaxf(mx, sc[i][jj]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float m_new = fmaxf(m[i], mx);
+      const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;  // a row with no live key yet
+      const float alpha = exp2f(m[i] - m_use);
+      float sum = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        sc[i][jj] = exp2f(sc[i][jj] - m_use);
+        sum += sc[i][jj];
+      }
+      l[i] = l[i] * alpha + sum;
+      m[i] = m_new;
+#pragma unroll
+      for (int c = 0; c < CPT * 8; ++c) acc[i][c] *= alpha;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj)
+      *reinterpret_cast<float4*>(pT + (tx * 8 + jj) * kRows + ty * 4) =
+          make_float4(sc[0][jj], sc[1][jj], sc[2][jj], sc[3][jj]);
+    __syncthreads();
+
+#pragma unroll 4
+    for (int key = 0; key < BK; ++key) {
+      const float4 p4 = *reinterpret_cast<const float4*>(pT + key * kRows + ty * 4);
+      const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+      for (int cc = 0; cc < CPT; ++cc) {
+        const int c = tx + 8 * cc;
+        if (c < NCH) {
+          float vf[8];
+          bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(vS + key * VS + c * 8), vf);
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) acc[i][cc * 8 + jj] += pv[i] * vf[jj];
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float li = l[i];
+    li += __shfl_xor_sync(0xffffffffu, li, 1);
+    li += __shfl_xor_sync(0xffffffffu, li, 2);
+    li += __shfl_xor_sync(0xffffffffu, li, 4);
+    if (pos[i] < 0) continue;
+    const int r = ty * 4 + i, t = t0 + r / G;
+    bf16* dst = p.out + int64_t(t) * p.num_heads * D + int64_t(kvh * G + r % G) * D;
+    const float inv = 1.0f / li;
+#pragma unroll
+    for (int cc = 0; cc < CPT; ++cc) {
+      const int c = tx + 8 * cc;
+      if (c < NCH) {
+        float o[8];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) o[jj] = acc[i][cc * 8 + jj] * inv;
+        *reinterpret_cast<Bf16x8*>(dst + c * 8) = f32_to_bf16x8(o);
+      }
+    }
+  }
+}
+
+template <int D>
+void launch_prefill(const AttnParams& p, int max_query_len, cudaStream_t stream) {
+  constexpr size_t smem = prefill_smem<D>();
+  static bool configured = false;  // the attribute is per kernel, set once
+  if (smem > 48 * 1024 && !configured) {
+    SERVAL_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = true;
+  }
+  const int qt = kRows / p.group;
+  const dim3 grid(unsigned((max_query_len + qt - 1) / qt), unsigned(p.kv_heads), unsigned(p.num_seqs));
+  attn_prefill_kernel<D><<<grid, kThreads, smem, stream>>>(p);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool launch_attention_prefill_simt(const AttnParams& p, int max_query_len, cudaStream_t stream) {
+  SERVAL_CHECK(p.group >= 1 && p.group <= kRows, "cuda attention: GQA group of ", p.group,
+               " query heads per KV head is more than the prefill kernel's ", kRows, " rows");
+  switch (p.head_dim) {
+    case 8: launch_prefill<8>(p, max_query_len, stream); return true;
+    case 16: launch_prefill<16>(p, max_query_len, stream); return true;
+    case 32: launch_prefill<32>(p, max_query_len, stream); return true;
+    case 80: launch_prefill<80>(p, max_query_len, stream); return true;
+    case 96: launch_prefill<96>(p, max_query_len, stream); return true;
+    case 256: launch_prefill<256>(p, max_query_len, stream); return true;
+    default: return false;
+  }
+}
+
+}  // namespace serval::cuda
