@@ -70,6 +70,8 @@ class CudaBackend : public Backend {
   void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom, const BatchView& batch,
                        int32_t num_heads, float scale, Tensor out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
+                    Tensor up_buf, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) override;
   void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
 
@@ -81,8 +83,11 @@ class CudaBackend : public Backend {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool tuned = false;  // algo chosen by timing (cuda_matmul.cu), not just the heuristic's first
   };
-  const MatmulPlan& matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32);
+  MatmulPlan& matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32);
+  void tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bool y_f32, const void* w, const void* x,
+                   void* y);
   // Device scratch of at least `bytes` (grown, never shrunk; contents not kept).
   void* scratch(DeviceBuffer& buf, int64_t bytes);
 
@@ -92,10 +97,12 @@ class CudaBackend : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   DeviceBuffer lt_workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, MatmulPlan> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> tuned_algos_;  // by token bucket
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   void* host_staging_ = nullptr;  // pinned, for tensor_to_host
   int64_t host_staging_bytes_ = 0;
+  std::shared_ptr<void> sampler_state_;  // the GPU sampler's buffers (cuda_sampling.cu)
 };
 
 inline bf16* bf(const Tensor& t) { return static_cast<bf16*>(t.data); }

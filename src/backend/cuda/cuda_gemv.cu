@@ -1,10 +1,36 @@
-// y = x @ W^T for a few rows of x (decode batches of up to 8 tokens): a
-// memory-bound stream over W, which cuBLASLt's small-N kernels (split-K plus a
-// reduction kernel) read at well under full bandwidth. One warp per output
-// row; each lane keeps several 16-byte loads of W in flight and reuses each
-// for all T rows of x, which stay in L1/L2. Several weights that read the same
-// x (q/k/v, gate/up) go in one launch: a short kernel spends a good part of
-// its time ramping up and draining.
+// y = x @ W^T for a few rows of x (decode batches of up to 16 tokens), and
+// the MLP's fused silu(x @ gate^T) * (x @ up^T): a stream over W that must run
+// at the full HBM bandwidth.
+//
+// Work is cut into units of 8 consecutive W rows (8 outputs per token). A
+// block of 4 warps takes one unit at a time and its warps split the unit's
+// columns: warp w takes k-steps w*8 .. w*8+7 of every 32 (a k-step is 32
+// columns), so the block reads 2 KB of each row at a time, contiguously. A
+// warp computes with one tensor-core mma.m16n8k16 per 16 columns: A = 16
+// tokens of x (rows past T are zeros), B = the 8 W rows, f32 accumulators.
+// Each lane loads whole 16-byte chunks of W and x; the mma's k order is a
+// permutation of the columns, the same for A and B, so the dot products are
+// unchanged. The block sums its 4 warps' partials in shared memory.
+//
+// Bandwidth: each lane has 8 slots of 16 bytes per weight (a warp: 4 KB of
+// W, 8 KB for gate + up) and refills slot s with the next batch's step s as
+// soon as s has fed its mmas, across a unit's end too, so about a batch stays
+// in flight all the time, the epilogue included. The grid is persistent and
+// balanced: every block gets the same number of units (ceil(units / resident
+// blocks)), so no block runs a last unit alone while the rest of the GPU
+// idles. With programmatic dependent launch the first weight loads are issued
+// before waiting for the previous kernel (griddepcontrol.wait comes before any
+// read of x and any write of y), and each thread calls
+// griddepcontrol.launch_dependents once it has issued its last weight loads,
+// so the next kernel's blocks can take our SMs as our blocks finish.
+//
+// Batch invariance: the output (t, j) is, whatever T is (1..16), the same
+// chain of mma accumulations over the same k-steps in each warp, then
+// warp 0 + warp 1 + warp 2 + warp 3 in that order. Token t only occupies
+// row t of A, and an mma's row t of D depends on row t of A alone, so a
+// token's result is bitwise the same alone or inside a batch (and in a
+// fused q/k/v launch or a single one). The split (4 warps x 8 steps) is
+// the same in every kernel variant; do not make it depend on T.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -13,153 +39,313 @@ namespace serval::cuda {
 
 namespace {
 
-constexpr int kGemvThreads = 256;
-constexpr int kUnroll = 4;
+constexpr int kWarps = 4;  // warps per block; they split each unit's columns
+constexpr int kThreads = 32 * kWarps;
+constexpr int kUnitRows = 8;    // W rows per unit: the mma's N
+constexpr int kSteps = 8;       // k-steps per warp per batch (loads in flight per lane per weight)
+constexpr int kStepChunks = 4;  // 16-byte chunks of a row per k-step: one per lane of a quad
+constexpr int kMaxTokens = 16;  // the mma's M
 
-// Up to three weights [rows[i], in] with outputs [T, rows[i]], all reading x.
-struct GemvSegments {
+// Up to three weights [rows[i], in] with outputs [tokens, rows[i]], all reading
+// x [tokens, in]. The gated kernel reads w[0] (gate) and w[1] (up) for its one
+// output y[0]. Units are numbered segment after segment; unit_end holds the
+// running totals.
+struct GemvParams {
+  const bf16* x;
   const bf16* w[3];
   void* y[3];
   int rows[3];
-  int n;
+  int unit_end[3];
+  int segments;
+  int units;
+  int tokens;
+  int in;
 };
 
-// The grid is sized to what the SMs hold at once and each warp strides over
-// rows: a grid of one warp per row ends in a partial wave, which idles a good
-// part of the GPU for the short time these kernels run.
-template <int T, typename Out>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const bf16* __restrict__ x, GemvSegments seg, int in,
-                                                            int total_rows) {
-  const int lane = threadIdx.x & 31;
-  const int warps = (gridDim.x * kGemvThreads) >> 5;
-  // Launched as a programmatic dependent of the previous kernel: the first
-  // weight loads (which do not depend on it) are issued before waiting for
-  // it to finish and publish x.
-  bool waited = false;
-  auto wait_for_x = [&] {
-    if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
-    waited = true;
+// 16 bytes of W, streamed: no L1 allocation, evict-first in L2 (W is read once
+// per step and must not push activations out), and a 256-byte L2 fetch, since
+// the next three k-steps of the row follow right behind. `ok` false gives zeros
+// without touching memory.
+__device__ __forceinline__ uint4 load_weight(const bf16* p, bool ok, uint64_t policy) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%5], %6;\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "r"(int(ok)), "l"(p), "l"(policy));
+  return v;
+}
+
+// 16 bytes of x: kept in L1, where every warp of the SM reads it again.
+__device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "r"(int(ok)), "l"(p));
+  return v;
+}
+
+// d += a * b for a 16x16 bf16 A (4 registers), a 16x8 B (2 registers), f32 D.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void locate_unit(const GemvParams& p, int unit, int& seg, int& base) {
+  seg = 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    if (seg + 1 < p.segments && unit >= p.unit_end[seg]) ++seg;
+  base = (unit - (seg > 0 ? p.unit_end[seg - 1] : 0)) * kUnitRows;
+}
+
+__device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
+__device__ __forceinline__ void store_out(bf16* y, int64_t i, float v) { y[i] = __float2bfloat16(v); }
+
+// kHighTokens: tokens 8..15 exist (T > 8), so the lanes also load their rows of
+// x into A's rows 8..15; otherwise those rows are zero registers.
+template <typename Out, bool kGated, bool kHighTokens>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvParams p) {
+  // Per lane, the accumulators handed to the reduction: D's (token g, rows 2q,
+  // 2q+1), plus (token g+8, ...) with high tokens; for gate and for up if gated.
+  constexpr int kAcc = kHighTokens ? 4 : 2;
+  constexpr int kVals = kGated ? 2 * kAcc : kAcc;
+  __shared__ float partial[2][kWarps][kVals][32];  // double-buffered by unit parity
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;  // mma groupID, threadID_in_group
+  const int chunks = p.in >> 3;
+  const int steps = (chunks + kStepChunks - 1) / kStepChunks;
+  const int batches = (steps + kWarps * kSteps - 1) / (kWarps * kSteps);  // per unit, per warp
+  const int my_units = (p.units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;  // blockIdx.x < units
+  const int total = my_units * batches;
+
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+
+  // Lane (g, q) holds token g's (and g+8's) x chunks and W row `base + g`.
+  const bool x_lo = g < p.tokens, x_hi = kHighTokens && g + 8 < p.tokens;
+  const bf16* x_lo_row = p.x + int64_t(g) * p.in;
+  const bf16* x_hi_row = p.x + int64_t(kHighTokens ? g + 8 : g) * p.in;
+
+  uint4 wv[kSteps], uv[kGated ? kSteps : 1], xl[kSteps], xh[kHighTokens ? kSteps : 1];
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc_up[4] = {0.f, 0.f, 0.f, 0.f};
+
+  // The load cursor: batch `lb` of this block's unit `li`, whose row this lane reads.
+  int li = 0, lb = 0;
+  const bf16* w_row = p.w[0];
+  const bf16* u_row = p.w[1];
+  bool row_ok = false;
+  auto enter_unit = [&](int i) {
+    int seg, base;
+    locate_unit(p, int(blockIdx.x) + i * int(gridDim.x), seg, base);
+    const int row = base + g;
+    row_ok = row < p.rows[seg];
+    const int64_t off = int64_t(row_ok ? row : 0) * p.in;
+    w_row = p.w[kGated ? 0 : seg] + off;
+    if constexpr (kGated) u_row = p.w[1] + off;
   };
-  for (int grow = (blockIdx.x * kGemvThreads + threadIdx.x) >> 5; grow < total_rows; grow += warps) {
-    int row = grow;
-    int i = 0;
-    while (i < seg.n && row >= seg.rows[i]) row -= seg.rows[i++];
-    const int out = seg.rows[i];
-    Out* __restrict__ y = static_cast<Out*>(seg.y[i]);
-    const int warp = row;
-    const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(seg.w[i] + int64_t(warp) * in);
-    const int chunks = in / 8;
-    float acc[T] = {};
-    int c = lane;
-    for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-      Bf16x8 wv[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        // Streaming loads: W is read once per step, keep it out of L1.
-        const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(wr + c + 32 * u));
-        wv[u] = *reinterpret_cast<const Bf16x8*>(&raw);
-      }
-      wait_for_x();
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float wf[8];
-        bf16x8_to_f32(wv[u], wf);
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-          float xf[8];
-          bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(x + int64_t(t) * in)[c + 32 * u], xf);
-#pragma unroll
-          for (int k = 0; k < 8; ++k) acc[t] += wf[k] * xf[k];
-        }
-      }
+  // Step s of batch `lb` of the load cursor's unit into slot s; `more` false
+  // (no batch left) loads nothing.
+  auto load_step = [&](int s, bool more) {
+    const int c = ((lb * kWarps + warp) * kSteps + s) * kStepChunks + q;
+    const bool in_row = more && c < chunks;
+    const bool ok = in_row && row_ok;
+    const int off = in_row ? c * 8 : 0;
+    wv[s] = load_weight(w_row + off, ok, policy);
+    if constexpr (kGated) uv[s] = load_weight(u_row + off, ok, policy);
+    xl[s] = load_act(x_lo_row + off, in_row && x_lo);
+    if constexpr (kHighTokens) xh[s] = load_act(x_hi_row + off, in_row && x_hi);
+  };
+  // Slot s's two mmas (per weight): chunk words 0,1 are one mma's k pairs
+  // (2q, 2q+1) and (2q+8, 2q+9), words 2,3 the next's.
+  auto compute_step = [&](int s) {
+    uint4 hi = make_uint4(0, 0, 0, 0);
+    if constexpr (kHighTokens) hi = xh[s];
+    mma_16816(acc, xl[s].x, hi.x, xl[s].y, hi.y, wv[s].x, wv[s].y);
+    mma_16816(acc, xl[s].z, hi.z, xl[s].w, hi.w, wv[s].z, wv[s].w);
+    if constexpr (kGated) {
+      mma_16816(acc_up, xl[s].x, hi.x, xl[s].y, hi.y, uv[s].x, uv[s].y);
+      mma_16816(acc_up, xl[s].z, hi.z, xl[s].w, hi.w, uv[s].z, uv[s].w);
     }
-    wait_for_x();
-    for (; c < chunks; c += 32) {
-      float wf[8];
-      bf16x8_to_f32(wr[c], wf);
+  };
+  auto epilogue = [&](int i) {
+    const int buf = i & 1;
 #pragma unroll
-      for (int t = 0; t < T; ++t) {
-        float xf[8];
-        bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(x + int64_t(t) * in)[c], xf);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc[t] += wf[k] * xf[k];
-      }
+    for (int v = 0; v < kAcc; ++v) {
+      partial[buf][warp][v][lane] = acc[v];
+      if constexpr (kGated) partial[buf][warp][kAcc + v][lane] = acc_up[v];
     }
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float s = warp_sum(acc[t]);
-      if (lane == 0) {
-        if constexpr (sizeof(Out) == 4)
-          y[int64_t(t) * out + warp] = s;
-        else
-          y[int64_t(t) * out + warp] = __float2bfloat16(s);
+    for (int v = 0; v < 4; ++v) acc[v] = acc_up[v] = 0.f;
+    // One barrier per unit: buffer `buf` is written again two units later, after
+    // the next unit's barrier, which warp 0 reaches only once it has read it.
+    __syncthreads();
+    if (warp != 0) return;
+    float sum[kVals];
+#pragma unroll
+    for (int v = 0; v < kVals; ++v) sum[v] = partial[buf][0][v][lane];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w)
+#pragma unroll
+      for (int v = 0; v < kVals; ++v) sum[v] += partial[buf][w][v][lane];
+    int seg, base;
+    locate_unit(p, int(blockIdx.x) + i * int(gridDim.x), seg, base);
+    const int rows = p.rows[seg];
+    Out* y = static_cast<Out*>(p.y[seg]);
+#pragma unroll
+    for (int h = 0; h < kAcc / 2; ++h) {
+      const int t = g + 8 * h;
+      if (t >= p.tokens) continue;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = base + 2 * q + e;
+        if (j >= rows) continue;
+        float v = sum[2 * h + e];
+        if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
+        store_out(y, int64_t(t) * rows + j, v);
       }
+    }
+  };
+  if (total == 0) return;  // no block is launched without a unit; kept for safety
+  // Batch 0's weights first; x is the previous kernel's output, so wait for
+  // it (and only then may y be written) before loading x.
+  enter_unit(0);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int c = ((lb * kWarps + warp) * kSteps + s) * kStepChunks + q;
+    const bool ok = row_ok && c < chunks;
+    wv[s] = load_weight(w_row + (ok ? c * 8 : 0), ok, policy);
+    if constexpr (kGated) uv[s] = load_weight(u_row + (ok ? c * 8 : 0), ok, policy);
+  }
+  pdl_wait();
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int c = ((lb * kWarps + warp) * kSteps + s) * kStepChunks + q;
+    const int off = c < chunks ? c * 8 : 0;
+    xl[s] = load_act(x_lo_row + off, x_lo && c < chunks);
+    if constexpr (kHighTokens) xh[s] = load_act(x_hi_row + off, x_hi && c < chunks);
+  }
+  if (total == 1) pdl_launch_dependents();
+  // A rolling window: as soon as slot s has fed its mmas, it is refilled with
+  // step s of the next batch (possibly of the next unit), so nearly a whole
+  // batch stays in flight while the mma chain runs and through the epilogue.
+  int ci = 0, cb = 0;  // the unit and batch being computed
+  for (int idx = 0; idx < total; ++idx) {
+    const bool more = idx + 1 < total;
+    if (more && ++lb == batches) {
+      lb = 0;
+      enter_unit(++li);
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      compute_step(s);
+      load_step(s, more);
+    }
+    if (idx + 2 == total) pdl_launch_dependents();
+    if (++cb == batches) {
+      epilogue(ci++);
+      cb = 0;
     }
   }
 }
 
-template <int T, typename Out>
-void launch_as(const Tensor& x, const GemvSegments& seg, int rows, cudaStream_t stream) {
-  static int per_sm = 0, sms = 0;  // resident blocks per SM, SM count: read once
-  if (per_sm == 0) {
-    int dev = 0;
+// Resident blocks of one kernel variant on the whole GPU, read once.
+template <typename Out, bool kGated, bool kHighTokens>
+int resident_blocks() {
+  static const int blocks = [] {
+    int dev = 0, sms = 0, per_sm = 0;
     SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
     SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<T, Out>, kGemvThreads, 0));
-    per_sm = std::max(per_sm, 1);
-  }
-  const int needed = int((int64_t(rows) * 32 + kGemvThreads - 1) / kGemvThreads);
-  const int blocks = std::min(needed, per_sm * sms);
-  // Programmatic dependent launch: our blocks may start while the previous
-  // kernel drains; the kernel waits (griddepcontrol.wait) before reading x.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(blocks));
-  cfg.blockDim = dim3(kGemvThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<T, Out>, bf(x), seg, int(x.cols), rows));
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, gemv_kernel<Out, kGated, kHighTokens>, kThreads, 0));
+    return std::max(per_sm, 1) * sms;
+  }();
+  return blocks;
 }
 
-template <int T>
-void launch(const Tensor& x, const GemvSegments& seg, bool f32, cudaStream_t stream) {
-  int rows = 0;
-  for (int i = 0; i < seg.n; ++i) rows += seg.rows[i];
-  if (f32)
-    launch_as<T, float>(x, seg, rows, stream);
-  else
-    launch_as<T, bf16>(x, seg, rows, stream);
+template <typename Out, bool kGated, bool kHighTokens>
+void launch_as(const GemvParams& p, cudaStream_t stream) {
+  // Balanced persistent grid: the fewest units per block that fit the resident
+  // blocks, and just enough blocks for that, so every block gets the same
+  // count (the last ones one fewer at most). Depends on the shape only.
+  const int per_block = ceil_div(p.units, resident_blocks<Out, kGated, kHighTokens>());
+  const int blocks = ceil_div(p.units, per_block);
+  launch_pdl(gemv_kernel<Out, kGated, kHighTokens>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+}
+
+template <bool kGated>
+void launch(const GemvParams& p, bool f32, cudaStream_t stream) {
+  const bool high = p.tokens > 8;
+  if (f32) {
+    if (high)
+      launch_as<float, kGated, true>(p, stream);
+    else
+      launch_as<float, kGated, false>(p, stream);
+  } else {
+    if (high)
+      launch_as<bf16, kGated, true>(p, stream);
+    else
+      launch_as<bf16, kGated, false>(p, stream);
+  }
+}
+
+GemvParams params_for(const Tensor& x) {
+  GemvParams p{};
+  p.x = bf(x);
+  p.tokens = int(x.rows);
+  p.in = int(x.cols);
+  return p;
 }
 
 }  // namespace
 
-bool gemv_fits(const Tensor& x) { return x.rows >= 1 && x.rows <= 8 && x.cols % 8 == 0; }
+bool gemv_fits(const Tensor& x) {
+  return x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= kMaxTokens && x.cols >= 8 && x.cols % 8 == 0 &&
+         x.cols <= (int64_t(1) << 30) && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+}
 
 // ys[i] = x @ ws[i]^T; the outputs are all bf16, or a single f32 one.
 void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
   SERVAL_CHECK(n >= 1 && n <= 3, "gemv: ", n, " weights in one launch (1..3)");
-  GemvSegments seg{};
-  seg.n = n;
-  for (int i = 0; i < n; ++i) {
-    seg.w[i] = ws[i];
-    seg.y[i] = ys[i].data;
-    seg.rows[i] = int(ys[i].cols);
-  }
+  SERVAL_CHECK(gemv_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const bool f32 = ys[0].dtype == DType::F32;
-  switch (x.rows) {
-    case 1: launch<1>(x, seg, f32, stream); break;
-    case 2: launch<2>(x, seg, f32, stream); break;
-    case 3: launch<3>(x, seg, f32, stream); break;
-    case 4: launch<4>(x, seg, f32, stream); break;
-    case 5: launch<5>(x, seg, f32, stream); break;
-    case 6: launch<6>(x, seg, f32, stream); break;
-    case 7: launch<7>(x, seg, f32, stream); break;
-    case 8: launch<8>(x, seg, f32, stream); break;
-    default: fail("gemv: ", x.rows, " rows is outside 1..8");
+  SERVAL_CHECK(!f32 || n == 1, "gemv: an f32 output only alone");
+  GemvParams p = params_for(x);
+  p.segments = n;
+  for (int i = 0; i < n; ++i) {
+    SERVAL_CHECK(reinterpret_cast<uintptr_t>(ws[i]) % 16 == 0, "gemv: weight not 16-byte aligned");
+    p.w[i] = ws[i];
+    p.y[i] = ys[i].data;
+    p.rows[i] = int(ys[i].cols);
+    p.units += ceil_div(ys[i].cols, kUnitRows);
+    p.unit_end[i] = p.units;
   }
+  if (p.units == 0) return;
+  launch<false>(p, f32, stream);
+}
+
+// out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
+void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream) {
+  SERVAL_CHECK(gemv_fits(x), "gemv_gated: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
+  SERVAL_CHECK(reinterpret_cast<uintptr_t>(gate) % 16 == 0 && reinterpret_cast<uintptr_t>(up) % 16 == 0,
+               "gemv_gated: weights not 16-byte aligned");
+  GemvParams p = params_for(x);
+  p.segments = 1;
+  p.w[0] = gate;
+  p.w[1] = up;
+  p.y[0] = out.data;
+  p.rows[0] = int(out.cols);
+  p.units = p.unit_end[0] = ceil_div(out.cols, kUnitRows);
+  if (p.units == 0) return;
+  launch<true>(p, false, stream);
 }
 
 }  // namespace serval::cuda

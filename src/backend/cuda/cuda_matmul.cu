@@ -1,6 +1,10 @@
-// y = x @ W^T through cuBLASLt, bf16 in and out with f32 accumulation. The
-// algorithm for each (out, tokens, in) shape is chosen once by cuBLASLt's
-// heuristic and cached with its descriptors.
+// y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
+// more through cuBLASLt, bf16 in and out (or f32 logits) with f32
+// accumulation. cuBLASLt's algorithm for a shape is chosen at its first use
+// outside a graph capture by timing the heuristic's best candidates on the
+// real operands; the winner is kept per (out, token bucket, in, out dtype).
+#include <cfloat>
+
 #include "backend/cuda/cuda_backend.h"
 
 namespace serval::cuda {
@@ -8,19 +12,46 @@ namespace serval::cuda {
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias);  // cuda_elementwise.cu
 bool gemv_fits(const Tensor& x);                                            // cuda_gemv.cu
 void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream);
 
 namespace {
+
+constexpr int kCandidates = 8;  // heuristic results timed per shape
+constexpr int kTimedRuns = 3;   // after one warm-up run each
 
 void lt_check(cublasStatus_t st, const char* what) {
   SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt: ", what, " failed with status ", int(st));
 }
 
+// Token counts that share a timed algorithm: 1, 2, 3, 4, 6, 8, 12, 16, 24, ...
+// (powers of two and 1.5x them, rounded up). Prefill steps bring ever new
+// token counts; timing each one would stall many steps.
+int64_t token_bucket(int64_t n) {
+  for (int64_t p = 1;; p *= 2) {
+    if (p >= n) return p;
+    if (p >= 2 && p + p / 2 >= n) return p + p / 2;
+  }
+}
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    SERVAL_CUDA_CHECK(cudaEventCreate(&start));
+    SERVAL_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
 }  // namespace
 
 // cuBLASLt is column-major: y^T [out, T] = W [in, out]^T-as-stored * x^T [in, T].
 // Row-major W {out, in} is column-major [in, out] with ld = in, hence op(A) = T.
-// The output is bf16, or f32 for the LM head's logits (y_f32).
-const CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32) {
+// The output is bf16, or f32 for the LM head's logits (y_f32). The algorithm is
+// the heuristic's first until tune_matmul() has timed the candidates.
+CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32) {
   const auto key = std::make_tuple(m, n, y_f32 ? -k : k);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
@@ -48,6 +79,69 @@ const CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, in
   return plans_.emplace(key, p).first->second;
 }
 
+// Picks p's algorithm once, outside graph capture (inside one the heuristic's
+// first stays, untimed, and a later eager call tunes): the algorithm already
+// timed for this shape's token bucket if cuBLASLt accepts it here, else the
+// fastest of the heuristic's candidates, each run once to warm up and then
+// kTimedRuns times between two events on the real operands (y is overwritten,
+// as the call that follows does anyway). The workspace is the fixed one, so
+// the plan stays valid inside graphs.
+void CudaBackend::tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bool y_f32, const void* w,
+                              const void* x, void* y) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SERVAL_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  p.tuned = true;
+  const size_t ws_bytes = size_t(lt_workspace_.bytes());
+  const auto key = std::make_tuple(m, token_bucket(n), y_f32 ? -k : k);
+  if (auto it = tuned_algos_.find(key); it != tuned_algos_.end()) {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= ws_bytes)
+      p.algo = it->second;
+    return;
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  const uint64_t ws = uint64_t(ws_bytes);
+  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+           "set workspace");
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found <= 1) {
+    tuned_algos_.emplace(key, p.algo);
+    return;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(lt_, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, lt_workspace_.data(),
+                          ws_bytes, stream_);
+  };
+  EventPair ev;
+  float best_ms = FLT_MAX;
+  cublasLtMatmulAlgo_t best = p.algo;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > ws_bytes) continue;
+    if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // refuses these operands
+    SERVAL_CUDA_CHECK(cudaEventRecord(ev.start, stream_));
+    bool ok = true;
+    for (int r = 0; r < kTimedRuns && ok; ++r) ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
+    SERVAL_CUDA_CHECK(cudaEventRecord(ev.stop, stream_));
+    SERVAL_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+    float ms = 0.0f;
+    SERVAL_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+    if (ok && ms < best_ms) {
+      best_ms = ms;
+      best = results[i].algo;
+    }
+  }
+  p.algo = best;
+  tuned_algos_.emplace(key, best);
+}
+
 void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::BF16 && x.dtype == DType::BF16, "matmul: expects bf16 input and weight \"",
@@ -62,7 +156,9 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
     gemv(x, &w_ptr, &y, 1, stream_);
   } else {
-    const MatmulPlan& p = matmul_plan(cw.rows(), x.rows, x.cols, y.dtype == DType::F32);
+    const bool f32 = y.dtype == DType::F32;
+    MatmulPlan& p = matmul_plan(cw.rows(), x.rows, x.cols, f32);
+    if (!p.tuned) tune_matmul(p, cw.rows(), x.rows, x.cols, f32, cw.data(), x.data, y.data);
     const float one = 1.0f, zero = 0.0f;
     lt_check(cublasLtMatmul(lt_, p.op, &one, cw.data(), p.a, x.data, p.b, &zero, y.data, p.c, y.data, p.c, &p.algo,
                             lt_workspace_.data(), size_t(lt_workspace_.bytes()), stream_),
@@ -79,7 +175,7 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
 void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
                                const std::vector<Tensor>& ys) {
   SERVAL_CHECK(ws.size() == ys.size(), "matmul_multi: ", ws.size(), " weights for ", ys.size(), " outputs");
-  bool fused = gemv_fits(x) && x.dtype == DType::BF16 && ws.size() <= 3;
+  bool fused = gemv_fits(x) && ws.size() >= 1 && ws.size() <= 3;
   const bf16* w_ptrs[3] = {};
   for (size_t i = 0; fused && i < ws.size(); ++i) {
     const CudaWeight& cw = as_cuda(*ws[i]);
@@ -89,6 +185,20 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
   }
   if (!fused) return Backend::matmul_multi(x, ws, ys);
   gemv(x, w_ptrs, ys.data(), int(ws.size()), stream_);
+}
+
+// Decode batches: one GEMV launch reads gate row j and up row j together and
+// writes silu(g) * u, so neither projection goes through memory. Larger
+// batches: two GEMMs into the scratch tensors, then silu_mul.
+void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
+                               Tensor up_buf, Tensor out) {
+  const CudaWeight& g = as_cuda(gate);
+  const CudaWeight& u = as_cuda(up);
+  const bool fused = gemv_fits(x) && g.dtype() == DType::BF16 && u.dtype() == DType::BF16 &&
+                     g.cols() == x.cols && u.cols() == x.cols && g.rows() == u.rows() && out.dtype == DType::BF16 &&
+                     out.rows == x.rows && out.cols == g.rows();
+  if (!fused) return Backend::gated_mlp_up(x, gate, up, gate_buf, up_buf, out);
+  gemv_gated(x, static_cast<const bf16*>(g.data()), static_cast<const bf16*>(u.data()), out, stream_);
 }
 
 }  // namespace serval::cuda

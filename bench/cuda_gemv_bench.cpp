@@ -1,0 +1,230 @@
+// Weight-streaming bandwidth of the CUDA backend's decode matrix products on
+// one GPU: each GEMV launch shape of Llama-2-7B / Llama-3.1-8B (timed with
+// CUDA events over back-to-back launches, each on another copy of the weights
+// so none comes from L2), all GEMV launches of one decode step in sequence
+// (the number a decode step's matrix time follows from), and cuBLASLt at 64
+// and 256 tokens through the backend. Counters: GB/s of weight bytes, and
+// the fraction of the 4261 GB/s copy bandwidth measured on the H200.
+// Run: build/bench/cuda_gemv_bench [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+
+#ifdef SERVAL_WITH_CUDA
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace serval::cuda {
+// cuda_gemv.cu (these are its declarations, as cuda_matmul.cu has them).
+void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
+                cudaStream_t stream);
+}  // namespace serval::cuda
+
+namespace serval {
+namespace {
+
+constexpr double kCopyGBs = 4261.0;  // H200 copy bandwidth (issue 5)
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "cuda_gemv_bench: %s: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
+// Device memory filled with small bf16 values (0x3c3c is about 0.0115).
+struct DevMem {
+  void* p = nullptr;
+  explicit DevMem(size_t bytes) {
+    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    check(cudaMemset(p, 0x3c, bytes), "cudaMemset");
+  }
+  ~DevMem() { cudaFree(p); }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+  const __nv_bfloat16* bf() const { return static_cast<const __nv_bfloat16*>(p); }
+};
+
+// One GEMV launch: `outs` weights of [out, in] read by x [T, in] (or a gate/up
+// pair written as silu(g) * u).
+struct Launch {
+  int64_t in = 0;
+  std::vector<int64_t> outs;
+  bool gated = false, f32 = false;
+  int64_t weight_bytes() const {
+    int64_t b = 0;
+    for (int64_t o : outs) b += o * in * 2;
+    return b;
+  }
+};
+
+// The weights, x and outputs of one launch, in device memory.
+struct LaunchData {
+  Launch l;
+  std::vector<std::unique_ptr<DevMem>> w, y;
+  std::unique_ptr<DevMem> x;
+  LaunchData(const Launch& launch, int64_t T) : l(launch) {
+    x = std::make_unique<DevMem>(size_t(T * l.in * 2));
+    for (int64_t o : l.outs) {
+      w.push_back(std::make_unique<DevMem>(size_t(o * l.in * 2)));
+      y.push_back(std::make_unique<DevMem>(size_t(T * o * 4)));
+    }
+  }
+  void run(int64_t T, cudaStream_t s) const {
+    const Tensor xt{x->p, DType::BF16, T, l.in};
+    if (l.gated) {
+      cuda::gemv_gated(xt, w[0]->bf(), w[1]->bf(), Tensor{y[0]->p, DType::BF16, T, l.outs[0]}, s);
+      return;
+    }
+    std::vector<Tensor> ys;
+    std::vector<const __nv_bfloat16*> ws;
+    for (size_t i = 0; i < l.outs.size(); ++i) {
+      ys.push_back(Tensor{y[i]->p, l.f32 ? DType::F32 : DType::BF16, T, l.outs[i]});
+      ws.push_back(w[i]->bf());
+    }
+    cuda::gemv(xt, ws.data(), ys.data(), int(ws.size()), s);
+  }
+};
+
+struct Model {
+  int64_t hidden, q_out, kv_out, inter, vocab, layers;
+  std::vector<Launch> step() const {
+    std::vector<Launch> s;
+    for (int64_t i = 0; i < layers; ++i) {
+      s.push_back({hidden, {q_out, kv_out, kv_out}});
+      s.push_back({q_out, {hidden}});
+      s.push_back({hidden, {inter, inter}, true});
+      s.push_back({inter, {hidden}});
+    }
+    s.push_back({hidden, {vocab}, false, true});
+    return s;
+  }
+};
+
+const Model kLlama2{4096, 4096, 4096, 11008, 32000, 32};
+const Model kLlama3{4096, 4096, 1024, 14336, 128256, 32};
+
+// Weight bytes over the measured (manual) time, and that as a fraction of the copy bandwidth.
+void report(benchmark::State& state, int64_t bytes_per_iter, double total_s) {
+  const double gbs = double(bytes_per_iter) * double(state.iterations()) / total_s / 1e9;
+  state.counters["GB/s"] = gbs;
+  state.counters["of_copy_bw"] = gbs / kCopyGBs;
+}
+
+// Times `launches` in turn, `reps` rounds per iteration, between two events.
+void time_launches(benchmark::State& state, const std::vector<std::unique_ptr<LaunchData>>& launches, int64_t T,
+                   int reps) {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cudaEvent_t a = nullptr, b = nullptr;
+  check(cudaEventCreate(&a), "event");
+  check(cudaEventCreate(&b), "event");
+  for (const auto& l : launches) l->run(T, s);  // warm-up: first-use set-up, module loading
+  check(cudaStreamSynchronize(s), "warm-up");
+  int64_t bytes = 0;
+  for (const auto& l : launches) bytes += l->l.weight_bytes();
+  double total_s = 0;
+  for (auto _ : state) {
+    check(cudaEventRecord(a, s), "record");
+    for (int r = 0; r < reps; ++r)
+      for (const auto& l : launches) l->run(T, s);
+    check(cudaEventRecord(b, s), "record");
+    check(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    state.SetIterationTime(double(ms) / 1e3);
+    total_s += double(ms) / 1e3;
+  }
+  report(state, bytes * reps, total_s);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s);
+}
+
+// One launch shape, cycling through enough copies of its weights (>= 512 MB)
+// that L2 (about 50 MB) holds none of them when they are read again.
+void BM_GemvLaunch(benchmark::State& state, Launch l) {
+  const int64_t T = state.range(0);
+  const int copies = int(std::max<int64_t>(2, (int64_t(512) << 20) / l.weight_bytes() + 1));
+  std::vector<std::unique_ptr<LaunchData>> data;
+  for (int i = 0; i < copies; ++i) data.push_back(std::make_unique<LaunchData>(l, T));
+  time_launches(state, data, T, 4);
+}
+
+// All GEMV launches of one decode step (every layer's weights distinct: the
+// whole model is in GPU memory), back to back.
+void BM_GemvDecodeStep(benchmark::State& state, Model m) {
+  const int64_t T = state.range(0);
+  std::vector<std::unique_ptr<LaunchData>> data;
+  for (const Launch& l : m.step()) data.push_back(std::make_unique<LaunchData>(l, T));
+  time_launches(state, data, T, 1);
+}
+
+#define GEMV_SHAPE(name, ...) \
+  BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__})->Arg(1)->Arg(8)->Arg(16)->UseManualTime()
+GEMV_SHAPE(l2_qkv_4096x3x4096, 4096, {4096, 4096, 4096});
+GEMV_SHAPE(l2_o_4096x4096, 4096, {4096});
+GEMV_SHAPE(l2_gate_up_4096x2x11008, 4096, {11008, 11008}, true);
+GEMV_SHAPE(l2_down_11008x4096, 11008, {4096});
+GEMV_SHAPE(l2_head_4096x32000_f32, 4096, {32000}, false, true);
+GEMV_SHAPE(l3_qkv_4096x6144, 4096, {4096, 1024, 1024});
+GEMV_SHAPE(l3_gate_up_4096x2x14336, 4096, {14336, 14336}, true);
+GEMV_SHAPE(l3_down_14336x4096, 14336, {4096});
+GEMV_SHAPE(l3_head_4096x128256_f32, 4096, {128256}, false, true);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b, kLlama2)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b, kLlama3)->Arg(1)->Arg(8)->UseManualTime()->Iterations(20);
+
+// cuBLASLt GEMMs (more than 16 tokens) through the backend, after its first
+// call has timed the algorithms: wall time over 10 calls and a synchronize.
+void BM_BackendGemm(benchmark::State& state, Launch l) {
+  const int64_t T = state.range(0);
+  auto be = create_backend("cuda", 0);
+  std::vector<uint16_t> host(size_t(l.outs[0] * l.in), 0x3c3c);
+  auto w = be->upload_weight(TensorView{"w", DType::BF16, {l.outs[0], l.in}, host.data(), int64_t(host.size() * 2)});
+  DeviceBuffer xb = be->alloc(T * l.in * 2), yb = be->alloc(T * l.outs[0] * 2);
+  const Tensor x{xb.data(), DType::BF16, T, l.in}, y{yb.data(), DType::BF16, T, l.outs[0]};
+  be->matmul(x, *w, nullptr, y);  // tunes
+  be->synchronize();
+  constexpr int kCalls = 10;
+  double total_s = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) be->matmul(x, *w, nullptr, y);
+    be->synchronize();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    total_s += dt;
+  }
+  report(state, l.weight_bytes() * kCalls, total_s);
+  state.counters["TFLOP/s"] =
+      2.0 * double(T) * double(l.weight_bytes() / 2) * kCalls * double(state.iterations()) / total_s / 1e12;
+}
+#define GEMM_SHAPE(name, in, out) \
+  BENCHMARK_CAPTURE(BM_BackendGemm, name, Launch{in, {out}})->Arg(17)->Arg(32)->Arg(64)->Arg(256)->UseManualTime()
+GEMM_SHAPE(l2_q_4096x4096, 4096, 4096);
+GEMM_SHAPE(l2_gate_4096x11008, 4096, 11008);
+GEMM_SHAPE(l2_down_11008x4096, 11008, 4096);
+
+}  // namespace
+}  // namespace serval
+
+#else  // no CUDA in this build: one benchmark that says so.
+
+static void BM_CudaGemvUnavailable(benchmark::State& state) {
+  for (auto _ : state) state.SkipWithError("built without CUDA (SERVAL_WITH_CUDA)");
+}
+BENCHMARK(BM_CudaGemvUnavailable);
+
+#endif
+
+BENCHMARK_MAIN();

@@ -1,0 +1,282 @@
+// The CUDA backend's matrix products against a double-precision reference on
+// random bf16 data: the GEMV kernel (1..16 rows) on decode shapes of
+// Llama-2-7B and Llama-3.1-8B and on odd sizes, matmul_multi, f32 logits, the
+// fused gated_mlp_up, and cuBLASLt GEMMs for more rows (timed algorithm
+// choice, and a first use inside a graph capture). Also checks batch
+// invariance of the GEMV: a row's output is bitwise the same alone or in a
+// batch. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+namespace serval::testing {
+namespace {
+
+std::unique_ptr<DeviceWeight> weight(Backend& be, const std::string& name, int64_t rows, int64_t cols,
+                                     const std::vector<float>& v) {
+  return be.upload_weight(TensorView{name, DType::F32, {rows, cols}, v.data(), int64_t(v.size() * 4)});
+}
+
+// y [T, out] = x [T, in] @ w [out, in]^T in double; four partial sums per dot
+// product so the loop is not one long dependency chain.
+std::vector<double> reference(const std::vector<float>& x, int64_t T, const std::vector<float>& w, int64_t out,
+                              int64_t in) {
+  std::vector<double> y(size_t(T * out));
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < out; ++j) {
+      const float* xr = x.data() + t * in;
+      const float* wr = w.data() + j * in;
+      double s[4] = {0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 4 <= in; k += 4)
+        for (int u = 0; u < 4; ++u) s[u] += double(xr[k + u]) * double(wr[k + u]);
+      for (; k < in; ++k) s[0] += double(xr[k]) * double(wr[k]);
+      y[size_t(t * out + j)] = (s[0] + s[1]) + (s[2] + s[3]);
+    }
+  return y;
+}
+
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+// max |got - want| / max |want| over the first `n` values of `want`.
+double rel_err(const std::vector<float>& got, const std::vector<double>& want, size_t n) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+Tensor f32_tensor(const DeviceBuffer& buf, int64_t rows, int64_t cols) {
+  return Tensor{buf.data(), DType::F32, rows, cols};
+}
+
+// bf16 outputs carry one rounding (2^-9 relative); the accumulation is f32.
+constexpr double kBf16Tol = 5e-3;
+// f32 outputs: only the f32 sums (tensor-core accumulation) differ from the
+// reference; far below a bf16 rounding, so a rounded output would fail.
+constexpr double kF32Tol = 1e-4;
+constexpr int64_t kMaxRows = 16;
+
+TEST(CudaMatmul, GemvMatchesReferenceForEveryRowCountOnDecodeShapes) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Shape { int64_t in, out; };
+  // q/o and k/v (Llama-3), gate/up, down (both models), odd outputs and inputs
+  // (out not a multiple of 8; in not a multiple of 32; in smaller than one batch).
+  for (const Shape& s : {Shape{4096, 4096}, Shape{4096, 1024}, Shape{4096, 11008}, Shape{11008, 4096},
+                         Shape{14336, 264}, Shape{4096, 1000}, Shape{11008, 1000}, Shape{1000, 77},
+                         Shape{64, 172}, Shape{8, 9}}) {
+    const auto x = random_bf16(size_t(kMaxRows * s.in), 100 + uint32_t(s.in));
+    const auto w = random_bf16(size_t(s.out * s.in), 200 + uint32_t(s.out), 0.05f);
+    const auto want = reference(x, kMaxRows, w, s.out, s.in);
+    auto wg = weight(*gpu, "w", s.out, s.in, w);
+    DevTensor xg = upload(*gpu, x, kMaxRows, s.in);
+    double worst = 0;
+    for (int64_t T = 1; T <= kMaxRows; ++T) {
+      DevTensor y = zeros(*gpu, T, s.out);
+      gpu->matmul(xg.t.rows_view(0, T), *wg, nullptr, y.t);
+      const double err = rel_err(download(*gpu, y.t), want, size_t(T * s.out));
+      worst = std::max(worst, err);
+      EXPECT_LT(err, kBf16Tol) << "T " << T << " in " << s.in << " out " << s.out;
+    }
+    std::printf("[cuda_matmul] gemv in %ld out %ld, T 1..16: worst rel err %.2e\n", long(s.in), long(s.out), worst);
+  }
+}
+
+TEST(CudaMatmul, GemvWritesF32LogitsForTheLmHead) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  const int64_t in = 4096, out = 32000;
+  const auto x = random_bf16(size_t(kMaxRows * in), 11);
+  const auto w = random_bf16(size_t(out * in), 12, 0.05f);
+  const auto want = reference(x, kMaxRows, w, out, in);
+  auto wg = weight(*gpu, "head", out, in, w);
+  DevTensor xg = upload(*gpu, x, kMaxRows, in);
+  double worst = 0;
+  for (int64_t T : {1, 2, 5, 8, 9, 16}) {
+    DeviceBuffer buf = gpu->alloc(T * out * 4);
+    const Tensor y = f32_tensor(buf, T, out);
+    gpu->matmul(xg.t.rows_view(0, T), *wg, nullptr, y);
+    const double err = rel_err(download(*gpu, y), want, size_t(T * out));
+    worst = std::max(worst, err);
+    EXPECT_LT(err, kF32Tol) << "T " << T;
+  }
+  std::printf("[cuda_matmul] gemv f32 logits in %ld out %ld: worst rel err %.2e\n", long(in), long(out), worst);
+}
+
+TEST(CudaMatmul, GemvRowsAreBitwiseTheSameAloneAndInABatch) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  for (bool f32 : {false, true}) {
+    const int64_t in = 11008, out = 1000;
+    const auto x = random_bf16(size_t(kMaxRows * in), 13);
+    const auto w = random_bf16(size_t(out * in), 14, 0.05f);
+    auto wg = weight(*gpu, "w", out, in, w);
+    DevTensor xg = upload(*gpu, x, kMaxRows, in);
+    auto run = [&](int64_t start, int64_t T) {
+      DeviceBuffer buf = gpu->alloc(T * out * 4);
+      const Tensor y = f32 ? f32_tensor(buf, T, out) : Tensor{buf.data(), DType::BF16, T, out};
+      gpu->matmul(xg.t.rows_view(start, T), *wg, nullptr, y);
+      return download(*gpu, y);
+    };
+    std::vector<std::vector<float>> alone;
+    for (int64_t r = 0; r < kMaxRows; ++r) alone.push_back(run(r, 1));
+    int mismatched = 0;
+    for (int64_t T : {2, 3, 8, 9, 16}) {
+      const auto batch = run(0, T);
+      for (int64_t r = 0; r < T; ++r) {
+        const std::vector<float> row(batch.begin() + r * out, batch.begin() + (r + 1) * out);
+        const bool same = row == alone[size_t(r)];
+        mismatched += !same;
+        EXPECT_TRUE(same) << (f32 ? "f32" : "bf16") << " row " << r << " of T " << T << " differs from T 1";
+      }
+    }
+    std::printf("[cuda_matmul] gemv batch invariance (%s): %d rows of T 2..16 differ from T 1\n",
+                f32 ? "f32" : "bf16", mismatched);
+  }
+}
+
+TEST(CudaMatmul, MatmulMultiMatchesReferenceWithTwoAndThreeWeights) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Case { int64_t in; std::vector<int64_t> outs; };
+  // Llama-3 q/k/v, Llama-2 q/k/v, a gate/up pair, and odd sizes.
+  for (const Case& c : {Case{4096, {4096, 1024, 1024}}, Case{4096, {4096, 4096, 4096}}, Case{2048, {2816, 2816}},
+                        Case{1000, {1000, 77, 9}}}) {
+    const auto x = random_bf16(size_t(kMaxRows * c.in), 21);
+    DevTensor xg = upload(*gpu, x, kMaxRows, c.in);
+    std::vector<std::vector<float>> ws;
+    std::vector<std::vector<double>> wants;
+    std::vector<std::unique_ptr<DeviceWeight>> wg;
+    std::vector<const DeviceWeight*> wp;
+    for (size_t i = 0; i < c.outs.size(); ++i) {
+      ws.push_back(random_bf16(size_t(c.outs[i] * c.in), 22 + uint32_t(i), 0.05f));
+      wants.push_back(reference(x, kMaxRows, ws.back(), c.outs[i], c.in));
+      wg.push_back(weight(*gpu, "w", c.outs[i], c.in, ws.back()));
+      wp.push_back(wg.back().get());
+    }
+    double worst = 0;
+    for (int64_t T : {1, 4, 8, 13, 16}) {
+      std::vector<DevTensor> fused, single;
+      std::vector<Tensor> yp;
+      for (int64_t o : c.outs) {
+        fused.push_back(zeros(*gpu, T, o));
+        single.push_back(zeros(*gpu, T, o));
+        yp.push_back(fused.back().t);
+      }
+      gpu->matmul_multi(xg.t.rows_view(0, T), wp, yp);
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        const auto got = download(*gpu, fused[i].t);
+        const double err = rel_err(got, wants[i], size_t(T * c.outs[i]));
+        worst = std::max(worst, err);
+        EXPECT_LT(err, kBf16Tol) << "T " << T << " weight " << i << " of " << c.outs.size();
+        // One launch for all weights or one per weight: the same numbers.
+        gpu->matmul(xg.t.rows_view(0, T), *wp[i], nullptr, single[i].t);
+        EXPECT_EQ(got, download(*gpu, single[i].t)) << "T " << T << " weight " << i;
+      }
+    }
+    std::printf("[cuda_matmul] matmul_multi in %ld, %zu weights: worst rel err %.2e\n", long(c.in), c.outs.size(),
+                worst);
+  }
+}
+
+TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Case { int64_t hidden, ffn; std::vector<int64_t> rows; double tol; };
+  // Up to 16 rows: the fused GEMV (one rounding, of the product). 64 rows: the
+  // fallback (two GEMMs rounding gate and up to bf16, then silu_mul): up to
+  // three roundings, hence the looser bound.
+  for (const Case& c : {Case{4096, 11008, {1, 3, 8, 12, 16}, kBf16Tol}, Case{512, 1001, {1, 7, 9}, kBf16Tol},
+                        Case{1024, 2816, {64}, 1e-2}}) {
+    const int64_t T_max = c.rows.back();
+    const auto x = random_bf16(size_t(T_max * c.hidden), 31);
+    const auto wgate = random_bf16(size_t(c.ffn * c.hidden), 32, 0.05f);
+    const auto wup = random_bf16(size_t(c.ffn * c.hidden), 33, 0.05f);
+    const auto g = reference(x, T_max, wgate, c.ffn, c.hidden), u = reference(x, T_max, wup, c.ffn, c.hidden);
+    std::vector<double> want(g.size());
+    for (size_t i = 0; i < g.size(); ++i) want[i] = silu(g[i]) * u[i];
+    auto gate = weight(*gpu, "gate", c.ffn, c.hidden, wgate), up = weight(*gpu, "up", c.ffn, c.hidden, wup);
+    DevTensor xg = upload(*gpu, x, T_max, c.hidden);
+    double worst = 0;
+    std::vector<float> alone;  // row 0 computed alone
+    for (int64_t T : c.rows) {
+      DevTensor gb = zeros(*gpu, T, c.ffn), ub = zeros(*gpu, T, c.ffn), out = zeros(*gpu, T, c.ffn);
+      gpu->gated_mlp_up(xg.t.rows_view(0, T), *gate, *up, gb.t, ub.t, out.t);
+      const auto got = download(*gpu, out.t);
+      const double err = rel_err(got, want, size_t(T * c.ffn));
+      worst = std::max(worst, err);
+      EXPECT_LT(err, c.tol) << "T " << T << " hidden " << c.hidden << " ffn " << c.ffn;
+      const std::vector<float> row0(got.begin(), got.begin() + c.ffn);
+      if (T == 1) alone = row0;
+      if (T <= kMaxRows && !alone.empty()) {
+        EXPECT_EQ(row0, alone) << "row 0 of T " << T << " differs from T 1";
+      }
+    }
+    std::printf("[cuda_matmul] gated_mlp_up hidden %ld ffn %ld, T %ld..%ld: worst rel err %.2e\n", long(c.hidden),
+                long(c.ffn), long(c.rows.front()), long(T_max), worst);
+  }
+}
+
+TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Shape { int64_t T, in, out; bool f32; };
+  for (const Shape& s : {Shape{17, 4096, 4096, false}, Shape{64, 4096, 11008, false}, Shape{64, 11008, 4096, false},
+                         Shape{300, 4096, 1000, false}, Shape{300, 1024, 4096, false}, Shape{40, 4096, 3000, true},
+                         Shape{33, 512, 77, false}}) {
+    const auto x = random_bf16(size_t(s.T * s.in), 41);
+    const auto w = random_bf16(size_t(s.out * s.in), 42, 0.05f);
+    const auto want = reference(x, s.T, w, s.out, s.in);
+    auto wg = weight(*gpu, "w", s.out, s.in, w);
+    DevTensor xg = upload(*gpu, x, s.T, s.in);
+    DeviceBuffer buf = gpu->alloc(s.T * s.out * 4);
+    const Tensor y{buf.data(), s.f32 ? DType::F32 : DType::BF16, s.T, s.out};
+    // The first call times the candidates, the second runs the kept plan.
+    gpu->matmul(xg.t, *wg, nullptr, y);
+    const auto first = download(*gpu, y);
+    gpu->matmul(xg.t, *wg, nullptr, y);
+    const auto second = download(*gpu, y);
+    const double err = rel_err(second, want, want.size());
+    EXPECT_LT(err, s.f32 ? kF32Tol : kBf16Tol) << "T " << s.T << " in " << s.in << " out " << s.out;
+    EXPECT_EQ(first, second) << "T " << s.T << " in " << s.in << " out " << s.out;
+    std::printf("[cuda_matmul] gemm T %ld in %ld out %ld%s: rel err %.2e\n", long(s.T), long(s.in), long(s.out),
+                s.f32 ? " f32" : "", err);
+  }
+}
+
+TEST(CudaMatmul, FirstUseInsideAGraphCaptureWorks) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  if (!gpu->supports_graphs()) GTEST_SKIP() << "no graphs";
+  const int64_t in = 768, out = 1536;
+  const auto w = random_bf16(size_t(out * in), 51, 0.05f), wu = random_bf16(size_t(out * in), 52, 0.05f);
+  auto wg = weight(*gpu, "w", out, in, w), wug = weight(*gpu, "u", out, in, wu);
+  // 23 rows: a token count no other test uses, so its cuBLASLt plan is new here.
+  for (int64_t T : {3, 23}) {
+    const auto x = random_bf16(size_t(T * in), 53);
+    const auto want = reference(x, T, w, out, in), want_u = reference(x, T, wu, out, in);
+    DevTensor xg = upload(*gpu, x, T, in);
+    DevTensor y = zeros(*gpu, T, out), gb = zeros(*gpu, T, out), ub = zeros(*gpu, T, out),
+              mlp = zeros(*gpu, T, out);
+    gpu->begin_capture();
+    gpu->matmul(xg.t, *wg, nullptr, y.t);
+    gpu->gated_mlp_up(xg.t, *wg, *wug, gb.t, ub.t, mlp.t);
+    auto graph = gpu->end_capture();
+    graph->replay();
+    const double err = rel_err(download(*gpu, y.t), want, want.size());
+    std::vector<double> want_mlp(want.size());
+    for (size_t i = 0; i < want.size(); ++i) want_mlp[i] = silu(want[i]) * want_u[i];
+    const double err_mlp = rel_err(download(*gpu, mlp.t), want_mlp, want_mlp.size());
+    EXPECT_LT(err, kBf16Tol) << "T " << T;
+    EXPECT_LT(err_mlp, 1e-2) << "T " << T;
+    std::printf("[cuda_matmul] captured first use, T %ld: matmul rel err %.2e, gated_mlp_up %.2e\n", long(T), err,
+                err_mlp);
+  }
+}
+
+}  // namespace
+}  // namespace serval::testing
