@@ -1,200 +1,168 @@
-// serval bench: offline throughput of the model runner. N requests of random
-// tokens with given input/output lengths: all prompts are prefilled (in steps
-// of at most --max-batch-tokens), then every sequence decodes one token per
-// step, greedily, until each has output-len tokens. Reports tokens/s, the time
-// per step, and each figure against its physical limit: decode steps against
-// (weight + KV bytes read) / memory bandwidth, prefill against FLOPs / bf16 peak.
+// serval bench: the benchmark tool of issue 5 (cli/bench_options.h lists the
+// modes). This file holds the flags, checks that each flag given applies to
+// the chosen mode, fills the mode's defaults and runs it.
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <nlohmann/json.hpp>
-#include <random>
+#include <fstream>
+#include <map>
+#include <set>
 
+#include "cli/bench_options.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/model_loader.h"
-#include "runtime/model_runner.h"
 
 namespace serval::cli {
 namespace {
 
-struct BenchOptions {
-  std::string model;
-  int32_t requests = 1, input_len = 128, output_len = 128, max_batch_tokens = 8192;
-  double bandwidth_gbs = 4261;  // H200 copy bandwidth measured for issue 5
-  double peak_tflops = 736;     // H200 bf16 matmul measured for issue 5
-  bool json = false;
-  RunnerOptions runner;
-};
+const std::vector<std::string> kModes = {"runner", "engine", "sweep", "attention"};
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// Parameters of the matrices a forward pass streams (the LM head included,
-// the embedding table not: only T of its rows are read).
-double matrix_params(const ModelConfig& c) {
-  const double H = double(c.hidden_size), Q = double(c.q_dim()), KV = double(c.kv_dim());
-  const double layer = H * (Q + 2 * KV) + Q * H + 3 * H * double(c.intermediate_size);
-  return layer * double(c.num_layers) + double(c.vocab_size) * H;
+// Flags that only some modes read; a flag given to another mode is an error
+// rather than silently ignored. Flags not listed apply to every mode.
+const std::map<std::string, std::set<std::string>>& flag_modes() {
+  static const std::map<std::string, std::set<std::string>> m = {
+      {"--requests", {"runner", "engine"}},
+      {"--input-len", {"runner", "engine"}},
+      {"--output-len", {"runner", "engine"}},
+      {"--max-batch-tokens", {"runner"}},
+      {"--input", {"engine"}},
+      {"--temperature", {"engine"}},
+      {"--warmup-requests", {"engine"}},
+      {"--batch-sizes", {"sweep", "attention"}},
+      {"--context-lens", {"sweep", "attention"}},
+      {"--steps", {"sweep"}},
+      {"--warmup-steps", {"sweep"}},
+      {"--kv-fill-gib", {"sweep"}},
+      {"--heads", {"attention"}},
+      {"--kv-heads", {"attention"}},
+      {"--head-dim", {"attention"}},
+      {"--iters", {"attention"}},
+      {"--repeats", {"attention"}},
+      {"--peak-tflops", {"runner", "engine", "sweep"}},
+      {"--gpu-memory-fraction", {"runner", "engine", "sweep"}},
+      {"--kv-cache-tokens", {"engine", "sweep"}},
+      {"--kv-cache-memory-fraction", {"engine", "sweep"}},
+      {"--max-num-seqs", {"engine"}},
+      {"--max-num-batched-tokens", {"engine", "sweep"}},
+      {"--max-queued-requests", {"engine"}},
+      {"--no-prefix-cache", {"engine"}},
+  };
+  return m;
 }
 
-int run_bench(const BenchOptions& o) {
-  SERVAL_CHECK(o.requests > 0 && o.input_len > 0 && o.output_len > 0 && o.max_batch_tokens > 0,
-               "bench: requests, input-len, output-len and max-batch-tokens must be positive");
-  const auto t_load = Clock::now();
-  LoadedModel model = load_model(o.model);
-  const ModelConfig& cfg = model.config;
-  SERVAL_CHECK(o.input_len + o.output_len <= cfg.max_position, "bench: input-len + output-len = ",
-               o.input_len + o.output_len, " exceeds the model's context of ", cfg.max_position);
-  RunnerOptions ro = o.runner;
-  const int32_t bs = ro.block_size;
-  const int32_t blocks_per_seq = (o.input_len + o.output_len + bs - 1) / bs;
-  ro.kv_cache_tokens = int64_t(o.requests) * blocks_per_seq * bs;
-  std::unique_ptr<ModelRunner> runner = ModelRunner::create(cfg, model.weights, ro);
-  const double load_s = seconds_since(t_load);
+std::string join(const std::set<std::string>& s) {
+  std::string out;
+  for (const std::string& x : s) out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
 
-  const int32_t N = o.requests;
-  std::mt19937 rng(1234);
-  std::uniform_int_distribution<int32_t> tok(3, int32_t(cfg.vocab_size) - 1);
-  std::vector<std::vector<int32_t>> prompts(size_t(N), std::vector<int32_t>(size_t(o.input_len)));
-  for (auto& p : prompts)
-    for (int32_t& t : p) t = tok(rng);
-  std::vector<int32_t> last(static_cast<size_t>(N));  // last sampled token of each sequence
-  auto slot = [&](int32_t seq, int32_t pos) { return int64_t(seq * blocks_per_seq + pos / bs) * bs + pos % bs; };
-  auto add_seq = [&](Batch& b, int32_t seq, int32_t start, const std::vector<int32_t>& toks) {
-    for (size_t i = 0; i < toks.size(); ++i) {
-      b.token_ids.push_back(toks[i]);
-      b.positions.push_back(start + int32_t(i));
-      b.slot_mapping.push_back(slot(seq, start + int32_t(i)));
-    }
-    b.query_start.push_back(b.query_start.back() + int32_t(toks.size()));
-    b.context_len.push_back(start + int32_t(toks.size()));
-    for (int32_t k = 0; k < blocks_per_seq; ++k) b.block_table.push_back(seq * blocks_per_seq + k);
-  };
-  auto argmax_rows = [&](const std::vector<float>& logits, const std::vector<int32_t>& seqs) {
-#pragma omp parallel for schedule(static) if (seqs.size() > 8)
-    for (size_t r = 0; r < seqs.size(); ++r) {
-      const float* row = logits.data() + r * size_t(cfg.vocab_size);
-      last[size_t(seqs[r])] = int32_t(std::max_element(row, row + cfg.vocab_size) - row);
-    }
-  };
-  std::vector<float> logits;
+void check_sizes(const std::vector<int32_t>& v, const char* flag) {
+  SERVAL_CHECK(!v.empty(), "bench: ", flag, " is empty");
+  for (int32_t x : v) SERVAL_CHECK(x > 0, "bench: ", flag, " must hold positive numbers, got ", x);
+}
 
-  // The whole run twice; the first is a warm-up (cuBLASLt plans for each shape,
-  // lazy kernel loading, workspace growth) and its figures are dropped.
-  const double mparams = matrix_params(cfg);
-  const double weight_bytes = 2.0 * mparams;  // bf16
-  const double kv_token_bytes = 2.0 * 2.0 * double(cfg.num_layers) * double(cfg.kv_dim());
-  double prefill_s = 0, decode_s = 0, prefill_flops = 0, decode_bytes = 0;
-  int64_t prefill_steps = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    prefill_flops = decode_bytes = 0;
-    prefill_steps = 0;
-    // Prefill.
-    const auto t_prefill = Clock::now();
-    for (int32_t s = 0, done = 0; s < N;) {
-      Batch b;
-      b.query_start = {0};
-      b.max_blocks_per_seq = blocks_per_seq;
-      std::vector<int32_t> finished;
-      int32_t budget = o.max_batch_tokens;
-      while (s < N && budget > 0) {
-        const int32_t n = std::min(budget, o.input_len - done);
-        add_seq(b, s, done, std::vector<int32_t>(prompts[size_t(s)].begin() + done, prompts[size_t(s)].begin() + done + n));
-        // Attention: each new token at position p reads p + 1 keys.
-        prefill_flops += 4.0 * double(cfg.num_layers) * double(cfg.q_dim()) * (double(done) * n + n * (n + 1) / 2.0);
-        budget -= n;
-        done += n;
-        if (done == o.input_len) {
-          b.logits_rows.push_back(b.num_tokens() - 1);
-          finished.push_back(s);
-          ++s;
-          done = 0;
-        }
-      }
-      prefill_flops += 2.0 * (mparams - double(cfg.vocab_size) * double(cfg.hidden_size)) * b.num_tokens() +
-                       2.0 * double(cfg.vocab_size) * double(cfg.hidden_size) * double(b.logits_rows.size());
-      runner->forward(b, logits);
-      argmax_rows(logits, finished);
-      ++prefill_steps;
-    }
-    prefill_s = seconds_since(t_prefill);
-
-    // Decode: output-len - 1 steps (prefill produced the first token).
-    const auto t_decode = Clock::now();
-    std::vector<int32_t> all(static_cast<size_t>(N));
-    for (int32_t i = 0; i < N; ++i) all[size_t(i)] = i;
-    for (int32_t step = 1; step < o.output_len; ++step) {
-      Batch b;
-      b.query_start = {0};
-      b.max_blocks_per_seq = blocks_per_seq;
-      const int32_t pos = o.input_len + step - 1;
-      for (int32_t s = 0; s < N; ++s) {
-        add_seq(b, s, pos, {last[size_t(s)]});
-        b.logits_rows.push_back(s);
-      }
-      runner->forward(b, logits);
-      argmax_rows(logits, all);
-      decode_bytes += weight_bytes + kv_token_bytes * double(N) * double(pos + 1);
-    }
-    decode_s = seconds_since(t_decode);
+int run_bench(BenchOptions o, const CLI::App& sub) {
+  for (const auto& [flag, modes] : flag_modes()) {
+    const CLI::Option* opt = sub.get_option_no_throw(flag);
+    SERVAL_CHECK(opt != nullptr, "bench: internal: no flag ", flag);
+    SERVAL_CHECK(opt->count() == 0 || modes.count(o.mode) > 0, "bench: ", flag, " does not apply to --mode ", o.mode,
+                 " (it is for --mode ", join(modes), ")");
   }
-  const int32_t decode_steps = o.output_len - 1;
-
-  const double bw = o.bandwidth_gbs * 1e9, peak = o.peak_tflops * 1e12;
-  const double prefill_tps = double(N) * o.input_len / prefill_s;
-  const double decode_tps = decode_steps > 0 ? double(N) * decode_steps / decode_s : 0;
-  const double step_ms = decode_steps > 0 ? decode_s / decode_steps * 1e3 : 0;
-  const double decode_roofline = decode_steps > 0 ? (decode_bytes / bw) / decode_s : 0;
-  const double mfu = prefill_flops / prefill_s / peak;
-  const double total_tps = double(N) * (o.input_len + o.output_len - 1) / (prefill_s + decode_s);
-  nlohmann::json j = {{"model", o.model},
-                      {"device", ro.device},
-                      {"requests", N},
-                      {"input_len", o.input_len},
-                      {"output_len", o.output_len},
-                      {"load_s", load_s},
-                      {"prefill_s", prefill_s},
-                      {"prefill_steps", prefill_steps},
-                      {"prefill_tokens_per_s", prefill_tps},
-                      {"prefill_mfu", mfu},
-                      {"decode_s", decode_s},
-                      {"decode_steps", decode_steps},
-                      {"decode_step_ms", step_ms},
-                      {"decode_tokens_per_s", decode_tps},
-                      {"decode_roofline_fraction", decode_roofline},
-                      {"total_tokens_per_s", total_tps},
-                      {"bandwidth_gbs", o.bandwidth_gbs},
-                      {"peak_tflops", o.peak_tflops}};
-  if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("load %.2f s | %d requests x (%d in, %d out) on %s\n", load_s, N, o.input_len, o.output_len,
-                ro.device.c_str());
-    std::printf("prefill: %.0f tok/s in %lld steps (%.1f ms), %.1f%% of bf16 peak %.0f TFLOP/s\n", prefill_tps,
-                (long long)prefill_steps, prefill_s * 1e3, 100 * mfu, o.peak_tflops);
-    std::printf("decode: %.1f tok/s, %.3f ms/step over %d steps, %.1f%% of the %.0f GB/s roofline\n", decode_tps,
-                step_ms, decode_steps, 100 * decode_roofline, o.bandwidth_gbs);
+  SERVAL_CHECK(o.mode == "attention" || !o.model.empty(), "bench: --mode ", o.mode, " needs --model");
+  SERVAL_CHECK(o.limits.bandwidth_gbs > 0 && o.limits.peak_tflops > 0,
+               "bench: --bandwidth-gbs and --peak-tflops must be positive");
+  const bool lengths = o.mode == "runner" || (o.mode == "engine" && o.input.empty());
+  if (lengths) {
+    SERVAL_CHECK(o.requests > 0 && o.input_len > 0 && o.output_len > 0,
+                 "bench: --requests, --input-len and --output-len must be positive");
   }
-  return 0;
+  if (o.mode == "runner") SERVAL_CHECK(o.max_batch_tokens > 0, "bench: --max-batch-tokens must be positive");
+  if (o.mode == "engine") {
+    SERVAL_CHECK(o.input.empty() || (sub.get_option("--requests")->count() == 0 &&
+                                     sub.get_option("--input-len")->count() == 0),
+                 "bench: --input takes the requests from the file: drop --requests / --input-len");
+    SERVAL_CHECK(o.input.empty() || std::ifstream(o.input).good(), "cannot open --input ", o.input);
+    SERVAL_CHECK(o.output_len > 0, "bench: --output-len must be positive");
+    SERVAL_CHECK(o.warmup_requests >= -1, "bench: --warmup-requests must be -1 (auto), 0 (none) or a count");
+    SERVAL_CHECK(o.temperature >= 0, "bench: --temperature must not be negative, got ", o.temperature);
+  }
+  if (o.mode == "sweep" || o.mode == "attention") {
+    if (o.batch_sizes.empty())
+      o.batch_sizes = o.mode == "sweep" ? std::vector<int32_t>{1, 8, 32, 64, 128, 256} : std::vector<int32_t>{1, 64};
+    if (o.context_lens.empty())
+      o.context_lens = o.mode == "sweep" ? std::vector<int32_t>{128, 1024, 4096} : std::vector<int32_t>{4096, 16384, 32768};
+    check_sizes(o.batch_sizes, "--batch-sizes");
+    check_sizes(o.context_lens, "--context-lens");
+    SERVAL_CHECK(o.steps > 0 && o.warmup_steps >= 0, "bench: --steps must be positive and --warmup-steps not negative");
+    SERVAL_CHECK(o.kv_fill_gib > 0, "bench: --kv-fill-gib must be positive, got ", o.kv_fill_gib);
+    SERVAL_CHECK(o.iters > 0 && o.repeats > 0, "bench: --iters and --repeats must be positive");
+    for (int32_t h : {o.heads, o.kv_heads, o.head_dim})
+      SERVAL_CHECK(h >= 0, "bench: --heads, --kv-heads and --head-dim must be positive");
+  }
+  // Lengths against the context, before the (slow) runner is built. Reading
+  // the configuration maps the file; the mode loads it again.
+  if (!o.model.empty()) {
+    const int64_t model_ctx = load_model(o.model).config.max_position;
+    const int64_t max_len = o.engine.scheduler.max_model_len;
+    SERVAL_CHECK(max_len >= 0 && max_len <= model_ctx, "--max-model-len must be in [1, ", model_ctx,
+                 "] (the model's context), got ", max_len);
+    const int64_t context = max_len > 0 ? max_len : model_ctx;
+    const char* whose = max_len > 0 ? "--max-model-len" : "the model's context";
+    if (lengths)
+      SERVAL_CHECK(int64_t(o.input_len) + o.output_len <= context, "bench: --input-len + --output-len = ",
+                   int64_t(o.input_len) + o.output_len, " exceeds ", whose, " of ", context, " tokens");
+    for (int32_t c : o.context_lens)
+      SERVAL_CHECK(c <= context, "bench: --context-lens ", c, " exceeds ", whose, " of ", context, " tokens");
+  }
+  if (o.mode == "engine") return run_bench_engine(o);
+  if (o.mode == "sweep") return run_bench_sweep(o);
+  if (o.mode == "attention") return run_bench_attention(o);
+  return run_bench_runner(o);
 }
 
 }  // namespace
 
 void register_bench(CLI::App& app, Action& action) {
   auto o = std::make_shared<BenchOptions>();
-  auto* sub = app.add_subcommand("bench", "Offline throughput: N requests x input/output lengths, vs the roofline");
-  sub->add_option("--model,-m", o->model, "GGUF file or Hugging Face folder")->required();
-  sub->add_option("--requests,-n", o->requests, "number of requests (sequences), all decoded together");
-  sub->add_option("--input-len", o->input_len, "prompt tokens per request (random ids)");
-  sub->add_option("--output-len", o->output_len, "generated tokens per request (greedy)");
-  sub->add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per prefill step at most");
-  sub->add_option("--bandwidth-gbs", o->bandwidth_gbs, "memory bandwidth for the decode roofline (GB/s)");
-  sub->add_option("--peak-tflops", o->peak_tflops, "bf16 peak for prefill MFU (TFLOP/s)");
-  sub->add_option("--device", o->runner.device, "cpu or cuda");
-  sub->add_option("--threads", o->runner.threads, "CPU threads (default: all cores)");
-  sub->add_flag("--json", o->json, "print one JSON object");
-  sub->callback([&action, o] { action = [o] { return run_bench(*o); }; });
+  auto* sub = app.add_subcommand(
+      "bench", "Benchmarks against the physical limits: runner / engine throughput, a decode sweep, attention alone");
+  sub->add_option("--mode", o->mode,
+                  "runner: N requests straight through the model runner (default); engine: offline throughput "
+                  "through the Engine; sweep: decode steps at batch sizes x context lengths; attention: the "
+                  "decode attention kernel alone")
+      ->check(CLI::IsMember(kModes));
+  sub->add_option("--model,-m", o->model, "GGUF file or Hugging Face folder (attention: optional, for the shape)");
+  sub->add_option("--requests,-n", o->requests, "runner, engine: number of requests (random token prompts)");
+  sub->add_option("--input-len", o->input_len, "runner, engine: prompt tokens per request");
+  sub->add_option("--output-len", o->output_len,
+                  "runner, engine: generated tokens per request (engine --input: the lines' default max_tokens)");
+  sub->add_option("--max-batch-tokens", o->max_batch_tokens, "runner: tokens per prefill step at most (default 8192)");
+  sub->add_option("--input", o->input,
+                  "engine: a JSONL file of requests (the format of generate --input) instead of random ones");
+  sub->add_option("--temperature", o->temperature, "engine: sampling temperature (default 0: greedy)");
+  sub->add_option("--warmup-requests", o->warmup_requests,
+                  "engine: short requests run first, unmeasured, wanting 1..W tokens so every decode batch size "
+                  "up to W is seen (default -1: min(requests, max-num-seqs); 0: none)");
+  sub->add_option("--batch-sizes", o->batch_sizes,
+                  "sweep, attention: comma-separated (default sweep 1,8,32,64,128,256; attention 1,64)")
+      ->delimiter(',');
+  sub->add_option("--context-lens", o->context_lens,
+                  "sweep, attention: comma-separated (default sweep 128,1024,4096; attention 4096,16384,32768)")
+      ->delimiter(',');
+  sub->add_option("--steps", o->steps, "sweep: timed decode steps per point (default 32)");
+  sub->add_option("--warmup-steps", o->warmup_steps, "sweep: untimed steps before them (default 3)");
+  sub->add_option("--kv-fill-gib", o->kv_fill_gib,
+                  "sweep: fill at most this much distinct K/V per layer (GiB, default 0.5, 10x an H200's L2): one "
+                  "copy per block and layer; larger points share blocks (aliased)");
+  sub->add_option("--heads", o->heads, "attention: query heads (default: the model's, else 32)");
+  sub->add_option("--kv-heads", o->kv_heads, "attention: KV heads (default: the model's, else 8)");
+  sub->add_option("--head-dim", o->head_dim, "attention: head dimension (default: the model's, else 128)");
+  sub->add_option("--iters", o->iters, "attention: calls per timing (default 100)");
+  sub->add_option("--repeats", o->repeats, "attention: timings; the median is reported (default 5)");
+  sub->add_option("--bandwidth-gbs", o->limits.bandwidth_gbs, "memory bandwidth for the rooflines (GB/s, default 4261)");
+  sub->add_option("--peak-tflops", o->limits.peak_tflops, "bf16 peak for MFU / FLOP fractions (TFLOP/s, default 736)");
+  sub->add_flag("--json", o->json, "one JSON object per measured point, one per line");
+  add_engine_flags(*sub, o->engine);
+  sub->callback([&action, o, sub] { action = [o, sub] { return run_bench(*o, *sub); }; });
 }
 
 }  // namespace serval::cli

@@ -1,0 +1,26 @@
+#include "cli/bench_cost.h"
+
+namespace serval::cli {
+
+StepCost::StepCost(const ModelConfig& c, const std::string& device) {
+  const double H = double(c.hidden_size), Q = double(c.q_dim()), KV = double(c.kv_dim());
+  const double layer = H * (Q + 2 * KV) + Q * H + 3 * H * double(c.intermediate_size);
+  lm_head_params_ = double(c.vocab_size) * H;
+  matrix_params_ = layer * double(c.num_layers) + lm_head_params_;
+  const double elem = device == "cuda" ? 2.0 : 4.0;
+  weight_bytes_ = elem * matrix_params_;
+  kv_bytes_per_token_ = 2.0 * elem * double(c.num_layers) * KV;  // K and V of every layer
+  // q.k and p.v: 2 FLOPs per multiply-add, head_dim of each query head, twice.
+  attn_flops_per_pair_ = 4.0 * double(c.num_layers) * Q;
+}
+
+double StepCost::attention_flops(int64_t n_new, int64_t context_len) const {
+  const double n = double(n_new), before = double(context_len - n_new);
+  return attn_flops_per_pair_ * (n * before + n * (n + 1) / 2.0);
+}
+
+double StepCost::matmul_flops(int64_t tokens, int64_t logits_rows) const {
+  return 2.0 * (matrix_params_ - lm_head_params_) * double(tokens) + 2.0 * lm_head_params_ * double(logits_rows);
+}
+
+}  // namespace serval::cli

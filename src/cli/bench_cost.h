@@ -1,0 +1,54 @@
+#pragma once
+// What one forward step must move and compute, for serval bench's rooflines:
+// bytes (every weight matrix, the LM head included, plus the K/V attention
+// reads) over the memory bandwidth, FLOPs over the bf16 peak. The embedding
+// table is not counted: a step reads only T of its rows.
+#include <cstdint>
+#include <string>
+
+#include "model/model_config.h"
+
+namespace serval::cli {
+
+// The physical limits every figure is compared with (issue 5's H200 by default).
+struct Limits {
+  double bandwidth_gbs = 4261;  // copy bandwidth
+  double peak_tflops = 736;     // bf16 dense matmul
+
+  double seconds_for_bytes(double bytes) const { return bytes / (bandwidth_gbs * 1e9); }
+  double seconds_for_flops(double flops) const { return flops / (peak_tflops * 1e12); }
+};
+
+class StepCost {
+ public:
+  // `device` "cuda" keeps weights and K/V in bf16; the CPU keeps both in f32.
+  StepCost(const ModelConfig& config, const std::string& device);
+
+  // Parameters of every matrix a step streams, the LM head included.
+  double matrix_params() const { return matrix_params_; }
+  double weight_bytes() const { return weight_bytes_; }
+  double kv_bytes_per_token() const { return kv_bytes_per_token_; }
+
+  // One sequence's share of a step: n_new new tokens ending a context of
+  // context_len. Attention reads the whole context once (K and V) and each
+  // new token at position p attends to p + 1 keys.
+  double kv_read_bytes(int64_t context_len) const { return kv_bytes_per_token_ * double(context_len); }
+  double attention_flops(int64_t n_new, int64_t context_len) const;
+  // The matmuls of a step of `tokens` tokens of which `logits_rows` go
+  // through the LM head.
+  double matmul_flops(int64_t tokens, int64_t logits_rows) const;
+
+  // A decode step of `batch` sequences, each at context `context_len`.
+  double decode_bytes(int64_t batch, int64_t context_len) const {
+    return weight_bytes_ + double(batch) * kv_read_bytes(context_len);
+  }
+  double decode_flops(int64_t batch, int64_t context_len) const {
+    return matmul_flops(batch, batch) + double(batch) * attention_flops(1, context_len);
+  }
+
+ private:
+  double matrix_params_ = 0, lm_head_params_ = 0, weight_bytes_ = 0, kv_bytes_per_token_ = 0;
+  double attn_flops_per_pair_ = 0;  // one query token against one key, every layer
+};
+
+}  // namespace serval::cli

@@ -1,0 +1,53 @@
+#pragma once
+// The options of `serval bench` and its four modes (each in cli/bench_<mode>.cpp):
+//  runner     N random requests straight through the model runner: all prompts
+//             prefilled, then every sequence decodes together (greedy, sampled
+//             on the device); the whole run twice, the first a warm-up.
+//  engine     offline throughput through the whole Engine (scheduler, chunked
+//             prefill, prefix cache): N random requests or a JSONL file, all
+//             submitted at once.
+//  sweep      batched decode steps at batch sizes x context lengths over real
+//             KV data.
+//  attention  the decode attention kernel alone on the Backend API.
+// Every figure is also shown against its physical limit (cli/bench_cost.h).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/bench_cost.h"
+#include "cli/engine_flags.h"
+
+namespace serval::cli {
+
+struct BenchOptions {
+  std::string mode = "runner";
+  std::string model;
+  bool json = false;
+  Limits limits;
+  EngineFlags engine;
+
+  // runner and engine
+  int32_t requests = 1, input_len = 128, output_len = 128;
+  int32_t max_batch_tokens = 8192;  // runner: tokens per prefill step
+
+  // engine
+  std::string input;          // JSONL requests (the format of generate --input)
+  float temperature = 0;      // random requests, and the JSONL lines' default
+  int32_t warmup_requests = -1;  // -1: min(requests, max-num-seqs)
+
+  // sweep and attention
+  std::vector<int32_t> batch_sizes, context_lens;
+  int32_t steps = 32, warmup_steps = 3;  // sweep
+  double kv_fill_gib = 0.5;              // sweep: distinct K/V per layer at most
+
+  // attention
+  int32_t heads = 0, kv_heads = 0, head_dim = 0;  // 0: from --model, else 32 / 8 / 128
+  int32_t iters = 100, repeats = 5;
+};
+
+int run_bench_runner(const BenchOptions& o);
+int run_bench_engine(const BenchOptions& o);
+int run_bench_sweep(const BenchOptions& o);
+int run_bench_attention(const BenchOptions& o);
+
+}  // namespace serval::cli

@@ -1,0 +1,46 @@
+#include "cli/bench_output.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace serval::cli {
+
+PointPrinter::PointPrinter(bool json, std::vector<Column> columns) : json_(json), columns_(std::move(columns)) {
+  for (const Column& c : columns_) widths_.push_back(std::max<int>(int(c.header.size()), 9));
+}
+
+void PointPrinter::print(const BenchJson& point) {
+  if (json_) {
+    std::printf("%s\n", point.dump().c_str());
+    std::fflush(stdout);
+    return;
+  }
+  if (!header_done_) {
+    for (size_t i = 0; i < columns_.size(); ++i) std::printf("%*s ", widths_[i], columns_[i].header.c_str());
+    std::printf("\n");
+    header_done_ = true;
+  }
+  for (size_t i = 0; i < columns_.size(); ++i) {
+    const Column& c = columns_[i];
+    const auto it = point.find(c.key);
+    if (it == point.end() || it->is_null()) {
+      std::printf("%*s ", widths_[i], "-");
+    } else if (it->is_string()) {
+      std::printf("%*s ", widths_[i], it->get<std::string>().c_str());
+    } else {
+      std::printf("%*.*f ", widths_[i], c.decimals, it->get<double>() * c.scale);
+    }
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void print_key_values(const BenchJson& result) {
+  for (const auto& [key, value] : result.items()) {
+    if (value.is_number_float()) std::printf("%-28s %.4g\n", key.c_str(), value.get<double>());
+    else std::printf("%-28s %s\n", key.c_str(), value.is_string() ? value.get<std::string>().c_str() : value.dump().c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace serval::cli

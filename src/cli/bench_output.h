@@ -1,0 +1,37 @@
+#pragma once
+// How serval bench prints its measured points: with --json one JSON object
+// per point, one per line; otherwise a table whose header comes first. Each
+// point is printed (and flushed) as soon as it is measured, so a run cut short
+// keeps what it measured.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace serval::cli {
+
+// Keys in the order a mode writes them (readable JSON lines and key: value output).
+using BenchJson = nlohmann::ordered_json;
+
+struct Column {
+  std::string key;     // the point's JSON key
+  std::string header;  // the table's heading
+  double scale = 1;    // printed value = value * scale
+  int decimals = 1;
+};
+
+class PointPrinter {
+ public:
+  PointPrinter(bool json, std::vector<Column> columns);
+  void print(const BenchJson& point);
+
+ private:
+  bool json_;
+  std::vector<Column> columns_;
+  std::vector<int> widths_;
+  bool header_done_ = false;
+};
+
+// A single result as "key: value" lines (engine mode's readable output).
+void print_key_values(const BenchJson& result);
+
+}  // namespace serval::cli

@@ -1,0 +1,165 @@
+// serval bench --mode runner: N requests of random tokens straight through the
+// model runner. All prompts are prefilled (in steps of at most
+// --max-batch-tokens), then every sequence decodes one token per step, greedy,
+// sampled on the runner's device (forward_sample), until each has output-len
+// tokens. Decode steps are compared with (weight + KV bytes read) / memory
+// bandwidth, prefill with FLOPs / bf16 peak.
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "cli/bench_options.h"
+#include "cli/bench_output.h"
+#include "core/error.h"
+
+namespace serval::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+int run_bench_runner(const BenchOptions& o) {
+  const auto t_load = Clock::now();
+  EngineFlags flags = o.engine;
+  const int32_t bs = flags.block_size;
+  SERVAL_CHECK(bs >= 1 && bs <= 1024, "--block-size must be in [1, 1024], got ", bs);
+  const int32_t N = o.requests;
+  const int32_t blocks_per_seq = (o.input_len + o.output_len + bs - 1) / bs;
+  // The pool holds exactly the N sequences; the runner plans activations for
+  // the largest prefill step and graphs for a decode step of N.
+  flags.kv_cache_tokens = int64_t(N) * blocks_per_seq * bs;
+  flags.scheduler.max_num_seqs = N;
+  flags.scheduler.max_num_batched_tokens = o.max_batch_tokens;
+  LoadedEngineModel m = load_engine_model(o.model, flags);
+  ModelRunner& runner = *m.runner;
+  const ModelConfig& cfg = m.model.config;
+  const double load_s = seconds_since(t_load);
+
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(3, int32_t(cfg.vocab_size) - 1);
+  std::vector<std::vector<int32_t>> prompts(size_t(N), std::vector<int32_t>(size_t(o.input_len)));
+  for (auto& p : prompts)
+    for (int32_t& t : p) t = tok(rng);
+  std::vector<int32_t> last(static_cast<size_t>(N));  // last sampled token of each sequence
+  auto slot = [&](int32_t seq, int32_t pos) { return int64_t(seq * blocks_per_seq + pos / bs) * bs + pos % bs; };
+  auto add_seq = [&](Batch& b, int32_t seq, int32_t start, const int32_t* toks, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) {
+      b.token_ids.push_back(toks[i]);
+      b.positions.push_back(start + i);
+      b.slot_mapping.push_back(slot(seq, start + i));
+    }
+    b.query_start.push_back(b.query_start.back() + n);
+    b.context_len.push_back(start + n);
+    for (int32_t k = 0; k < blocks_per_seq; ++k) b.block_table.push_back(seq * blocks_per_seq + k);
+  };
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<SampleSpec> specs;
+  std::vector<SampleResult> results;
+  // One greedy spec per logits row; the sampled tokens go to `seqs`.
+  auto step = [&](const Batch& b, const std::vector<int32_t>& seqs) {
+    specs.assign(seqs.size(), SampleSpec{});
+    for (size_t r = 0; r < seqs.size(); ++r) {
+      specs[r].row = int32_t(r);
+      specs[r].params = &greedy;
+    }
+    runner.forward_sample(b, specs, results);
+    for (size_t r = 0; r < seqs.size(); ++r) last[size_t(seqs[r])] = results[r].token;
+  };
+
+  const StepCost cost(cfg, runner.device());
+  // The whole run twice; the first is a warm-up (cuBLASLt plans for each shape,
+  // lazy kernel loading, workspace growth, decode graphs) and its figures are dropped.
+  double prefill_s = 0, decode_s = 0, prefill_flops = 0, decode_bytes = 0;
+  int64_t prefill_steps = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    prefill_flops = decode_bytes = 0;
+    prefill_steps = 0;
+    const auto t_prefill = Clock::now();
+    for (int32_t s = 0, done = 0; s < N;) {
+      Batch b;
+      b.query_start = {0};
+      b.max_blocks_per_seq = blocks_per_seq;
+      std::vector<int32_t> finished;
+      int32_t budget = o.max_batch_tokens;
+      while (s < N && budget > 0) {
+        const int32_t n = std::min(budget, o.input_len - done);
+        add_seq(b, s, done, prompts[size_t(s)].data() + done, n);
+        prefill_flops += cost.attention_flops(n, done + n);
+        budget -= n;
+        done += n;
+        if (done == o.input_len) {
+          b.logits_rows.push_back(b.num_tokens() - 1);
+          finished.push_back(s);
+          ++s;
+          done = 0;
+        }
+      }
+      prefill_flops += cost.matmul_flops(b.num_tokens(), int64_t(b.logits_rows.size()));
+      step(b, finished);
+      ++prefill_steps;
+    }
+    prefill_s = seconds_since(t_prefill);
+
+    // Decode: output-len - 1 steps (prefill produced the first token).
+    const auto t_decode = Clock::now();
+    std::vector<int32_t> all(static_cast<size_t>(N));
+    for (int32_t i = 0; i < N; ++i) all[size_t(i)] = i;
+    for (int32_t t = 1; t < o.output_len; ++t) {
+      Batch b;
+      b.query_start = {0};
+      b.max_blocks_per_seq = blocks_per_seq;
+      const int32_t pos = o.input_len + t - 1;
+      for (int32_t s = 0; s < N; ++s) {
+        add_seq(b, s, pos, &last[size_t(s)], 1);
+        b.logits_rows.push_back(s);
+      }
+      step(b, all);
+      decode_bytes += cost.decode_bytes(N, pos + 1);
+    }
+    decode_s = seconds_since(t_decode);
+  }
+  const int32_t decode_steps = o.output_len - 1;
+
+  const double prefill_tps = double(N) * o.input_len / prefill_s;
+  const double decode_tps = decode_steps > 0 ? double(N) * decode_steps / decode_s : 0;
+  const double step_ms = decode_steps > 0 ? decode_s / decode_steps * 1e3 : 0;
+  const double decode_roofline = decode_steps > 0 ? o.limits.seconds_for_bytes(decode_bytes) / decode_s : 0;
+  const double mfu = o.limits.seconds_for_flops(prefill_flops) / prefill_s;
+  const double total_tps = double(N) * (o.input_len + o.output_len - 1) / (prefill_s + decode_s);
+  const BenchJson j = {{"mode", "runner"},
+                       {"model", o.model},
+                       {"device", runner.device()},
+                       {"requests", N},
+                       {"input_len", o.input_len},
+                       {"output_len", o.output_len},
+                       {"load_s", load_s},
+                       {"prefill_s", prefill_s},
+                       {"prefill_steps", prefill_steps},
+                       {"prefill_tokens_per_s", prefill_tps},
+                       {"prefill_mfu", mfu},
+                       {"decode_s", decode_s},
+                       {"decode_steps", decode_steps},
+                       {"decode_step_ms", step_ms},
+                       {"decode_tokens_per_s", decode_tps},
+                       {"decode_roofline_fraction", decode_roofline},
+                       {"total_tokens_per_s", total_tps},
+                       {"graph_replays", runner.graph_replays()},
+                       {"bandwidth_gbs", o.limits.bandwidth_gbs},
+                       {"peak_tflops", o.limits.peak_tflops}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("load %.2f s | %d requests x (%d in, %d out) on %s\n", load_s, N, o.input_len, o.output_len,
+                runner.device().c_str());
+    std::printf("prefill: %.0f tok/s in %lld steps (%.1f ms), %.1f%% of bf16 peak %.0f TFLOP/s\n", prefill_tps,
+                (long long)prefill_steps, prefill_s * 1e3, 100 * mfu, o.limits.peak_tflops);
+    std::printf("decode: %.1f tok/s, %.3f ms/step over %d steps, %.1f%% of the %.0f GB/s roofline\n", decode_tps,
+                step_ms, decode_steps, 100 * decode_roofline, o.limits.bandwidth_gbs);
+  }
+  return 0;
+}
+
+}  // namespace serval::cli

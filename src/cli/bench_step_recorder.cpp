@@ -1,0 +1,58 @@
+#include "cli/bench_step_recorder.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace serval::cli {
+
+using Clock = std::chrono::steady_clock;
+
+void StepTotals::add(const StepRecord& r, const Limits& limits) {
+  ++steps;
+  seconds += r.seconds;
+  seqs += r.num_seqs;
+  bytes_s += limits.seconds_for_bytes(r.bytes);
+  limit_s += std::max(limits.seconds_for_bytes(r.bytes), limits.seconds_for_flops(r.flops));
+}
+
+void StepRecorder::forward(const Batch& batch, std::vector<float>& logits) {
+  const auto t0 = Clock::now();
+  inner_.forward(batch, logits);
+  record(batch, std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+void StepRecorder::forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
+                                  std::vector<SampleResult>& out) {
+  const auto t0 = Clock::now();
+  inner_.forward_sample(batch, specs, out);
+  record(batch, std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+void StepRecorder::record(const Batch& b, double seconds) {
+  StepRecord r;
+  r.num_seqs = b.num_seqs();
+  r.num_tokens = b.num_tokens();
+  r.decode = r.num_tokens == r.num_seqs;
+  r.seconds = seconds;
+  r.bytes = cost_.weight_bytes();
+  r.flops = cost_.matmul_flops(r.num_tokens, int64_t(b.logits_rows.size()));
+  for (int32_t s = 0; s < r.num_seqs; ++s) {
+    const int32_t n_new = b.query_start[size_t(s) + 1] - b.query_start[size_t(s)];
+    r.bytes += cost_.kv_read_bytes(b.context_len[size_t(s)]);
+    r.flops += cost_.attention_flops(n_new, b.context_len[size_t(s)]);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  steps_.push_back(r);
+}
+
+std::vector<StepRecord> StepRecorder::steps() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return steps_;
+}
+
+void StepRecorder::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  steps_.clear();
+}
+
+}  // namespace serval::cli

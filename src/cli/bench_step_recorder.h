@@ -1,0 +1,58 @@
+#pragma once
+// StepRecorder: a ModelRunner that passes every call to the real runner and
+// records each step's shape and wall time, so serval bench --mode engine can
+// report steps, the mean running batch and each step against its roofline
+// without touching the engine.
+#include <mutex>
+#include <vector>
+
+#include "cli/bench_cost.h"
+#include "runtime/model_runner.h"
+
+namespace serval::cli {
+
+struct StepRecord {
+  int32_t num_seqs = 0, num_tokens = 0;
+  bool decode = false;     // every sequence had one new token
+  double seconds = 0;      // forward_sample, sampled tokens on the host
+  double bytes = 0;        // weights + K/V read
+  double flops = 0;
+};
+
+// Sums over a set of steps.
+struct StepTotals {
+  int64_t steps = 0;
+  double seconds = 0, seqs = 0, bytes_s = 0, limit_s = 0;  // bytes_s: bytes / bandwidth; limit_s: max(bytes, FLOPs)
+  void add(const StepRecord& r, const Limits& limits);
+};
+
+class StepRecorder : public ModelRunner {
+ public:
+  StepRecorder(ModelRunner& inner, const StepCost& cost) : inner_(inner), cost_(cost) {}
+
+  void forward(const Batch& batch, std::vector<float>& logits) override;
+  void forward_sample(const Batch& batch, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
+  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override { inner_.copy_blocks(src_dst); }
+  const ModelConfig& config() const override { return inner_.config(); }
+  int32_t block_size() const override { return inner_.block_size(); }
+  int64_t num_blocks() const override { return inner_.num_blocks(); }
+  std::string device() const override { return inner_.device(); }
+  int64_t weight_bytes() const override { return inner_.weight_bytes(); }
+  int64_t activation_bytes() const override { return inner_.activation_bytes(); }
+  int64_t graph_replays() const override { return inner_.graph_replays(); }
+  int64_t graphs_captured() const override { return inner_.graphs_captured(); }
+
+  // The steps recorded since the last clear() (thread-safe: the engine loop records).
+  std::vector<StepRecord> steps() const;
+  void clear();
+
+ private:
+  void record(const Batch& batch, double seconds);
+
+  ModelRunner& inner_;
+  StepCost cost_;
+  mutable std::mutex mutex_;
+  std::vector<StepRecord> steps_;
+};
+
+}  // namespace serval::cli
