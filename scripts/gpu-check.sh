@@ -56,7 +56,7 @@ bench() {  # label, model, then serval bench arguments
   local label=$1 model=$2; shift 2
   echo "== bench $label: $*"
   local j
-  j=$(timeout 300 ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
+  j=$(timeout ${BENCH_TIMEOUT:-300} ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
   if [ -z "$j" ]; then tail -3 "$OUT_DIR/bench-err.log"; row "$label | failed"; return; fi
   echo "$j" | tee -a "$OUT_DIR/bench.jsonl"
   row "$label | $(echo "$j" | python3 -c '
@@ -65,7 +65,8 @@ j = json.load(sys.stdin)
 f = []
 if j.get("prefill_tokens_per_s"): f.append("prefill %.0f tok/s (MFU %.1f%%)" % (j["prefill_tokens_per_s"], 100 * j["prefill_mfu"]))
 if j.get("decode_tokens_per_s"): f.append("decode %.1f tok/s, %.3f ms/step (%.1f%% of roofline)" % (j["decode_tokens_per_s"], j["decode_step_ms"], 100 * j["decode_roofline_fraction"]))
-for k in ("output_tokens_per_s", "gbs", "attention_gbs", "ttft_p50_s", "tpot_p50_s", "load_s"):
+for k in ("output_tokens_per_s", "total_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "mean_decode_batch",
+          "us_per_call", "kv_gbs", "bandwidth_fraction", "graph_replays", "graphs_captured", "load_s"):
     if k in j: f.append("%s %.4g" % (k, j[k]))
 print(" | ".join(f))')"
 }
@@ -119,8 +120,11 @@ if [ $EIGHT = 1 ]; then
   for B in 1 64; do for C in 4096 16384 32768; do
     bench "8B attention B=$B ctx=$C" $M8 --mode attention --batch-sizes $B --context-lens $C
   done; done
-  bench "8B engine 1000 x (1000 in, 1000 out)" $M8 --mode engine --requests 1000 --input-len 1000 --output-len 1000 \
-    --max-num-seqs 256 --max-num-batched-tokens 8192
+  echo "== 8B sweep (batch x context)"
+  timeout 300 ./serval bench --model $M8 --device cuda --mode sweep --max-model-len 32768 \
+    --batch-sizes 1,8,32,64,128,256 --context-lens 128,1024,4096 2>"$OUT_DIR/sweep.err" | tee "$OUT_DIR/sweep.txt"
+  BENCH_TIMEOUT=580 bench "8B engine 1000 x (1000 in, 1000 out)" $M8 --mode engine --requests 1000 --input-len 1000 --output-len 1000 \
+    --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 4096
   rm -f $M8
 fi
 
