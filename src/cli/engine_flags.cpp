@@ -25,6 +25,9 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_flag("--enforce-eager", f.enforce_eager, "on a GPU: run every step op by op, without CUDA graphs");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
   sub.add_option("--device", f.device, "cpu, cuda or auto (default: auto, cuda when there is a GPU)");
+  sub.add_option("--dtype", f.dtype,
+                 "activations, weight matrices and KV cache: auto (bf16 on a GPU), bfloat16 or float32 "
+                 "(default: auto; the CPU computes in float32)");
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -40,14 +43,16 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                f.block_size);
   SERVAL_CHECK(f.kv_cache_tokens >= 0, "--kv-cache-tokens must not be negative, got ",
                f.kv_cache_tokens);
+  const std::string device = resolve_device(f.device);
+  // K/V are kept in the compute dtype: f32 on the CPU, bf16 or f32 on a GPU.
+  // Checked before the model loads, so a bad --dtype fails at once.
+  const DType kv_dtype = compute_dtype(device, f.dtype);
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
   SERVAL_CHECK(f.scheduler.max_model_len >= 0 && f.scheduler.max_model_len <= c.max_position,
                "--max-model-len must be in [1, ", c.max_position, "] (the model's context), got ",
                f.scheduler.max_model_len);
-  const std::string device = resolve_device(f.device);
-  // The CPU runner keeps K/V in f32, the CUDA one in bf16.
-  const int64_t kv_elem_bytes = device == "cuda" ? 2 : 4;
+  const int64_t kv_elem_bytes = dtype_bytes(kv_dtype, 1);
   const int64_t bytes_per_token = 2 * c.num_layers * c.kv_dim() * kv_elem_bytes;
   SERVAL_CHECK(f.gpu_memory_fraction > 0 && f.gpu_memory_fraction <= 1,
                "--gpu-memory-fraction must be in (0, 1], got ", f.gpu_memory_fraction);
@@ -55,6 +60,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   ro.block_size = f.block_size;
   ro.threads = f.threads;
   ro.device = device;
+  ro.dtype = f.dtype;
   ro.kv_cache_tokens = f.kv_cache_tokens;
   ro.gpu_memory_fraction = device == "cpu" ? 0 : f.gpu_memory_fraction;
   ro.enforce_eager = f.enforce_eager;
@@ -79,8 +85,10 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   m.plan.context_len = c.max_position;
   if (m.runner->device() != "cpu") {
     const double gib = double(int64_t(1) << 30);
-    std::fprintf(stderr, "%s memory: weights %.2f GiB, activations %.2f GiB (steps of up to %lld tokens), KV %.2f GiB%s\n",
-                 m.runner->device().c_str(), double(m.runner->weight_bytes()) / gib,
+    std::fprintf(stderr,
+                 "%s memory (%s): weights %.2f GiB, activations %.2f GiB (steps of up to %lld tokens), KV %.2f GiB%s\n",
+                 m.runner->device().c_str(), std::string(dtype_name(kv_dtype)).c_str(),
+                 double(m.runner->weight_bytes()) / gib,
                  double(m.runner->activation_bytes()) / gib, (long long)ro.max_num_batched_tokens,
                  double(m.plan.bytes()) / gib, f.enforce_eager ? "; CUDA graphs off (--enforce-eager)" : "");
   }

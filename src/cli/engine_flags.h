@@ -23,6 +23,7 @@ struct EngineFlags {
   bool enforce_eager = false;          // no CUDA graphs
   int threads = 0;
   std::string device = "auto";         // cuda when there is a GPU, else cpu
+  std::string dtype = "auto";          // auto (bf16 on a GPU), bfloat16 or float32
 };
 
 void add_engine_flags(CLI::App& sub, EngineFlags& flags);

@@ -6,10 +6,11 @@
 // Conventions (shared by every backend):
 //  - Activations are Tensors: non-owning 2-D views [rows, cols], row-major and
 //    contiguous, in the backend's activation dtype (`act_dtype()`: f32 on the
-//    CPU, bf16 on CUDA). Their memory comes from `alloc()`. The residual stream
-//    (the hidden state the layers add into) is f32 on every backend: ops that
-//    read or write it (embedding, add_rmsnorm, add, rmsnorm's and gather_rows'
-//    input) take f32 tensors there, and rmsnorm writes the activation dtype.
+//    CPU, bf16 on CUDA unless created with dtype "float32"). Their memory
+//    comes from `alloc()`. The residual stream (the hidden state the layers
+//    add into) is f32 on every backend: ops that read or write it (embedding,
+//    add_rmsnorm, add, rmsnorm's and gather_rows' input) take f32 tensors
+//    there, and rmsnorm writes the activation dtype.
 //  - Weights are uploaded once through `upload_weight()` into a backend-specific
 //    format (the CPU keeps f32; a GPU may keep bf16/int8/int4 blocks). The model
 //    only passes the resulting handles back to ops.
@@ -240,8 +241,15 @@ class Backend {
 // GPU, "cpu" for "auto" otherwise; any other name unchanged.
 std::string resolve_device(const std::string& device);
 
-// Creates the backend for `device` ("cpu", "cuda" or "auto"); `threads` 0
-// means all cores. Throws serval::Error for devices this build does not have.
-std::unique_ptr<Backend> create_backend(const std::string& device, int threads);
+// The activation (and KV cache) dtype that `dtype` gives on `device` (as
+// create_backend takes them): "auto" is bf16 on a GPU and f32 on the CPU,
+// "bfloat16" bf16 (GPU only: the CPU computes in f32), "float32" f32.
+// Throws serval::Error for another dtype or bfloat16 on the CPU.
+DType compute_dtype(const std::string& device, const std::string& dtype);
+
+// Creates the backend for `device` ("cpu", "cuda" or "auto") computing in
+// `dtype` (see compute_dtype); `threads` 0 means all cores. Throws
+// serval::Error for devices this build does not have and dtypes they refuse.
+std::unique_ptr<Backend> create_backend(const std::string& device, int threads, const std::string& dtype = "auto");
 
 }  // namespace serval

@@ -6,8 +6,8 @@ namespace serval {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend/cpu/cpu_backend.cpp
 #ifdef SERVAL_WITH_CUDA
-std::unique_ptr<Backend> make_cuda_backend();  // backend/cuda/cuda_backend.cu
-bool cuda_device_present();                    // backend/cuda/cuda_backend.cu
+std::unique_ptr<Backend> make_cuda_backend(DType act_dtype);  // backend/cuda/cuda_backend.cu
+bool cuda_device_present();                                   // backend/cuda/cuda_backend.cu
 #endif
 
 std::string resolve_device(const std::string& device) {
@@ -18,13 +18,27 @@ std::string resolve_device(const std::string& device) {
   return "cpu";
 }
 
-std::unique_ptr<Backend> create_backend(const std::string& requested, int threads) {
+DType compute_dtype(const std::string& requested, const std::string& dtype) {
+  SERVAL_CHECK(dtype == "auto" || dtype == "bfloat16" || dtype == "float32", "unknown dtype \"", dtype,
+               "\" (expected auto, bfloat16 or float32)");
   const std::string device = resolve_device(requested);
+  if (device == "cpu") {
+    SERVAL_CHECK(dtype != "bfloat16", "dtype bfloat16 is not available on the CPU, which computes in float32: "
+                 "use auto or float32 (bfloat16 needs a GPU, --device cuda)");
+    return DType::F32;
+  }
+  return dtype == "float32" ? DType::F32 : DType::BF16;
+}
+
+std::unique_ptr<Backend> create_backend(const std::string& requested, int threads, const std::string& dtype) {
+  const std::string device = resolve_device(requested);
+  const DType act = compute_dtype(device, dtype);
   if (device == "cpu") return make_cpu_backend(threads);
 #ifdef SERVAL_WITH_CUDA
-  if (device == "cuda") return make_cuda_backend();
+  if (device == "cuda") return make_cuda_backend(act);
   fail("device \"", device, "\" is not available in this build (available: cpu, cuda)");
 #else
+  (void)act;
   fail("device \"", device, "\" is not available in this build (available: cpu; built without CUDA)");
 #endif
 }

@@ -97,7 +97,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
                "--gpu-memory-fraction must be in (0, 1], got ", opts.gpu_memory_fraction);
   SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
                "max_num_seqs must be positive");
-  backend_ = create_backend(opts.device, opts.threads);
+  backend_ = create_backend(opts.device, opts.threads, opts.dtype);
   const bool gpu = backend_->name() != "cpu";
   if (gpu) check_weights_fit(weights, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
   load_weights(weights);
@@ -113,9 +113,10 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
 }
 
 void BackendModelRunner::check_weights_fit(const WeightStore& ws, double fraction) {
-  // Matrices become bf16 on the GPU, vectors f32 (backend/cuda).
+  // Matrices take the activation dtype on the GPU, vectors f32 (backend/cuda).
   int64_t bytes = 0;
-  for (const auto& [name, t] : ws.all()) bytes += t.numel() * (t.shape.size() == 2 ? 2 : 4);
+  for (const auto& [name, t] : ws.all())
+    bytes += dtype_bytes(t.shape.size() == 2 ? backend_->act_dtype() : DType::F32, t.numel());
   int64_t free_b = 0, total_b = 0;
   backend_->memory_info(free_b, total_b);
   SERVAL_CHECK(bytes <= free_b && double(bytes) <= fraction * double(total_b), "the model's weights need ",

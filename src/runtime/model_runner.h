@@ -17,6 +17,10 @@ namespace serval {
 
 struct RunnerOptions {
   std::string device = "cpu";   // "cpu", "cuda" or "auto" (cuda when there is a GPU)
+  // Activations, weight matrices and KV cache: "auto" (bf16 on a GPU, f32 on
+  // the CPU), "bfloat16" (GPU only) or "float32" (on a GPU: slower, follows
+  // the CPU token for token).
+  std::string dtype = "auto";
   int32_t block_size = 16;      // tokens per KV block
   int64_t kv_cache_tokens = 0;  // 0: size the pool from kv_memory_bytes, else gpu_memory_fraction
   int64_t kv_memory_bytes = 0;  // 0: see gpu_memory_fraction
@@ -36,9 +40,9 @@ struct RunnerOptions {
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
-  // Prepares weights for `opts.device` (for the CPU: converted to f32) and
-  // allocates the KV pool. Throws serval::Error on unknown devices or missing
-  // or mis-shaped tensors. `weights` may be released afterwards: the runner
+  // Prepares weights for `opts.device` in `opts.dtype` (for the CPU: converted
+  // to f32) and allocates the KV pool. Throws serval::Error on unknown devices
+  // or dtypes, or missing or mis-shaped tensors. `weights` may be released afterwards: the runner
   // keeps its own copy. An optional rope_freqs.weight tensor (GGUF Llama 3.1)
   // divides the RoPE frequencies and replaces llama3 rope_scaling.
   static std::unique_ptr<ModelRunner> create(const ModelConfig& config, const WeightStore& weights,

@@ -1,24 +1,26 @@
 // CudaBackend::paged_attention: fills AttnParams, picks the decode split count
 // and launches the prefill and decode kernels (a mixed batch runs both; each
-// kernel skips the sequences of the other kind).
+// kernel skips the sequences of the other kind). With f32 activations
+// (--dtype float32) one CUDA-core kernel serves every sequence.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_attention_prefill_simt.cuh"
 #include "backend/cuda/cuda_backend.h"
 
 namespace serval::cuda {
 
-void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
-                                  int32_t num_heads, float scale, Tensor out) {
-  SERVAL_CHECK(q.dtype == DType::BF16 && out.dtype == DType::BF16, "paged_attention: expects bf16 q and out");
-  SERVAL_CHECK(g.num_kv_heads > 0 && num_heads % g.num_kv_heads == 0, "paged_attention: ", num_heads,
-               " query heads do not divide into ", g.num_kv_heads, " KV heads");
-  if (b.num_tokens == 0 || b.num_seqs == 0) return;
-  AttnParams p;
-  p.q = bf(q);
-  p.out = bf(out);
-  p.k_pool = static_cast<const bf16*>(kv.k.data());
-  p.v_pool = static_cast<const bf16*>(kv.v.data());
+namespace {
+
+template <typename T>
+AttnParamsT<T> attn_params(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
+                           int32_t num_heads, float scale, const Tensor& out) {
+  AttnParamsT<T> p;
+  p.q = static_cast<const T*>(q.data);
+  p.out = static_cast<T*>(out.data);
+  p.k_pool = static_cast<const T*>(kv.k.data());
+  p.v_pool = static_cast<const T*>(kv.v.data());
   p.query_start = b.query_start;
   p.positions = b.positions;
   p.block_table = b.block_table;
@@ -30,7 +32,29 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   p.block_size = g.block_size;
   p.max_blocks_per_seq = b.max_blocks_per_seq;
   p.scale_log2 = float(double(scale) * 1.4426950408889634);
+  return p;
+}
 
+}  // namespace
+
+void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
+                                  int32_t num_heads, float scale, Tensor out) {
+  SERVAL_CHECK(q.dtype == act_dtype_ && out.dtype == act_dtype_, "paged_attention: expects ", dtype_name(act_dtype_),
+               " q and out");
+  SERVAL_CHECK(g.num_kv_heads > 0 && num_heads % g.num_kv_heads == 0, "paged_attention: ", num_heads,
+               " query heads do not divide into ", g.num_kv_heads, " KV heads");
+  if (b.num_tokens == 0 || b.num_seqs == 0) return;
+
+  if (act_dtype_ == DType::F32) {
+    // One launch over every sequence; its grid follows b.max_query_len (1 for
+    // a decode step, so a captured decode launch serves every replay).
+    const AttnParamsT<float> p = attn_params<float>(q, kv, g, b, num_heads, scale, out);
+    SERVAL_CHECK(launch_attention_f32(p, std::max(b.max_query_len, 1), stream_), "paged_attention: head_dim ",
+                 p.head_dim, " has no f32 CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
+    return;
+  }
+
+  AttnParams p = attn_params<bf16>(q, kv, g, b, num_heads, scale, out);
   // b.max_context_len may be an upper bound (CUDA graphs): the split count and
   // the partials' size follow from it and the shape only, so the eager step
   // that precedes a capture sizes the scratch for every replay.

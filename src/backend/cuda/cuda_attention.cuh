@@ -3,6 +3,8 @@
 // (cuda_attention_prefill.cu: sequences with several new tokens) and the
 // split-KV decode kernels (cuda_attention_decode.cu: sequences with one).
 // Both read K/V through the block table; both handle any GQA group size.
+// With f32 activations (--dtype float32) the CUDA-core kernel of
+// cuda_attention_prefill_simt.cu serves every row instead, prefill and decode.
 #include "backend/cuda/cuda_common.cuh"
 
 namespace serval::cuda {
@@ -12,11 +14,13 @@ namespace serval::cuda {
 constexpr int kAttnKeyTile = 64;
 constexpr int kDecodeKeyTile = 16;
 
-struct AttnParams {
-  const bf16* q = nullptr;  // [T, num_heads * D]
-  bf16* out = nullptr;      // [T, num_heads * D]
-  const bf16* k_pool = nullptr;  // [blocks, block_size, kv_heads, D]
-  const bf16* v_pool = nullptr;
+// Elem: the element type of q, out and the pools (the activation dtype).
+template <typename Elem>
+struct AttnParamsT {
+  const Elem* q = nullptr;  // [T, num_heads * D]
+  Elem* out = nullptr;      // [T, num_heads * D]
+  const Elem* k_pool = nullptr;  // [blocks, block_size, kv_heads, D]
+  const Elem* v_pool = nullptr;
   const int32_t* query_start = nullptr;
   const int32_t* positions = nullptr;
   const int32_t* block_table = nullptr;
@@ -32,6 +36,7 @@ struct AttnParams {
   float* part_out = nullptr;  // [S, kv_heads, splits, group, D]
   float* part_ml = nullptr;   // [S, kv_heads, splits, group, 2]
 };
+using AttnParams = AttnParamsT<bf16>;
 
 // Address of key/value j of sequence s, KV head kvh, in a pool.
 __device__ __forceinline__ const bf16* kv_row(const bf16* pool, const AttnParams& p, const int32_t* table, int j,

@@ -4,9 +4,17 @@
 // a chunk attends to the cached prefix and to itself. A thread block takes 64
 // query rows of one KV head (64 / G tokens x the G query heads of its GQA
 // group) so K/V tiles are shared by the group. f32 math.
+//
+// The kernel is templated on the element type of q, out and the pools: bf16,
+// or f32 with --dtype float32. In f32 mode it is the only attention kernel
+// (the tensor-core ones are bf16), so it also serves decode rows: a sequence
+// with one new token is a tile of G live rows.
 #include <math_constants.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_attention_prefill_simt.cuh"
+#include "backend/cuda/cuda_elem.cuh"
 
 namespace serval::cuda {
 
@@ -17,35 +25,39 @@ constexpr int kThreads = 128;
 constexpr int kKeyTile = 64;
 
 // Address of key/value j of sequence s (block table `table`), KV head kvh.
-__device__ __forceinline__ const bf16* paged_row(const bf16* pool, const AttnParams& p, const int32_t* table, int j,
-                                                 int kvh) {
+template <typename T>
+__device__ __forceinline__ const T* paged_row(const T* pool, const AttnParamsT<T>& p, const int32_t* table, int j,
+                                              int kvh) {
   const int64_t slot = int64_t(table[j / p.block_size]) * p.block_size + j % p.block_size;
   return pool + (slot * p.kv_heads + kvh) * p.head_dim;
 }
 
-template <int D>
+template <typename T, int D>
 constexpr size_t prefill_smem() {
-  // qT [D][64] f32, pT [64][64] f32, kT [D][64] bf16, V [64][D + 8] bf16
-  return size_t(D) * kRows * 4 + size_t(kKeyTile) * kRows * 4 + size_t(D) * kKeyTile * 2 +
-         size_t(kKeyTile) * (D + 8) * 2;
+  // qT [D][64] f32, pT [64][64] f32, kT [D][64] T, V [64][D + 8] T
+  return size_t(D) * kRows * 4 + size_t(kKeyTile) * kRows * 4 + size_t(D) * kKeyTile * sizeof(T) +
+         size_t(kKeyTile) * (D + 8) * sizeof(T);
 }
 
 // Thread (ty, tx) = (tid / 8, tid % 8) owns query rows 4ty..4ty+3; for scores
 // it owns keys 8tx..8tx+7 of the tile, for the output the 8-wide chunks
 // tx, tx + 8, ... of head_dim (so 8 neighbouring lanes read 128 contiguous bytes).
-template <int D>
-__global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p) {
+  using V8 = Vec8<T>;
   constexpr int BK = kKeyTile, NCH = D / 8, CPT = (NCH + 7) / 8, VS = D + 8;
+  // bf16: decode rows go to the split-KV decode kernel; f32: all rows are ours.
+  constexpr int kMinQueryLen = std::is_same_v<T, float> ? 1 : 2;
   extern __shared__ __align__(16) unsigned char smem[];
   float* qT = reinterpret_cast<float*>(smem);
   float* pT = qT + D * kRows;
-  bf16* kT = reinterpret_cast<bf16*>(pT + BK * kRows);
-  bf16* vS = kT + D * BK;
+  T* kT = reinterpret_cast<T*>(pT + BK * kRows);
+  T* vS = kT + D * BK;
 
   const int G = p.group, QT = kRows / G;
   const int s = blockIdx.z, kvh = blockIdx.y;
   const int qs = p.query_start[s], qe = p.query_start[s + 1];
-  if (qe - qs <= 1) return;  // decode sequences: the split-KV kernel
+  if (qe - qs < kMinQueryLen) return;
   const int t0 = qs + blockIdx.x * QT;
   if (t0 >= qe) return;
   const int t_last = min(t0 + QT, qe) - 1;
@@ -58,8 +70,8 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
     const int r = e % kRows, ch = e / kRows, t = t0 + r / G;
     float f[8] = {};
     if (r < QT * G && t <= t_last) {
-      const bf16* src = p.q + int64_t(t) * p.num_heads * D + int64_t(kvh * G + r % G) * D + ch * 8;
-      bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(src), f);
+      const T* src = p.q + int64_t(t) * p.num_heads * D + int64_t(kvh * G + r % G) * D + ch * 8;
+      load8(src, 0, f);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) qT[(ch * 8 + i) * kRows + r] = f[i] * p.scale_log2;
@@ -82,28 +94,35 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
 
   for (int key0 = 0; key0 < n_keys; key0 += BK) {
     __syncthreads();  // the previous tile's K, V and P are consumed
-    // All of a thread's K and V loads are in flight before its first store.
+    // All of a thread's K and V loads (bf16), or batches of 4 of them (f32:
+    // twice the registers per load), are in flight before their first store.
     constexpr int kLoads = (BK * NCH + kThreads - 1) / kThreads;
-    Bf16x8 kr[kLoads], vr[kLoads];
+    constexpr int kBatch = sizeof(T) == 2 || kLoads < 4 ? kLoads : 4;
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int c = tid + u * kThreads;
-      kr[u] = vr[u] = Bf16x8{};
-      if (c < BK * NCH) {
-        const int kkey = c % BK, kch = c / BK, vkey = c / NCH, vch = c % NCH;
-        if (key0 + kkey < n_keys) kr[u] = reinterpret_cast<const Bf16x8*>(paged_row(p.k_pool, p, table, key0 + kkey, kvh))[kch];
-        if (key0 + vkey < n_keys) vr[u] = reinterpret_cast<const Bf16x8*>(paged_row(p.v_pool, p, table, key0 + vkey, kvh))[vch];
+    for (int u0 = 0; u0 < kLoads; u0 += kBatch) {
+      V8 kr[kBatch], vr[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int c = tid + (u0 + b) * kThreads;  // >= BK * NCH past the last load
+        kr[b] = vr[b] = V8{};
+        if (c < BK * NCH) {
+          const int kkey = c % BK, kch = c / BK, vkey = c / NCH, vch = c % NCH;
+          if (key0 + kkey < n_keys)
+            kr[b] = reinterpret_cast<const V8*>(paged_row(p.k_pool, p, table, key0 + kkey, kvh))[kch];
+          if (key0 + vkey < n_keys)
+            vr[b] = reinterpret_cast<const V8*>(paged_row(p.v_pool, p, table, key0 + vkey, kvh))[vch];
+        }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int c = tid + u * kThreads;
-      if (c < BK * NCH) {
-        const int kkey = c % BK, kch = c / BK, vkey = c / NCH, vch = c % NCH;
-        const bf16* kb = reinterpret_cast<const bf16*>(&kr[u]);
+      for (int b = 0; b < kBatch; ++b) {
+        const int c = tid + (u0 + b) * kThreads;
+        if (c < BK * NCH) {
+          const int kkey = c % BK, kch = c / BK, vkey = c / NCH, vch = c % NCH;
+          const T* kb = reinterpret_cast<const T*>(&kr[b]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) kT[(kch * 8 + i) * BK + kkey] = kb[i];
-        *reinterpret_cast<Bf16x8*>(vS + vkey * VS + vch * 8) = vr[u];
+          for (int i = 0; i < 8; ++i) kT[(kch * 8 + i) * BK + kkey] = kb[i];
+          *reinterpret_cast<V8*>(vS + vkey * VS + vch * 8) = vr[b];
+        }
       }
     }
     __syncthreads();
@@ -113,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
     for (int d = 0; d < D; ++d) {
       const float4 q4 = *reinterpret_cast<const float4*>(qT + d * kRows + ty * 4);
       float kf[8];
-      bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(kT + d * BK + tx * 8), kf);
+      vec8_to_f32(*reinterpret_cast<const V8*>(kT + d * BK + tx * 8), kf);
       const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -161,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
         const int c = tx + 8 * cc;
         if (c < NCH) {
           float vf[8];
-          bf16x8_to_f32(*reinterpret_cast<const Bf16x8*>(vS + key * VS + c * 8), vf);
+          vec8_to_f32(*reinterpret_cast<const V8*>(vS + key * VS + c * 8), vf);
 #pragma unroll
           for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -179,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
     li += __shfl_xor_sync(0xffffffffu, li, 4);
     if (pos[i] < 0) continue;
     const int r = ty * 4 + i, t = t0 + r / G;
-    bf16* dst = p.out + int64_t(t) * p.num_heads * D + int64_t(kvh * G + r % G) * D;
+    T* dst = p.out + int64_t(t) * p.num_heads * D + int64_t(kvh * G + r % G) * D;
     const float inv = 1.0f / li;
 #pragma unroll
     for (int cc = 0; cc < CPT; ++cc) {
@@ -188,39 +207,58 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParams p) {
         float o[8];
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) o[jj] = acc[i][cc * 8 + jj] * inv;
-        *reinterpret_cast<Bf16x8*>(dst + c * 8) = f32_to_bf16x8(o);
+        *reinterpret_cast<V8*>(dst + c * 8) = f32_to_vec8<T>(o);
       }
     }
   }
 }
 
-template <int D>
-void launch_prefill(const AttnParams& p, int max_query_len, cudaStream_t stream) {
-  constexpr size_t smem = prefill_smem<D>();
+template <typename T, int D>
+void launch_prefill(const AttnParamsT<T>& p, int max_query_len, cudaStream_t stream) {
+  constexpr size_t smem = prefill_smem<T, D>();
   static bool configured = false;  // the attribute is per kernel, set once
   if (smem > 48 * 1024 && !configured) {
     SERVAL_CUDA_CHECK(
-        cudaFuncSetAttribute(attn_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        cudaFuncSetAttribute(attn_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
   const int qt = kRows / p.group;
   const dim3 grid(unsigned((max_query_len + qt - 1) / qt), unsigned(p.kv_heads), unsigned(p.num_seqs));
-  attn_prefill_kernel<D><<<grid, kThreads, smem, stream>>>(p);
+  attn_prefill_kernel<T, D><<<grid, kThreads, smem, stream>>>(p);
   SERVAL_CUDA_LAUNCH_CHECK();
+}
+
+void check_group(int group) {
+  SERVAL_CHECK(group >= 1 && group <= kRows, "cuda attention: GQA group of ", group,
+               " query heads per KV head is more than the prefill kernel's ", kRows, " rows");
 }
 
 }  // namespace
 
 bool launch_attention_prefill_simt(const AttnParams& p, int max_query_len, cudaStream_t stream) {
-  SERVAL_CHECK(p.group >= 1 && p.group <= kRows, "cuda attention: GQA group of ", p.group,
-               " query heads per KV head is more than the prefill kernel's ", kRows, " rows");
+  check_group(p.group);
   switch (p.head_dim) {
-    case 8: launch_prefill<8>(p, max_query_len, stream); return true;
-    case 16: launch_prefill<16>(p, max_query_len, stream); return true;
-    case 32: launch_prefill<32>(p, max_query_len, stream); return true;
-    case 80: launch_prefill<80>(p, max_query_len, stream); return true;
-    case 96: launch_prefill<96>(p, max_query_len, stream); return true;
-    case 256: launch_prefill<256>(p, max_query_len, stream); return true;
+    case 8: launch_prefill<bf16, 8>(p, max_query_len, stream); return true;
+    case 16: launch_prefill<bf16, 16>(p, max_query_len, stream); return true;
+    case 32: launch_prefill<bf16, 32>(p, max_query_len, stream); return true;
+    case 80: launch_prefill<bf16, 80>(p, max_query_len, stream); return true;
+    case 96: launch_prefill<bf16, 96>(p, max_query_len, stream); return true;
+    case 256: launch_prefill<bf16, 256>(p, max_query_len, stream); return true;
+    default: return false;
+  }
+}
+
+bool launch_attention_f32(const AttnParamsT<float>& p, int max_query_len, cudaStream_t stream) {
+  check_group(p.group);
+  switch (p.head_dim) {
+    case 8: launch_prefill<float, 8>(p, max_query_len, stream); return true;
+    case 16: launch_prefill<float, 16>(p, max_query_len, stream); return true;
+    case 32: launch_prefill<float, 32>(p, max_query_len, stream); return true;
+    case 64: launch_prefill<float, 64>(p, max_query_len, stream); return true;
+    case 80: launch_prefill<float, 80>(p, max_query_len, stream); return true;
+    case 96: launch_prefill<float, 96>(p, max_query_len, stream); return true;
+    case 128: launch_prefill<float, 128>(p, max_query_len, stream); return true;
+    case 256: launch_prefill<float, 256>(p, max_query_len, stream); return true;
     default: return false;
   }
 }

@@ -19,7 +19,9 @@ const CudaWeight& as_cuda(const DeviceWeight& w) {
   return *cw;
 }
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, DType act_dtype) : device_(device), act_dtype_(act_dtype) {
+  SERVAL_CHECK(act_dtype == DType::BF16 || act_dtype == DType::F32, "cuda backend: computes in bf16 or f32, not ",
+               dtype_name(act_dtype));
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   SERVAL_CHECK(err == cudaSuccess && count > 0, "cuda backend: no CUDA device available (",
@@ -127,7 +129,7 @@ std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view)
   int64_t n = 1;
   for (int64_t d : view.shape) n *= d;
   SERVAL_CHECK(view.data != nullptr || n == 0, "tensor \"", view.name, "\" has no data");
-  const DType target = view.shape.size() == 2 ? DType::BF16 : DType::F32;
+  const DType target = view.shape.size() == 2 ? act_dtype_ : DType::F32;
   DeviceBuffer buf = alloc(dtype_bytes(target, n));
   if (view.dtype == target) {
     copy_to_device(buf.data(), view.data, dtype_bytes(target, n));
@@ -155,12 +157,12 @@ std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view)
 }
 
 KvLayer CudaBackend::alloc_kv_layer(const KvGeometry& g) {
-  const int64_t elems = g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim;
-  return KvLayer{alloc(elems * 2), alloc(elems * 2)};
+  const int64_t bytes = dtype_bytes(act_dtype_, g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim);
+  return KvLayer{alloc(bytes), alloc(bytes)};
 }
 
 void CudaBackend::copy_kv_block(const KvLayer& kv, const KvGeometry& g, int64_t src, int64_t dst) {
-  const int64_t block = int64_t(g.block_size) * g.num_kv_heads * g.head_dim * 2;
+  const int64_t block = dtype_bytes(act_dtype_, int64_t(g.block_size) * g.num_kv_heads * g.head_dim);
   for (const DeviceBuffer* pool : {&kv.k, &kv.v}) {
     char* base = static_cast<char*>(pool->data());
     SERVAL_CUDA_CHECK(cudaMemcpyAsync(base + dst * block, base + src * block, size_t(block),
@@ -182,7 +184,9 @@ void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
 
 namespace serval {
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<cuda::CudaBackend>(0); }
+std::unique_ptr<Backend> make_cuda_backend(DType act_dtype) {
+  return std::make_unique<cuda::CudaBackend>(0, act_dtype);
+}
 
 bool cuda_device_present() {
   int count = 0;

@@ -1,8 +1,10 @@
 #pragma once
-// The CUDA backend: bf16 activations, weight matrices and KV cache, f32
-// accumulation everywhere; 1-D weights (norms, biases) stay f32. GEMMs go
-// through cuBLASLt, everything else is our own kernels. All work runs on one
-// stream; copy_to_host(), tensor_to_host() and synchronize() wait for it.
+// The CUDA backend: activations, weight matrices and KV cache in one dtype,
+// bf16 (the default) or f32 (--dtype float32: slower, for results that follow
+// the CPU backend token for token), f32 accumulation everywhere (never TF32);
+// 1-D weights (norms, biases) stay f32. GEMMs go through cuBLASLt (bf16 decode
+// shapes through our GEMV), everything else is our own kernels. All work runs
+// on one stream; copy_to_host(), tensor_to_host() and synchronize() wait for it.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -15,7 +17,7 @@
 
 namespace serval::cuda {
 
-// A weight on the GPU: bf16 for matrices, f32 for vectors.
+// A weight on the GPU: matrices in the backend's activation dtype, vectors f32.
 class CudaWeight : public DeviceWeight {
  public:
   CudaWeight(std::string name, std::vector<int64_t> shape, DType dtype, DeviceBuffer buf);
@@ -31,12 +33,13 @@ const CudaWeight& as_cuda(const DeviceWeight& w);
 
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(int device);
+  // `act_dtype`: BF16 or F32, for activations, weight matrices and the KV cache.
+  explicit CudaBackend(int device, DType act_dtype = DType::BF16);
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
-  DType act_dtype() const override { return DType::BF16; }
-  DType kv_dtype() const override { return DType::BF16; }
+  DType act_dtype() const override { return act_dtype_; }
+  DType kv_dtype() const override { return act_dtype_; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;
@@ -92,6 +95,7 @@ class CudaBackend : public Backend {
   void* scratch(DeviceBuffer& buf, int64_t bytes);
 
   int device_ = 0;
+  DType act_dtype_ = DType::BF16;
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

@@ -1,32 +1,15 @@
 // Row-wise and elementwise kernels: embedding and row gathers, RMSNorm (plain
-// and fused with the residual add), add, SiLU*up, bias add. Math in f32, bf16
-// in memory. Rows whose width is a multiple of 8 move 16 bytes per access.
+// and fused with the residual add), add, SiLU*up, bias add. Math in f32; in
+// memory the activation dtype (bf16, or f32 with --dtype float32) and the f32
+// residual stream. Rows whose width is a multiple of 8 move 8 values per access.
+#include <type_traits>
+
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_elem.cuh"
 
 namespace serval::cuda {
 
 namespace {
-
-// Eight consecutive values of a bf16 or f32 row as f32, and back: the residual
-// stream is f32, everything else bf16 (cuda_backend.h).
-__device__ __forceinline__ void load8(const bf16* p, int64_t c, float* f) {
-  bf16x8_to_f32(reinterpret_cast<const Bf16x8*>(p)[c], f);
-}
-__device__ __forceinline__ void load8(const float* p, int64_t c, float* f) {
-  const float4 a = reinterpret_cast<const float4*>(p)[2 * c], b = reinterpret_cast<const float4*>(p)[2 * c + 1];
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-__device__ __forceinline__ void store8(bf16* p, int64_t c, const float* f) {
-  reinterpret_cast<Bf16x8*>(p)[c] = f32_to_bf16x8(f);
-}
-__device__ __forceinline__ void store8(float* p, int64_t c, const float* f) {
-  reinterpret_cast<float4*>(p)[2 * c] = make_float4(f[0], f[1], f[2], f[3]);
-  reinterpret_cast<float4*>(p)[2 * c + 1] = make_float4(f[4], f[5], f[6], f[7]);
-}
-__device__ __forceinline__ float load1(const bf16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float load1(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ void store1(bf16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
-__device__ __forceinline__ void store1(float* p, int64_t i, float v) { p[i] = v; }
 
 // out[r, :] = src[idx[r], :] (idx null: r), converting the element type.
 template <typename In, typename Out>
@@ -50,9 +33,10 @@ __global__ void gather_kernel(const In* src, const int32_t* idx, Out* out, int64
 // Matches the CPU: out = w * (x * rsqrt(mean(x^2) + eps)). With `delta`, the
 // residual x += delta is stored first (in X's type) and normalized as stored.
 // The second pass re-reads the row (it is in L1/L2): rows are at most a few
-// KB, and registers would cap the width.
-template <bool kAdd, typename X>
-__global__ void rmsnorm_kernel(X* x, const bf16* delta, const float* w, float eps, bf16* out, int64_t cols) {
+// KB, and registers would cap the width. O is the activation dtype (delta's
+// and out's); out may alias x when X == O (each thread rewrites only what it read).
+template <bool kAdd, typename X, typename O>
+__global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, O* out, int64_t cols) {
   __shared__ float scratch[32];
   // Launched as a programmatic dependent (launch_pdl): wait for the producer of
   // x / delta, and let the next kernel (usually a GEMV that starts streaming
@@ -60,8 +44,8 @@ __global__ void rmsnorm_kernel(X* x, const bf16* delta, const float* w, float ep
   pdl_wait();
   pdl_launch_dependents();
   X* xr = x + int64_t(blockIdx.x) * cols;
-  const bf16* dr = kAdd ? delta + int64_t(blockIdx.x) * cols : nullptr;
-  bf16* orow = out + int64_t(blockIdx.x) * cols;
+  const O* dr = kAdd ? delta + int64_t(blockIdx.x) * cols : nullptr;
+  O* orow = out + int64_t(blockIdx.x) * cols;
   const bool vec = cols % 8 == 0;
   float ss = 0.0f;
   if (vec) {
@@ -89,7 +73,14 @@ __global__ void rmsnorm_kernel(X* x, const bf16* delta, const float* w, float ep
       ss += f * f;
     }
   }
-  const float r = rsqrtf(block_sum(ss, scratch) / float(cols) + eps);
+  const float var_eps = block_sum(ss, scratch) / float(cols) + eps;
+  // f32 outputs (--dtype float32) follow the CPU's 1 / sqrt; bf16 ones cannot
+  // tell rsqrtf's last-ulp error apart.
+  float r;
+  if constexpr (std::is_same_v<O, float>)
+    r = 1.0f / sqrtf(var_eps);
+  else
+    r = rsqrtf(var_eps);
   if (vec) {
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
       float f[8];
@@ -105,36 +96,49 @@ __global__ void rmsnorm_kernel(X* x, const bf16* delta, const float* w, float ep
   }
 }
 
-template <typename X>
-__global__ void add_kernel(X* x, const bf16* d, int64_t n) {
+// x += d: X is the residual's type, D the activation dtype.
+template <typename X, typename D>
+__global__ void add_kernel(X* x, const D* d, int64_t n) {
   pdl_wait();
   pdl_launch_dependents();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    store1(x, i, load1(x, i) + __bfloat162float(d[i]));
+    store1(x, i, load1(x, i) + load1(d, i));
 }
 
-__global__ void silu_mul_kernel(const bf16* g, const bf16* u, bf16* o, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float a = __bfloat162float(g[i]);
-    o[i] = __float2bfloat16((a / (1.0f + __expf(-a))) * __bfloat162float(u[i]));
-  }
+// silu(a) = a / (1 + e^-a). f32 activations (--dtype float32) take the
+// accurate expf, as the CPU does; bf16 ones the fast intrinsic.
+template <typename T>
+__device__ __forceinline__ float silu(float a) {
+  if constexpr (std::is_same_v<T, float>)
+    return a / (1.0f + expf(-a));
+  else
+    return a / (1.0f + __expf(-a));
 }
 
-__global__ void silu_mul_vec_kernel(const Bf16x8* g, const Bf16x8* u, Bf16x8* o, int64_t n8) {
+template <typename T>
+__global__ void silu_mul_kernel(const T* g, const T* u, T* o, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    store1(o, i, silu<T>(load1(g, i)) * load1(u, i));
+}
+
+// Chunks of 8 elements of type T: n8 = n / 8.
+template <typename T>
+__global__ void silu_mul_vec_kernel(const Vec8<T>* g, const Vec8<T>* u, Vec8<T>* o, int64_t n8) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
     float a[8], b[8];
-    bf16x8_to_f32(g[i], a);
-    bf16x8_to_f32(u[i], b);
+    vec8_to_f32(g[i], a);
+    vec8_to_f32(u[i], b);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) a[k] = (a[k] / (1.0f + __expf(-a[k]))) * b[k];
-    o[i] = f32_to_bf16x8(a);
+    for (int k = 0; k < 8; ++k) a[k] = silu<T>(a[k]) * b[k];
+    o[i] = f32_to_vec8<T>(a);
   }
 }
 
-__global__ void bias_kernel(bf16* y, const float* b, int64_t rows, int64_t cols) {
+template <typename T>
+__global__ void bias_kernel(T* y, const float* b, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16(__bfloat162float(y[i]) + b[i % cols]);
+    store1(y, i, load1(y, i) + b[i % cols]);
 }
 
 int row_threads(int64_t cols) {
@@ -146,8 +150,10 @@ int grid_for(int64_t n, int threads, int sms) {
   return int(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, int64_t(sms) * 16)));
 }
 
-void check_bf16(const Tensor& t, const char* what) {
-  SERVAL_CHECK(t.dtype == DType::BF16, "cuda backend: ", what, " expects bf16 tensors, got ", dtype_name(t.dtype));
+// Activations (not the residual stream) must be in the backend's dtype.
+void check_act(const Tensor& t, DType act, const char* what) {
+  SERVAL_CHECK(t.dtype == act, "cuda backend: ", what, " expects ", dtype_name(act), " tensors, got ",
+               dtype_name(t.dtype));
 }
 
 // The residual stream's ops take bf16 or f32 there.
@@ -155,6 +161,8 @@ void check_stream(const Tensor& t, const char* what) {
   SERVAL_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32, "cuda backend: ", what,
                " expects a bf16 or f32 tensor, got ", dtype_name(t.dtype));
 }
+
+float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
 
 template <typename Out>
 void launch_gather(const void* src, DType src_dtype, const int32_t* idx, Out* out, int64_t rows, int64_t cols,
@@ -169,20 +177,42 @@ void launch_gather(const void* src, DType src_dtype, const int32_t* idx, Out* ou
 
 void gather(const void* src, DType src_dtype, const int32_t* idx, const Tensor& out, cudaStream_t stream) {
   if (out.dtype == DType::F32)
-    launch_gather(src, src_dtype, idx, static_cast<float*>(out.data), out.rows, out.cols, stream);
+    launch_gather(src, src_dtype, idx, f32(out), out.rows, out.cols, stream);
   else
     launch_gather(src, src_dtype, idx, bf(out), out.rows, out.cols, stream);
 }
 
-template <bool kAdd>
-void launch_rmsnorm(const Tensor& x, const bf16* delta, const float* w, float eps, const Tensor& out,
-                    cudaStream_t stream) {
+// out (and delta) are of type O; x is bf16 or f32.
+template <bool kAdd, typename O>
+void launch_rmsnorm(const Tensor& x, const O* delta, const float* w, float eps, O* out, cudaStream_t stream) {
   const dim3 grid(unsigned(x.rows)), block(unsigned(row_threads(x.cols)));
   if (x.dtype == DType::F32)
-    launch_pdl(rmsnorm_kernel<kAdd, float>, grid, block, 0, stream, static_cast<float*>(x.data), delta, w, eps,
-               bf(out), x.cols);
+    launch_pdl(rmsnorm_kernel<kAdd, float, O>, grid, block, 0, stream, f32(x), delta, w, eps, out, x.cols);
   else
-    launch_pdl(rmsnorm_kernel<kAdd, bf16>, grid, block, 0, stream, bf(x), delta, w, eps, bf(out), x.cols);
+    launch_pdl(rmsnorm_kernel<kAdd, bf16, O>, grid, block, 0, stream, bf(x), delta, w, eps, out, x.cols);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
+template <bool kAdd>
+void rmsnorm_dispatch(const Tensor& x, const Tensor* delta, const float* w, float eps, const Tensor& out,
+                      cudaStream_t stream) {
+  if (out.dtype == DType::F32)
+    launch_rmsnorm<kAdd, float>(x, delta ? f32(*delta) : nullptr, w, eps, f32(out), stream);
+  else
+    launch_rmsnorm<kAdd, bf16>(x, delta ? bf(*delta) : nullptr, w, eps, bf(out), stream);
+}
+
+template <typename T>
+void launch_silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out, int sms, cudaStream_t stream) {
+  const int64_t n = gate.numel();
+  const T* g = static_cast<const T*>(gate.data);
+  const T* u = static_cast<const T*>(up.data);
+  T* o = static_cast<T*>(out.data);
+  if (n % 8 == 0)
+    silu_mul_vec_kernel<T><<<grid_for(n / 8, 256, sms), 256, 0, stream>>>(
+        reinterpret_cast<const Vec8<T>*>(g), reinterpret_cast<const Vec8<T>*>(u), reinterpret_cast<Vec8<T>*>(o), n / 8);
+  else
+    silu_mul_kernel<T><<<grid_for(n, 256, sms), 256, 0, stream>>>(g, u, o, n);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
@@ -190,11 +220,11 @@ void launch_rmsnorm(const Tensor& x, const bf16* delta, const float* w, float ep
 
 void CudaBackend::embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) {
   const CudaWeight& w = as_cuda(table);
-  SERVAL_CHECK(w.dtype() == DType::BF16 && w.cols() == out.cols, "embedding: table \"", w.name(),
-               "\" does not match the output width ", out.cols);
+  SERVAL_CHECK((w.dtype() == DType::BF16 || w.dtype() == DType::F32) && w.cols() == out.cols, "embedding: table \"",
+               w.name(), "\" does not match the output width ", out.cols);
   check_stream(out, "embedding");
   if (out.rows == 0) return;
-  gather(w.data(), DType::BF16, ids, out, stream_);
+  gather(w.data(), w.dtype(), ids, out, stream_);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) {
@@ -206,58 +236,66 @@ void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) 
 
 void CudaBackend::rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) {
   check_stream(x, "rmsnorm");
-  check_bf16(out, "rmsnorm's output");
-  SERVAL_CHECK(out.data != x.data || x.dtype == DType::BF16, "rmsnorm: an f32 input cannot be normalized in place");
+  check_act(out, act_dtype_, "rmsnorm's output");
+  SERVAL_CHECK(out.data != x.data || x.dtype == out.dtype,
+               "rmsnorm: a ", dtype_name(x.dtype), " input cannot be normalized in place into ", dtype_name(out.dtype));
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == x.cols, "rmsnorm: weight \"", cw.name(), "\" has ",
                cw.cols(), " entries, rows have ", x.cols);
   if (x.rows == 0) return;
-  launch_rmsnorm<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, stream_);
+  rmsnorm_dispatch<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, stream_);
 }
 
 void CudaBackend::add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) {
   check_stream(residual, "add_rmsnorm");
-  check_bf16(delta, "add_rmsnorm's delta");
-  check_bf16(out, "add_rmsnorm's output");
+  check_act(delta, act_dtype_, "add_rmsnorm's delta");
+  check_act(out, act_dtype_, "add_rmsnorm's output");
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == residual.cols, "add_rmsnorm: weight \"", cw.name(),
                "\" has ", cw.cols(), " entries, rows have ", residual.cols);
   if (residual.rows == 0) return;
-  launch_rmsnorm<true>(residual, bf(delta), static_cast<const float*>(cw.data()), eps, out, stream_);
+  rmsnorm_dispatch<true>(residual, &delta, static_cast<const float*>(cw.data()), eps, out, stream_);
 }
 
 void CudaBackend::add(Tensor x, const Tensor& delta) {
   check_stream(x, "add");
-  check_bf16(delta, "add's delta");
+  check_act(delta, act_dtype_, "add's delta");
   const int64_t n = x.numel();
   if (n == 0) return;
   const dim3 grid(unsigned(grid_for(n, 256, num_sms_))), block(256);
-  if (x.dtype == DType::F32)
-    launch_pdl(add_kernel<float>, grid, block, 0, stream_, static_cast<float*>(x.data), bf(delta), n);
-  else
-    launch_pdl(add_kernel<bf16>, grid, block, 0, stream_, bf(x), bf(delta), n);
-  SERVAL_CUDA_LAUNCH_CHECK();
-}
-
-void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor out) {
-  check_bf16(gate, "silu_mul");
-  const int64_t n = gate.numel();
-  if (n == 0) return;
-  if (n % 8 == 0) {
-    silu_mul_vec_kernel<<<grid_for(n / 8, 256, num_sms_), 256, 0, stream_>>>(
-        static_cast<const Bf16x8*>(gate.data), static_cast<const Bf16x8*>(up.data), static_cast<Bf16x8*>(out.data),
-        n / 8);
+  if (delta.dtype == DType::F32) {
+    if (x.dtype == DType::F32)
+      launch_pdl(add_kernel<float, float>, grid, block, 0, stream_, f32(x), static_cast<const float*>(delta.data), n);
+    else
+      launch_pdl(add_kernel<bf16, float>, grid, block, 0, stream_, bf(x), static_cast<const float*>(delta.data), n);
   } else {
-    silu_mul_kernel<<<grid_for(n, 256, num_sms_), 256, 0, stream_>>>(bf(gate), bf(up), bf(out), n);
+    if (x.dtype == DType::F32)
+      launch_pdl(add_kernel<float, bf16>, grid, block, 0, stream_, f32(x), bf(delta), n);
+    else
+      launch_pdl(add_kernel<bf16, bf16>, grid, block, 0, stream_, bf(x), bf(delta), n);
   }
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
-// Used by matmul for biased projections (qwen2).
+void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor out) {
+  check_act(gate, act_dtype_, "silu_mul");
+  check_act(up, act_dtype_, "silu_mul");
+  check_act(out, act_dtype_, "silu_mul's output");
+  if (gate.numel() == 0) return;
+  if (act_dtype_ == DType::F32)
+    launch_silu_mul<float>(gate, up, out, num_sms_, stream_);
+  else
+    launch_silu_mul<bf16>(gate, up, out, num_sms_, stream_);
+}
+
+// Used by matmul for biased projections (qwen2); y is bf16 or f32.
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias) {
   const int64_t n = y.numel();
   if (n == 0) return;
-  bias_kernel<<<grid_for(n, 256, sms), 256, 0, stream>>>(bf(y), bias, y.rows, y.cols);
+  if (y.dtype == DType::F32)
+    bias_kernel<float><<<grid_for(n, 256, sms), 256, 0, stream>>>(f32(y), bias, y.rows, y.cols);
+  else
+    bias_kernel<bf16><<<grid_for(n, 256, sms), 256, 0, stream>>>(bf(y), bias, y.rows, y.cols);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,13 +1,16 @@
-// Writes the new tokens' K and V rows into the paged pools at their slots.
+// Writes the new tokens' K and V rows into the paged pools at their slots, in
+// the KV cache's dtype (the activation dtype: bf16, or f32 with --dtype float32).
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_elem.cuh"
 
 namespace serval::cuda {
 
 namespace {
 
 // One thread per 8 elements of a token's K (and the same 8 of its V).
-__global__ void kv_write_vec_kernel(const Bf16x8* k, const Bf16x8* v, const int64_t* slots, Bf16x8* K, Bf16x8* V,
-                                    int64_t tokens, int64_t row8) {
+template <typename V8>
+__global__ void kv_write_vec_kernel(const V8* k, const V8* v, const int64_t* slots, V8* K, V8* V, int64_t tokens,
+                                    int64_t row8) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * row8) return;
   const int64_t t = i / row8, c = i % row8;
@@ -16,7 +19,8 @@ __global__ void kv_write_vec_kernel(const Bf16x8* k, const Bf16x8* v, const int6
   V[dst] = v[i];
 }
 
-__global__ void kv_write_kernel(const bf16* k, const bf16* v, const int64_t* slots, bf16* K, bf16* V, int64_t tokens,
+template <typename T>
+__global__ void kv_write_kernel(const T* k, const T* v, const int64_t* slots, T* K, T* V, int64_t tokens,
                                 int64_t row) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * row) return;
@@ -25,26 +29,36 @@ __global__ void kv_write_kernel(const bf16* k, const bf16* v, const int64_t* slo
   V[slots[t] * row + c] = v[i];
 }
 
+template <typename T>
+void launch_kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv, int64_t row,
+                     cudaStream_t stream) {
+  if (row % 8 == 0) {
+    using V8 = Vec8<T>;
+    const int64_t n = k.rows * (row / 8);
+    kv_write_vec_kernel<V8><<<ceil_div(n, 256), 256, 0, stream>>>(
+        static_cast<const V8*>(k.data), static_cast<const V8*>(v.data), slot_mapping, static_cast<V8*>(kv.k.data()),
+        static_cast<V8*>(kv.v.data()), k.rows, row / 8);
+  } else {
+    const int64_t n = k.rows * row;
+    kv_write_kernel<T><<<ceil_div(n, 256), 256, 0, stream>>>(
+        static_cast<const T*>(k.data), static_cast<const T*>(v.data), slot_mapping, static_cast<T*>(kv.k.data()),
+        static_cast<T*>(kv.v.data()), k.rows, row);
+  }
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv,
                            const KvGeometry& g) {
   const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;
-  SERVAL_CHECK(k.dtype == DType::BF16 && v.dtype == DType::BF16 && k.cols == row && v.cols == row,
-               "kv_write: k and v must be bf16 of width ", row, ", got ", k.cols, " and ", v.cols);
+  SERVAL_CHECK(k.dtype == act_dtype_ && v.dtype == act_dtype_ && k.cols == row && v.cols == row,
+               "kv_write: k and v must be ", dtype_name(act_dtype_), " of width ", row, ", got ", k.cols, " and ", v.cols);
   if (k.rows == 0) return;
-  if (row % 8 == 0) {
-    const int64_t n = k.rows * (row / 8);
-    kv_write_vec_kernel<<<ceil_div(n, 256), 256, 0, stream_>>>(
-        static_cast<const Bf16x8*>(k.data), static_cast<const Bf16x8*>(v.data), slot_mapping,
-        static_cast<Bf16x8*>(kv.k.data()), static_cast<Bf16x8*>(kv.v.data()), k.rows, row / 8);
-  } else {
-    const int64_t n = k.rows * row;
-    kv_write_kernel<<<ceil_div(n, 256), 256, 0, stream_>>>(bf(k), bf(v), slot_mapping,
-                                                           static_cast<bf16*>(kv.k.data()),
-                                                           static_cast<bf16*>(kv.v.data()), k.rows, row);
-  }
-  SERVAL_CUDA_LAUNCH_CHECK();
+  if (act_dtype_ == DType::F32)
+    launch_kv_write<float>(k, v, slot_mapping, kv, row, stream_);
+  else
+    launch_kv_write<bf16>(k, v, slot_mapping, kv, row, stream_);
 }
 
 }  // namespace serval::cuda

@@ -1,6 +1,8 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
 // more through cuBLASLt, bf16 in and out (or f32 logits) with f32
-// accumulation. cuBLASLt's algorithm for a shape is chosen at its first use
+// accumulation. With f32 activations (--dtype float32) every shape goes
+// through cuBLASLt in plain f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA
+// kernels; TF32 would need CUBLAS_COMPUTE_32F_FAST_TF32). cuBLASLt's algorithm for a shape is chosen at its first use
 // outside a graph capture by timing the heuristic's best candidates on the
 // real operands; the winner is kept per (out, token bucket, in, out dtype).
 #include <cfloat>
@@ -49,8 +51,10 @@ struct EventPair {
 
 // cuBLASLt is column-major: y^T [out, T] = W [in, out]^T-as-stored * x^T [in, T].
 // Row-major W {out, in} is column-major [in, out] with ld = in, hence op(A) = T.
-// The output is bf16, or f32 for the LM head's logits (y_f32). The algorithm is
-// the heuristic's first until tune_matmul() has timed the candidates.
+// A and B are in the activation dtype; the output is that too, or f32 for the
+// LM head's logits (y_f32). The backend has one activation dtype, so the key
+// need not hold it. The algorithm is the heuristic's first until
+// tune_matmul() has timed the candidates.
 CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32) {
   const auto key = std::make_tuple(m, n, y_f32 ? -k : k);
   auto it = plans_.find(key);
@@ -60,10 +64,10 @@ CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t 
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
-  lt_check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(m), k), "layout A");
-  lt_check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(n), k), "layout B");
-  lt_check(cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(m), uint64_t(n), m),
-           "layout C");
+  const cudaDataType_t ab = act_dtype_ == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  lt_check(cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(k), uint64_t(m), k), "layout A");
+  lt_check(cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(k), uint64_t(n), k), "layout B");
+  lt_check(cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : ab, uint64_t(m), uint64_t(n), m), "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
   const uint64_t ws = uint64_t(lt_workspace_.bytes());
@@ -73,7 +77,8 @@ CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t 
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt: no algorithm for a bf16 matmul of out ", m,
+  SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt: no algorithm for a ", dtype_name(act_dtype_),
+               " matmul of out ", m,
                ", tokens ", n, ", in ", k, " (status ", int(st), ")");
   p.algo = result.algo;
   return plans_.emplace(key, p).first->second;
@@ -144,15 +149,15 @@ void CudaBackend::tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bo
 
 void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
   const CudaWeight& cw = as_cuda(w);
-  SERVAL_CHECK(cw.dtype() == DType::BF16 && x.dtype == DType::BF16, "matmul: expects bf16 input and weight \"",
-               cw.name(), "\"");
+  SERVAL_CHECK(cw.dtype() == act_dtype_ && x.dtype == act_dtype_, "matmul: expects ", dtype_name(act_dtype_),
+               " input and weight \"", cw.name(), "\"");
   SERVAL_CHECK(x.cols == cw.cols() && y.cols == cw.rows() && y.rows == x.rows, "matmul: x [", x.rows, ", ", x.cols,
                "] @ \"", cw.name(), "\" [", cw.rows(), ", ", cw.cols(), "]^T does not fit y [", y.rows, ", ",
                y.cols, "]");
-  SERVAL_CHECK(y.dtype == DType::BF16 || (y.dtype == DType::F32 && bias == nullptr),
-               "matmul: output must be bf16, or f32 without a bias");
+  SERVAL_CHECK(y.dtype == act_dtype_ || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
+               dtype_name(act_dtype_), ", or f32 without a bias");
   if (x.rows == 0) return;
-  if (gemv_fits(x)) {
+  if (act_dtype_ == DType::BF16 && gemv_fits(x)) {
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
     gemv(x, &w_ptr, &y, 1, stream_);
   } else {
@@ -189,7 +194,7 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
 
 // Decode batches: one GEMV launch reads gate row j and up row j together and
 // writes silu(g) * u, so neither projection goes through memory. Larger
-// batches: two GEMMs into the scratch tensors, then silu_mul.
+// batches, and f32 activations: two GEMMs into the scratch tensors, then silu_mul.
 void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
                                Tensor up_buf, Tensor out) {
   const CudaWeight& g = as_cuda(gate);

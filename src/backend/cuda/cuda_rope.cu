@@ -1,15 +1,18 @@
 // Rotary position embedding, in place on q and k, and fused with the KV-cache
 // write: rotated k goes straight to its slot, so k is read once and not written
 // back. The angle is float(pos) * inv_freq in f32, as torch (and the CPU
-// backend) compute it.
+// backend) compute it. T is the activation dtype (bf16, or f32 with
+// --dtype float32), which is also the KV cache's.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_elem.cuh"
 
 namespace serval::cuda {
 
 namespace {
 
 // One block per token; thread i handles pair i of some head of q or k.
-__global__ void rope_kernel(bf16* q, bf16* k, const int32_t* positions, const float* inv_freq, int q_heads,
+template <typename T>
+__global__ void rope_kernel(T* q, T* k, const int32_t* positions, const float* inv_freq, int q_heads,
                             int k_heads, int head_dim, int rope_dim, bool neox) {
   const int t = blockIdx.x;
   const int half = rope_dim / 2;
@@ -17,8 +20,8 @@ __global__ void rope_kernel(bf16* q, bf16* k, const int32_t* positions, const fl
   const int pairs = (q_heads + k_heads) * half;
   for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
     const int head = e / half, i = e % half;
-    bf16* v = head < q_heads ? q + (int64_t(t) * q_heads + head) * head_dim
-                             : k + (int64_t(t) * k_heads + head - q_heads) * head_dim;
+    T* v = head < q_heads ? q + (int64_t(t) * q_heads + head) * head_dim
+                          : k + (int64_t(t) * k_heads + head - q_heads) * head_dim;
     const float angle = pos * inv_freq[i];
     // Full-precision sincosf (not the __sinf intrinsics): within an ulp or two
     // of the CPU's double-then-round, far below bf16's resolution, and much
@@ -26,9 +29,9 @@ __global__ void rope_kernel(bf16* q, bf16* k, const int32_t* positions, const fl
     float sn, cs;
     sincosf(angle, &sn, &cs);
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    const float a = __bfloat162float(v[ia]), b = __bfloat162float(v[ib]);
-    v[ia] = __float2bfloat16(a * cs - b * sn);
-    v[ib] = __float2bfloat16(b * cs + a * sn);
+    const float a = load1(v, ia), b = load1(v, ib);
+    store1(v, ia, a * cs - b * sn);
+    store1(v, ib, b * cs + a * sn);
   }
 }
 
@@ -41,9 +44,10 @@ __global__ void rope_kernel(bf16* q, bf16* k, const int32_t* positions, const fl
 // latency-bound.
 constexpr int kHeadsPerBlock = 8;
 
-__global__ void rope_kv_write_kernel(bf16* q, const bf16* k, const bf16* v, const int32_t* positions,
-                                     const int64_t* slots, const float* inv_freq, bf16* K, bf16* V, int q_heads,
-                                     int k_heads, int head_dim, int rope_dim, bool neox) {
+template <typename T>
+__global__ void rope_kv_write_kernel(T* q, const T* k, const T* v, const int32_t* positions, const int64_t* slots,
+                                     const float* inv_freq, T* K, T* V, int q_heads, int k_heads, int head_dim,
+                                     int rope_dim, bool neox) {
   extern __shared__ float cs_s[];  // [half] cos, then [half] sin
   const int t = blockIdx.x;
   const int half = rope_dim / 2;
@@ -55,8 +59,8 @@ __global__ void rope_kv_write_kernel(bf16* q, const bf16* k, const bf16* v, cons
   pdl_launch_dependents();
   __syncthreads();
   const int64_t kv_row = int64_t(k_heads) * head_dim;
-  const bf16* kt = k + int64_t(t) * kv_row;
-  bf16* Kt = K + slots[t] * kv_row;
+  const T* kt = k + int64_t(t) * kv_row;
+  T* Kt = K + slots[t] * kv_row;
   const int head0 = blockIdx.y * kHeadsPerBlock;
   const int heads = min(kHeadsPerBlock, q_heads + k_heads - head0);
   for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
@@ -64,15 +68,15 @@ __global__ void rope_kv_write_kernel(bf16* q, const bf16* k, const bf16* v, cons
     const float cs = cs_s[i], sn = cs_s[half + i];
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
     if (head < q_heads) {
-      bf16* h = q + (int64_t(t) * q_heads + head) * head_dim;
-      const float a = __bfloat162float(h[ia]), b = __bfloat162float(h[ib]);
-      h[ia] = __float2bfloat16(a * cs - b * sn);
-      h[ib] = __float2bfloat16(b * cs + a * sn);
+      T* h = q + (int64_t(t) * q_heads + head) * head_dim;
+      const float a = load1(h, ia), b = load1(h, ib);
+      store1(h, ia, a * cs - b * sn);
+      store1(h, ib, b * cs + a * sn);
     } else {
       const int64_t off = int64_t(head - q_heads) * head_dim;
-      const float a = __bfloat162float(kt[off + ia]), b = __bfloat162float(kt[off + ib]);
-      Kt[off + ia] = __float2bfloat16(a * cs - b * sn);
-      Kt[off + ib] = __float2bfloat16(b * cs + a * sn);
+      const float a = load1(kt, off + ia), b = load1(kt, off + ib);
+      store1(Kt, off + ia, a * cs - b * sn);
+      store1(Kt, off + ib, b * cs + a * sn);
     }
   }
   const int pass = head_dim - rope_dim;  // partial rotary: the rest of each k head
@@ -83,21 +87,21 @@ __global__ void rope_kv_write_kernel(bf16* q, const bf16* k, const bf16* v, cons
     Kt[off] = kt[off];
   }
   // This block's share of the v row.
-  const bf16* vt = v + int64_t(t) * kv_row;
-  bf16* Vt = V + slots[t] * kv_row;
+  const T* vt = v + int64_t(t) * kv_row;
+  T* Vt = V + slots[t] * kv_row;
   if (kv_row % 8 == 0) {
     const int64_t n8 = kv_row / 8, per = (n8 + gridDim.y - 1) / gridDim.y;
     const int64_t c1 = min(n8, per * (blockIdx.y + 1));
     for (int64_t c = per * blockIdx.y + threadIdx.x; c < c1; c += blockDim.x)
-      reinterpret_cast<Bf16x8*>(Vt)[c] = reinterpret_cast<const Bf16x8*>(vt)[c];
+      reinterpret_cast<Vec8<T>*>(Vt)[c] = reinterpret_cast<const Vec8<T>*>(vt)[c];
   } else {
     const int64_t per = (kv_row + gridDim.y - 1) / gridDim.y, c1 = min(kv_row, per * (blockIdx.y + 1));
     for (int64_t c = per * blockIdx.y + threadIdx.x; c < c1; c += blockDim.x) Vt[c] = vt[c];
   }
 }
 
-void check_rope(const Tensor& q, const Tensor& k, const RopeParams& p) {
-  SERVAL_CHECK(q.dtype == DType::BF16 && k.dtype == DType::BF16, "rope: expects bf16 q and k");
+void check_rope(const Tensor& q, const Tensor& k, const RopeParams& p, DType act) {
+  SERVAL_CHECK(q.dtype == act && k.dtype == act, "rope: expects ", dtype_name(act), " q and k");
   SERVAL_CHECK(p.head_dim > 0 && p.rope_dim > 0 && p.rope_dim <= p.head_dim && p.rope_dim % 2 == 0 &&
                    q.cols % p.head_dim == 0 && k.cols % p.head_dim == 0,
                "rope: head_dim ", p.head_dim, " / rope_dim ", p.rope_dim, " do not fit q width ", q.cols,
@@ -108,30 +112,45 @@ void check_rope(const Tensor& q, const Tensor& k, const RopeParams& p) {
 
 void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32_t* positions, const RopeParams& p,
                                 const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& g) {
-  check_rope(q, k, p);
+  check_rope(q, k, p, act_dtype_);
   const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;
-  SERVAL_CHECK(v.dtype == DType::BF16 && k.cols == row && v.cols == row && g.head_dim == p.head_dim,
-               "rope_kv_write: k and v must be bf16 of width ", row, ", got ", k.cols, " and ", v.cols);
+  SERVAL_CHECK(v.dtype == act_dtype_ && k.cols == row && v.cols == row && g.head_dim == p.head_dim,
+               "rope_kv_write: k and v must be ", dtype_name(act_dtype_), " of width ", row, ", got ", k.cols, " and ",
+               v.cols);
   if (q.rows == 0) return;
   const int q_heads = int(q.cols / p.head_dim), k_heads = int(k.cols / p.head_dim);
   const int pairs = kHeadsPerBlock * (p.rope_dim / 2);
   const int threads = std::min(512, (pairs + 31) / 32 * 32);
   const dim3 grid(unsigned(q.rows), unsigned(ceil_div(q_heads + k_heads, kHeadsPerBlock)));
   const size_t smem = size_t(p.rope_dim) * sizeof(float);
-  launch_pdl(rope_kv_write_kernel, grid, dim3(unsigned(threads)), smem, stream_, bf(q), bf(k), bf(v), positions,
-             slot_mapping, p.inv_freq, static_cast<bf16*>(kv.k.data()), static_cast<bf16*>(kv.v.data()), q_heads,
-             k_heads, p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
+  const bool neox = p.style == RopeStyle::Neox;
+  if (act_dtype_ == DType::F32)
+    launch_pdl(rope_kv_write_kernel<float>, grid, dim3(unsigned(threads)), smem, stream_,
+               static_cast<float*>(q.data), static_cast<const float*>(k.data), static_cast<const float*>(v.data),
+               positions, slot_mapping, p.inv_freq, static_cast<float*>(kv.k.data()), static_cast<float*>(kv.v.data()),
+               q_heads, k_heads, p.head_dim, p.rope_dim, neox);
+  else
+    launch_pdl(rope_kv_write_kernel<bf16>, grid, dim3(unsigned(threads)), smem, stream_, bf(q),
+               static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), positions, slot_mapping,
+               p.inv_freq, static_cast<bf16*>(kv.k.data()), static_cast<bf16*>(kv.v.data()), q_heads, k_heads,
+               p.head_dim, p.rope_dim, neox);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& p) {
-  check_rope(q, k, p);
+  check_rope(q, k, p, act_dtype_);
   if (q.rows == 0) return;
   const int q_heads = int(q.cols / p.head_dim), k_heads = int(k.cols / p.head_dim);
   const int pairs = (q_heads + k_heads) * (p.rope_dim / 2);
   const int threads = std::min(512, (pairs + 31) / 32 * 32);
-  rope_kernel<<<unsigned(q.rows), threads, 0, stream_>>>(bf(q), bf(k), positions, p.inv_freq, q_heads, k_heads,
-                                                         p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
+  const bool neox = p.style == RopeStyle::Neox;
+  if (act_dtype_ == DType::F32)
+    rope_kernel<float><<<unsigned(q.rows), threads, 0, stream_>>>(static_cast<float*>(q.data),
+                                                                  static_cast<float*>(k.data), positions, p.inv_freq,
+                                                                  q_heads, k_heads, p.head_dim, p.rope_dim, neox);
+  else
+    rope_kernel<bf16><<<unsigned(q.rows), threads, 0, stream_>>>(bf(q), bf(k), positions, p.inv_freq, q_heads,
+                                                                 k_heads, p.head_dim, p.rope_dim, neox);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 

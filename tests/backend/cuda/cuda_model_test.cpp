@@ -1,7 +1,10 @@
 // The whole forward pass on the CUDA backend: stories260K's greedy output
-// equals llama2.c's golden ids (alone and batched with chunked prefill), and
+// follows llama2.c's golden ids (alone and batched with chunked prefill), and
 // random models agree with the CPU backend (logits to bf16 tolerance, greedy
-// tokens for 32 steps). Skips without a GPU.
+// tokens for 32 steps). In float32 mode (RunnerOptions::dtype, --dtype
+// float32) stories260K's output equals the golden ids exactly, teacher-forced
+// and free-running, alone and batched, from graphs and eagerly, and random
+// models agree with the CPU to f32 tolerance. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,15 +24,18 @@ std::string stories_path() { return models_dir() + "/stories260K/stories260K.ggu
 int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
 
 // Teacher-forced on llama2.c's ids: how many of the 200 next-token
-// predictions differ, and by how much the reference token's logit trails.
-TEST(CudaModel, StoriesPredictionsAlongTheGoldenText) {
-  SERVAL_CUDA_OR_SKIP(probe);
-  probe.reset();
-  if (!std::filesystem::exists(stories_path())) GTEST_FAIL() << stories_path() << " not found; set SERVAL_MODELS";
-  LoadedModel model = load_model(stories_path());
+// predictions differ, and by how much the reference token's logit trails
+// (the worst of those that differ).
+struct TeacherForced {
+  int differ = 0;
+  float worst_gap = 0;
+};
+
+TeacherForced stories_teacher_forced(const LoadedModel& model, const std::string& dtype) {
   const std::vector<int32_t>& ref = stories_reference_ids();
   RunnerOptions opts;
   opts.device = "cuda";
+  opts.dtype = dtype;
   opts.kv_cache_tokens = 512;
   auto runner = ModelRunner::create(model.config, model.weights, opts);
   std::vector<int32_t> blocks(size_t(runner->num_blocks()));
@@ -38,21 +44,38 @@ TEST(CudaModel, StoriesPredictionsAlongTheGoldenText) {
   const int id = seqs.add_sequence();
   std::vector<float> logits;
   const int64_t V = model.config.vocab_size;
-  int differ = 0;
-  float worst_gap = 0;
+  TeacherForced r;
   for (int i = 0; i < 200; ++i) {
     const std::vector<int32_t> chunk =
         i == 0 ? stories_prompt() : std::vector<int32_t>{ref[size_t(4 + i - 1)]};
     runner->forward(seqs.step({id}, {chunk}, false), logits);
     const int32_t got = argmax(logits.data(), V), want = ref[size_t(4 + i)];
     if (got != want) {
-      ++differ;
-      worst_gap = std::max(worst_gap, logits[size_t(got)] - logits[size_t(want)]);
+      ++r.differ;
+      r.worst_gap = std::max(r.worst_gap, logits[size_t(got)] - logits[size_t(want)]);
     }
   }
-  std::printf("[stories teacher-forced] %d of 200 predictions differ; worst logit gap %.4f\n", differ, worst_gap);
-  EXPECT_LE(differ, 2);
-  EXPECT_LT(worst_gap, 0.05f) << "a differing prediction must be a near-tie";
+  return r;
+}
+
+// How many of `out`'s leading tokens equal llama2.c's continuation.
+int golden_prefix(const std::vector<int32_t>& out) {
+  const std::vector<int32_t>& ref = stories_reference_ids();
+  for (size_t i = 0; i < out.size(); ++i)
+    if (4 + i >= ref.size() || out[i] != ref[4 + i]) return int(i);
+  return int(out.size());
+}
+
+// bf16: at most 2 predictions differ, each a near-tie.
+TEST(CudaModel, StoriesPredictionsAlongTheGoldenText) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  if (!std::filesystem::exists(stories_path())) GTEST_FAIL() << stories_path() << " not found; set SERVAL_MODELS";
+  const LoadedModel model = load_model(stories_path());
+  const TeacherForced r = stories_teacher_forced(model, "auto");
+  std::printf("[stories teacher-forced] %d of 200 predictions differ; worst logit gap %.4f\n", r.differ, r.worst_gap);
+  EXPECT_LE(r.differ, 2);
+  EXPECT_LT(r.worst_gap, 0.05f) << "a differing prediction must be a near-tie";
 }
 
 // Free-running greedy: batched with chunked prefill equals each sequence alone
@@ -87,6 +110,53 @@ TEST(CudaModel, StoriesGreedyFollowsLlama2cAndBatchedEqualsAlone) {
       if (c == 0) std::printf("[stories free-running, %d copies] follows llama2.c for %d of 200 tokens\n", copies,
                               first_diff);
     }
+  }
+}
+
+// float32 mode: every teacher-forced prediction is llama2.c's.
+TEST(CudaModel, StoriesFloat32PredictionsEqualTheGoldenText) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  if (!std::filesystem::exists(stories_path())) GTEST_FAIL() << stories_path() << " not found; set SERVAL_MODELS";
+  const LoadedModel model = load_model(stories_path());
+  const TeacherForced r = stories_teacher_forced(model, "float32");
+  std::printf("[stories teacher-forced, float32] %d of 200 predictions differ; worst logit gap %.6f\n", r.differ,
+              r.worst_gap);
+  EXPECT_EQ(r.differ, 0);
+}
+
+// float32 mode, free-running greedy: the 200 tokens equal llama2.c's exactly,
+// alone (decode steps from CUDA graphs, and eagerly) and as 3 copies batched
+// with chunked prefill.
+TEST(CudaModel, StoriesFloat32GreedyEqualsLlama2cAloneAndBatched) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  if (!std::filesystem::exists(stories_path())) GTEST_FAIL() << stories_path() << " not found; set SERVAL_MODELS";
+  const LoadedModel model = load_model(stories_path());
+  const std::vector<int32_t>& ref = stories_reference_ids();
+  ASSERT_GE(ref.size(), size_t(204));
+  const std::vector<int32_t> golden(ref.begin() + 4, ref.begin() + 204);
+  struct Run { int copies; bool eager; };
+  for (const Run& run : {Run{1, false}, Run{1, true}, Run{3, false}}) {
+    RunnerOptions opts;
+    opts.device = "cuda";
+    opts.dtype = "float32";
+    opts.enforce_eager = run.eager;
+    opts.block_size = run.copies == 1 ? 16 : 8;
+    opts.kv_cache_tokens = run.copies * 256;
+    auto runner = ModelRunner::create(model.config, model.weights, opts);
+    const auto out = stories_greedy(*runner, 200, run.copies);
+    for (int c = 0; c < run.copies; ++c) {
+      const int same = golden_prefix(out[size_t(c)]);
+      std::printf("[stories free-running, float32, %d copies%s] copy %d follows llama2.c for %d of 200 tokens\n",
+                  run.copies, run.eager ? ", eager" : "", c, same);
+      EXPECT_EQ(out[size_t(c)], golden) << "copy " << c << " of " << run.copies << (run.eager ? " (eager)" : "")
+                                        << " leaves llama2.c's ids at token " << same;
+    }
+    if (run.eager)
+      EXPECT_EQ(runner->graph_replays(), 0);
+    else
+      EXPECT_GT(runner->graph_replays(), 0) << "decode steps should run from CUDA graphs";
   }
 }
 
@@ -164,6 +234,47 @@ TEST(CudaModel, RandomModelsAgreeWithCpu) {
     EXPECT_LT(worst, 2e-2) << rc.name << ": worst relative logit error over 32 steps";
     EXPECT_GE(agree, 31) << rc.name << ": greedy tokens agreed on " << agree << " of 32 steps";
     std::printf("[%s] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, worst, agree);
+  }
+}
+
+// float32 mode on the same miniatures (qk norm in place, bias, tied
+// embeddings, GQA 1/4/8, head_dim 32/64/128): the CPU's logits to f32
+// tolerance and all 32 greedy tokens.
+TEST(CudaModel, RandomModelsInFloat32AgreeWithCpu) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  for (const RandomCase& rc : random_cases()) {
+    const ModelConfig cfg = tiny_config(rc.spec);
+    const WeightStore weights = tiny_weights(cfg, rc.spec);
+    std::vector<std::unique_ptr<ModelRunner>> runners;
+    for (const char* dev : {"cpu", "cuda"}) {
+      RunnerOptions opts;
+      opts.device = dev;
+      opts.dtype = "float32";
+      opts.kv_cache_tokens = 256;
+      runners.push_back(ModelRunner::create(cfg, weights, opts));
+    }
+    std::vector<int32_t> blocks(size_t(runners[0]->num_blocks()));
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = int32_t(blocks.size() - 1 - i);
+    PagedSeqs seqs[2] = {PagedSeqs(16, blocks, 16), PagedSeqs(16, blocks, 16)};
+    const int ids[2] = {seqs[0].add_sequence(), seqs[1].add_sequence()};
+    std::vector<int32_t> prompt = {1, 17, 300, 5, 42, 1000 % int32_t(cfg.vocab_size), 7, 7, 99, 3};
+    std::vector<float> logits[2];
+    double worst = 0;
+    int agree = 0;
+    int32_t next[2] = {0, 0};
+    for (int step = 0; step < 32; ++step) {
+      const std::vector<int32_t> chunk = step == 0 ? prompt : std::vector<int32_t>{next[0]};
+      for (int b = 0; b < 2; ++b) {
+        runners[size_t(b)]->forward(seqs[b].step({ids[b]}, {chunk}, false), logits[b]);
+        next[b] = argmax(logits[b].data(), cfg.vocab_size);
+      }
+      worst = std::max(worst, rel_error(logits[1], logits[0]));
+      agree += next[0] == next[1];
+    }
+    EXPECT_LT(worst, 1e-4) << rc.name << ": worst relative logit error over 32 steps";
+    EXPECT_EQ(agree, 32) << rc.name << ": greedy tokens agreed on " << agree << " of 32 steps";
+    std::printf("[%s, float32] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, worst, agree);
   }
 }
 
