@@ -165,6 +165,9 @@ class Backend {
   // Between begin_capture() and end_capture(), ops are recorded, not run; the
   // recorded ops must not allocate, synchronize or copy to the host.
   virtual bool supports_graphs() const { return false; }
+  // Changes whenever the backend reallocates memory that recorded graphs may
+  // read (its scratch buffers): graphs recorded before then must not replay.
+  virtual int64_t graph_epoch() const { return 0; }
   virtual void begin_capture();
   virtual std::unique_ptr<DeviceGraph> end_capture();
 

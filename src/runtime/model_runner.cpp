@@ -82,6 +82,7 @@ class BackendModelRunner : public ModelRunner {
   int64_t weight_bytes_ = 0;
   Workspace ws_;
   std::unique_ptr<StepGraphs> graphs_;  // null: eager only
+  int64_t graphs_epoch_ = 0;            // backend graph_epoch() the graphs were recorded at
   int64_t graph_replays_ = 0;
   // Batch metadata: packed on the host, copied to the device in one transfer.
   std::vector<int64_t> meta_host_;
@@ -324,6 +325,9 @@ Tensor BackendModelRunner::run(const Batch& batch) {
   if (graphs_ && graphs_->eligible(batch)) {
     const int32_t B = graphs_->padded_size(batch.num_seqs());
     ensure_workspace(B, B);  // may drop the graphs, so before find()
+    // A scratch buffer reallocated since the graphs were recorded (by an eager
+    // step of another shape) would leave them reading freed memory.
+    if (backend_->graph_epoch() != graphs_epoch_) graphs_->clear();
     const BatchView bv = graphs_->upload(batch, B);
     if (DeviceGraph* g = graphs_->find(B)) {
       g->replay();
@@ -333,6 +337,8 @@ Tensor BackendModelRunner::run(const Batch& batch) {
     // First step of this size: run it eagerly (which also sizes every scratch
     // buffer and matmul plan the graph will use), then record it.
     enqueue_forward(bv);
+    if (backend_->graph_epoch() != graphs_epoch_) graphs_->clear();  // the warm-up grew a scratch buffer
+    graphs_epoch_ = backend_->graph_epoch();
     backend_->begin_capture();
     try {
       enqueue_forward(bv);

@@ -441,32 +441,16 @@ int resident_blocks() {
   return per_sm;
 }
 
-// Programmatic dependent launch: the grid may be scheduled while the previous
-// kernel drains; the kernels wait for it (griddepcontrol.wait) first thing.
-template <typename... Args>
-void launch_dependent(void (*kernel)(Args...), dim3 grid, int threads, int smem, cudaStream_t stream,
-                      const AttnParams& p) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
-}
-
 template <int D, int NH>
 void launch_decode(const AttnParams& p, cudaStream_t stream) {
   resident_blocks<D, NH>();  // sets the shared-memory limit on first use
   const dim3 grid(unsigned(p.kv_heads * head_blocks(p.group)), unsigned(p.num_seqs), unsigned(p.num_splits));
-  launch_dependent(attn_decode_kernel<D, NH>, grid, kThreads, DecodeSmem<D>::BYTES, stream, p);
+  // Programmatic dependent launches: the kernels wait for the previous one
+  // (griddepcontrol.wait) first thing.
+  launch_pdl(attn_decode_kernel<D, NH>, grid, dim3(kThreads), size_t(DecodeSmem<D>::BYTES), stream, p);
   if (p.num_splits > 1)
-    launch_dependent(attn_merge_kernel, dim3(unsigned(p.num_heads), unsigned(p.num_seqs)), std::clamp(D, 32, 128), 0,
-                     stream, p);
+    launch_pdl(attn_merge_kernel, dim3(unsigned(p.num_heads), unsigned(p.num_seqs)),
+               dim3(unsigned(std::clamp(D, 32, 128))), 0, stream, p);
 }
 
 bool two_head_tiles(int group) { return std::min(group, kHeadsPerBlock) > 8; }

@@ -1,7 +1,9 @@
 // CudaBackend: device selection, memory, weight upload, KV pools.
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -175,6 +177,7 @@ void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
     SERVAL_CHECK(!capturing_, "cuda backend: a scratch buffer must grow (", bytes,
                  " bytes) while a graph is being captured; run the step eagerly first");
     synchronize();  // the old buffer may still be in use by queued kernels
+    ++scratch_epoch_;  // graphs recorded with the old buffer must not replay
     buf = alloc(std::max<int64_t>(bytes, buf.bytes() * 3 / 2));
   }
   return buf.data();
@@ -186,6 +189,14 @@ namespace serval {
 
 std::unique_ptr<Backend> make_cuda_backend(DType act_dtype) {
   return std::make_unique<cuda::CudaBackend>(0, act_dtype);
+}
+
+bool cuda::pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SERVAL_NO_PDL");
+    return v == nullptr || std::string(v) == "0";
+  }();
+  return on;
 }
 
 bool cuda_device_present() {

@@ -51,6 +51,7 @@ class CudaBackend : public Backend {
   void memory_info(int64_t& free_bytes, int64_t& total_bytes) override;
 
   bool supports_graphs() const override { return true; }
+  int64_t graph_epoch() const override { return scratch_epoch_; }
   void begin_capture() override;
   std::unique_ptr<DeviceGraph> end_capture() override;
 
@@ -104,6 +105,7 @@ class CudaBackend : public Backend {
   std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> tuned_algos_;  // by token bucket
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
+  int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)
   void* host_staging_ = nullptr;  // pinned, for tensor_to_host
   int64_t host_staging_bytes_ = 0;
   std::shared_ptr<void> sampler_state_;  // the GPU sampler's buffers (cuda_sampling.cu)

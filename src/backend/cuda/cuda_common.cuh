@@ -32,6 +32,10 @@ inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 // for a GEMV, its first weight loads) overlaps that kernel's tail. The kernel
 // must call pdl_wait() before it reads anything the previous kernel wrote;
 // it may call pdl_launch_dependents() once the next kernel may be scheduled.
+// SERVAL_NO_PDL=1 in the environment launches them as plain kernels (a
+// debugging aid: the results must not change).
+bool pdl_enabled();  // cuda_backend.cu
+
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
@@ -43,7 +47,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -77,13 +77,17 @@ __device__ __forceinline__ uint4 load_weight(const bf16* p, bool ok, uint64_t po
   return v;
 }
 
-// 16 bytes of x: kept in L1, where every warp of the SM reads it again.
+// 16 bytes of x: kept in L1, where every warp of the SM reads it again. Not
+// through the non-coherent path (.nc) as the weights are: x is written by the
+// previous kernel, which a programmatic dependent launch lets run during this
+// kernel's lifetime, and .nc loads require data that is read-only for the
+// whole lifetime (with .nc, CUDA graphs replayed stale x for 9-16 rows).
 __device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
   uint4 v;
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
       "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-      "@p ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+      "@p ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "r"(int(ok)), "l"(p));
   return v;
