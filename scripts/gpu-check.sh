@@ -4,7 +4,7 @@
 # Llama-2-7B-shape (and, with --8b, Llama-3.1-8B-shape) bf16 models, then a
 # short table. Layout it expects (scripts/gpu-stage.sh builds it): serval,
 # serval_tests, lib.tar.xz (shared libraries the GPU host lacks), models/.
-# Usage: ./gpu-check.sh [--quick] [--8b] [--no-tests]
+# Usage: ./gpu-check.sh [--quick] [--8b] [--no-tests] [--no-7b]
 #   --quick: tests and the 7B batch-1/prefill figures only
 set -u
 cd "$(dirname "$0")"
@@ -14,9 +14,9 @@ mkdir -p "$OUT_DIR" lib
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-QUICK=0; EIGHT=0; TESTS=1
+QUICK=0; EIGHT=0; TESTS=1; SEVEN=1
 for a in "$@"; do
-  case $a in --quick) QUICK=1 ;; --8b) EIGHT=1 ;; --no-tests) TESTS=0 ;; esac
+  case $a in --quick) QUICK=1 ;; --8b) EIGHT=1 ;; --no-tests) TESTS=0 ;; --no-7b) SEVEN=0 ;; esac
 done
 declare -a ROWS
 row() { ROWS+=("$*"); echo "  -> $*"; }
@@ -71,13 +71,14 @@ for k in ("output_tokens_per_s", "total_tokens_per_s", "ttft_ms_p50", "tpot_ms_p
 print(" | ".join(f))')"
 }
 
-compare_cpu() {  # model, label
-  gen() { timeout 300 ./serval generate --model "$1" --prompt "The quick brown fox jumps over the lazy dog" \
-    --max-tokens 32 --temperature 0 --ignore-eos --json --dump-logits --device "$2"; }
-  gen "$1" cpu > "$OUT_DIR/gen-cpu.json" 2>/dev/null
-  gen "$1" cuda > "$OUT_DIR/gen-cuda.json" 2>"$OUT_DIR/gen-cuda.err"
+compare_cpu() {  # model, label, then extra flags for the CUDA run (e.g. --dtype float32)
+  local model=$1 label=$2; shift 2
+  gen() { timeout 300 ./serval generate --model "$model" --prompt "The quick brown fox jumps over the lazy dog" \
+    --max-tokens 32 --temperature 0 --ignore-eos --json --dump-logits "$@"; }
+  [ -s "$OUT_DIR/gen-cpu-$label.json" ] || gen --device cpu > "$OUT_DIR/gen-cpu-$label.json" 2>/dev/null
+  gen --device cuda "$@" > "$OUT_DIR/gen-cuda.json" 2>"$OUT_DIR/gen-cuda.err"
   local cmp
-  cmp=$(python3 - "$OUT_DIR/gen-cpu.json" "$OUT_DIR/gen-cuda.json" <<'PY'
+  cmp=$(python3 - "$OUT_DIR/gen-cpu-$label.json" "$OUT_DIR/gen-cuda.json" <<'PY'
 import json, math, sys
 try:
     a, b = (json.load(open(f)) for f in sys.argv[1:3])
@@ -91,13 +92,17 @@ same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), 
 print(f"prompt-logit rel error (L2) {rel:.2e}, max-abs/max {mx:.2e}; greedy tokens equal for {same} of {len(ta)}")
 PY
 )
-  row "$2 CUDA vs CPU | $cmp"
+  row "$label CUDA $* vs CPU | $cmp"
 }
 
 M7=/tmp/llama-2-7b-bf16.gguf
+if [ $SEVEN = 1 ]; then
 echo "== random Llama-2-7B bf16 model"
 /usr/bin/time -f "written in %e s" ./serval random-model --like llama-2-7b --dtype bf16 --out $M7 2>&1 | tail -1
-[ $QUICK = 0 ] && compare_cpu $M7 "7B-shape"
+if [ $QUICK = 0 ]; then
+  compare_cpu $M7 7B
+  compare_cpu $M7 7B --dtype float32
+fi
 bench "7B batch-1 decode tg128" $M7 --requests 1 --input-len 1 --output-len 129
 bench "7B batch-1 decode tg128, --enforce-eager" $M7 --requests 1 --input-len 1 --output-len 129 --enforce-eager
 bench "7B prefill 512" $M7 --requests 1 --input-len 512 --output-len 2
@@ -106,6 +111,7 @@ if [ $QUICK = 0 ]; then
   bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128
 fi
 rm -f $M7
+fi
 
 if [ $EIGHT = 1 ]; then
   M8=/tmp/llama-3.1-8b-bf16.gguf
