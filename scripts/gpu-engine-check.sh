@@ -22,18 +22,21 @@ run() {
 run cuda-batch --device cuda --max-num-seqs 64
 run cuda-solo --device cuda --max-num-seqs 1
 run cpu-batch --device cpu --max-num-seqs 64
+run f32-batch --device cuda --dtype float32 --max-num-seqs 64
+run f32-solo --device cuda --dtype float32 --max-num-seqs 1
 python3 - "$W" <<'PY'
 import json, sys
 def load(n): return [json.loads(l) for l in open(f"{sys.argv[1]}/{n}.jsonl")]
 try:
     a, b, c = load("cuda-batch"), load("cuda-solo"), load("cpu-batch")
+    fa, fb = load("f32-batch"), load("f32-solo")
 except Exception as e:
     print("engine on CUDA: failed:", e); sys.exit()
 ids = lambda r: [ch["token_ids"] for ch in r["choices"]]
-bs = sum(ids(x) == ids(y) for x, y in zip(a, b))
-cpu = sum(ids(x) == ids(y) for x, y in zip(a, c))
+same = lambda u, v: sum(ids(x) == ids(y) for x, y in zip(u, v))
 n2 = [x["choices"][0]["token_ids"] == x["choices"][1]["token_ids"] for x in a if len(x["choices"]) == 2]
-print(f"engine on CUDA: {len(a)} requests; batched == solo {bs}/{len(a)}; CUDA == CPU {cpu}/{len(a)}; "
+print(f"engine on CUDA: {len(a)} requests; bf16: batched == solo {same(a, b)}/{len(a)}, CUDA == CPU "
+      f"{same(a, c)}/{len(a)}; float32: batched == solo {same(fa, fb)}/{len(a)}, CUDA == CPU {same(fa, c)}/{len(a)}; "
       f"n=2 greedy samples equal {sum(n2)}/{len(n2)}")
 PY
 rm -rf "$W"
