@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
 
 namespace serval::cuda {
 
@@ -61,52 +62,12 @@ struct DecodeSmem {
   static constexpr int BYTES = MAIN_BYTES + (kWarps + 1) * kHeadsPerBlock * 2 * 4;
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) { return uint32_t(__cvta_generic_to_shared(ptr)); }
-
-// 16 bytes global -> shared, bypassing L1; bytes = 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// The memory clobbers (here and on cp.async) keep plain shared-memory stores
-// (padding, the combine buffer over the rings) on their side of these reads.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// c += a (16x16, row-major) * b (16x8, column-major); bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+using namespace ptx;
 
 // The kernels are launched as programmatic dependents of the kernel before
 // them: every block waits for it before reading anything (and before exiting,
 // so that kernels after ours may rely on the whole chain having finished).
-__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_kernel() { pdl_wait(); }
 
 // Fragment layouts (PTX m16n8k16; lane = 4 g + t): A regs {row g, k 2t}, {row
 // g+8, k 2t}, {row g, k 2t+8}, {row g+8, k 2t+8}; B regs {k 2t, n g}, {k 2t+8,
@@ -160,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
     for (int r = lane; r < kStages * 2 * kTile; r += 32)
       *reinterpret_cast<uint4*>(ring + (r * RS + D) * 2) = make_uint4(0, 0, 0, 0);
   }
-  const uint32_t ring_s = smem_addr(ring);
+  const uint32_t ring_s = smem_u32(ring);
 
   // Lane L (and L + 16) finds the pool offset of key L of the warp's i-th tile
   // (-1 past the context); the loads' lanes take it by shuffle.
@@ -183,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
         const int bytes = o >= 0 ? 16 : 0;  // zeros past the context: P there is 0, and 0 * V must be 0
         const int64_t src = o >= 0 ? o + ch * 8 : 0;
         const uint32_t dst = uint32_t(key * RS + ch * 8) * 2;
-        cp_async16(ks + dst, p.k_pool + src, bytes);
-        cp_async16(vs + dst, p.v_pool + src, bytes);
+        cp_async_16_l2_128(ks + dst, p.k_pool + src, bytes);
+        cp_async_16_l2_128(vs + dst, p.v_pool + src, bytes);
       }
     }
   };
@@ -225,9 +186,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
 #pragma unroll
     for (int kk = 0; kk < KC; ++kk) {
       uint32_t b[4];
-      ldsm_x4(b, ks + kk * 32);
-      mma_bf16(sc[0], qa[kk], b[0], b[1]);
-      mma_bf16(sc[1], qa[kk], b[2], b[3]);
+      ldmatrix_x4(b, ks + kk * 32);
+      mma_bf16_16816(sc[0], qa[kk], b[0], b[1]);
+      mma_bf16_16816(sc[1], qa[kk], b[2], b[3]);
     }
 
     // Online softmax of heads g (+8): this lane has keys 2t, 2t+1, 8+2t, 9+2t;
@@ -252,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
       for (int e = 0; e < 4; ++e) x[e] = exp2f(x[e] - m_new);
       l[r] = l[r] * alpha[r] + ((x[0] + x[1]) + (x[2] + x[3]));  // this lane's part; the quad sums at the end
       m[r] = m_new;
-      pb[r][0] = pack_bf16(x[0], x[1]);
-      pb[r][1] = pack_bf16(x[2], x[3]);
+      pb[r][0] = pack_bf16x2(x[0], x[1]);
+      pb[r][1] = pack_bf16x2(x[2], x[3]);
     }
     // The accumulators' columns are heads 2t, 2t+1 (+8): their alphas live in lanes 8t and 8t + 4.
 #pragma unroll
@@ -272,9 +233,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       uint32_t a[4];
-      ldsm_x4_trans(a, vs + mt * 32);
+      ldmatrix_x4_trans(a, vs + mt * 32);
 #pragma unroll
-      for (int r = 0; r < NH; ++r) mma_bf16(acc[r][mt], a, pb[r][0], pb[r][1]);
+      for (int r = 0; r < NH; ++r) mma_bf16_16816(acc[r][mt], a, pb[r][0], pb[r][1]);
     }
 
     __syncwarp();  // every lane is done with this stage before it is refilled

@@ -20,14 +20,14 @@
 #include <climits>
 
 #include "backend/cuda/cuda_attention.cuh"
-#include "backend/cuda/cuda_attention_prefill_ptx.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
 #include "backend/cuda/cuda_attention_prefill_simt.cuh"
 
 namespace serval::cuda {
 
 namespace {
 
-using namespace prefill_ptx;
+using namespace ptx;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;

@@ -1,7 +1,7 @@
 #pragma once
-// PTX wrappers used by the tensor-core prefill attention kernel: cp.async
-// copies into shared memory, ldmatrix operand loads, the bf16 m16n8k16
-// mma.sync with f32 accumulators, and the exp2 of the softmax.
+// PTX wrappers shared by the tensor-core kernels (prefill and decode
+// attention): cp.async copies into shared memory, ldmatrix operand loads, the
+// bf16 m16n8k16 mma.sync with f32 accumulators, and the exp2 of the softmax.
 //
 // The memory clobbers keep the compiler from moving shared-memory reads and
 // writes across the waits and barriers that order them (ptxas sees the real
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace serval::cuda::prefill_ptx {
+namespace serval::cuda::ptx {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -23,8 +23,19 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(live ? 16 : 0)
                : "memory");
 }
+// The same with an explicit source size (0..16, the rest zero-filled) and a
+// hint to fetch the surrounding 128 bytes into L2 (rows of consecutive keys).
+__device__ __forceinline__ void cp_async_16_l2_128(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
 // register i of lane t receives row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1.
@@ -64,4 +75,4 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-}  // namespace serval::cuda::prefill_ptx
+}  // namespace serval::cuda::ptx
