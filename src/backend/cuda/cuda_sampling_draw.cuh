@@ -109,8 +109,11 @@ __device__ inline void resolve_list_b(Shared& sh, const Row& r) {
   }
 }
 
-// The threshold draw (see the top of the file). Returns the token, or -1 if
-// no token has weight (cannot happen: the max always stays).
+// The draw over the row, with the thresholds the radix passes found: each
+// thread sums the weights of the tokens it kept, a block scan finds the thread
+// whose interval holds u * total, and that thread's warp walks its groups.
+// Returns the token, or -1 if no token has weight (cannot happen: the max
+// always stays).
 __device__ inline int32_t threshold_draw(Shared& sh, const Row& r) {
   const uint32_t topk_key = sh.topk_key;
   const uint64_t topp_min = sh.topp_min;

@@ -277,7 +277,17 @@ TEST(CudaSampling, GreedyMatchesCpuExactly) {
           if (variant == 4 && odd) {
             q.params.presence_penalty = 1.5f;
             some_ids(20, q.output);
-            q.output.push_back(top);
+          }
+          if ((variant == 3 || variant == 4) && odd) {
+            // Every token at the max is in the output; a prompt-only runner-up
+            // just below it must not be penalized, so it wins when they are.
+            const float m = row[top];
+            for (int64_t id = 0; id < vocab; ++id)
+              if (row[id] == m) q.output.push_back(int32_t(id));
+            int32_t runner = int32_t(rng() % uint32_t(vocab));
+            while (row[runner] == m) runner = int32_t((runner + 1) % vocab);
+            row[runner] = m - 0.01f;
+            q.prompt.push_back(runner);
           }
           if (variant == 5 && odd) {
             q.params.repetition_penalty = 1.25f;
@@ -310,7 +320,7 @@ TEST(CudaSampling, GreedyMatchesCpuExactly) {
 
 // ---------------------------------------------------------------- sampled
 
-// A 64-token row with ties at the top-k boundary, and a second row whose
+// A 64-token row with ties at the max and at the top-k boundary, and a second row whose
 // top-p boundary cuts a tie group of four in the middle.
 std::vector<float> small_rows(float* topp_cut) {
   std::vector<float> v = random_logits(2, kSmallVocab, 11u, 2.0f);
@@ -319,6 +329,8 @@ std::vector<float> small_rows(float* topp_cut) {
   std::sort(sorted.begin(), sorted.end(), std::greater<float>());
   for (int id : {9, 20, 51}) a[id] = sorted[4];  // the 5th largest, now shared by 3 more tokens
   a[33] = a[34] = sorted[10];
+  const int32_t top = argmax_of(a, kSmallVocab);
+  a[top == 62 ? 61 : 62] = a[top];  // a tie at the max
   float* b = v.data() + kSmallVocab;
   for (int64_t i = 0; i < kSmallVocab; ++i) b[i] = -1.0f - float(i % 7) * 0.3f;
   b[5] = 2.0f;
@@ -353,6 +365,8 @@ TEST(CudaSampling, SampledDistributionsMatchCpu) {
       {"top_p 0.7", 0, 1.0f, 0.7f, 0, 0.0f, false},
       {"top_p 0.3 temperature 0.8", 0, 0.8f, 0.3f, 0, 0.0f, false},
       {"min_p 0.05", 0, 1.0f, 1.0f, 0, 0.05f, false},
+      {"min_p 1 (the max and its tie)", 0, 1.0f, 1.0f, 0, 1.0f, false},
+      {"top_k 8 min_p 1 (the max and its tie)", 0, 1.0f, 1.0f, 8, 1.0f, false},
       {"min_p 0.3 temperature 2", 0, 2.0f, 1.0f, 0, 0.3f, false},
       {"top_k 12 top_p 0.8 min_p 0.02 t 1.3", 0, 1.3f, 0.8f, 12, 0.02f, false},
       {"top_k 5 (ties) top_p 0.95", 0, 1.0f, 0.95f, 5, 0.0f, false},
@@ -451,7 +465,7 @@ TEST(CudaSampling, LogprobsMatchCpu) {
       for (int r = 0; r < rows; ++r) {
         Request& q = reqs[size_t(r)];
         q.row = r;
-        q.params.logprobs = ns[r % 4];
+        q.params.logprobs = r < 2 ? 20 : ns[r % 4];  // rows 0 and 1: the top 20 cuts a tie
         if (r % 3 == 0) {
           q.params.temperature = 0.0f;
         } else {
