@@ -74,7 +74,10 @@ Counts run_seed(uint32_t seed) {
   });
   std::thread aborter([&] {
     std::mt19937 rng(seed * 13 + 5);
-    while (!submitted) {
+    // At least 60 aborts, also after the last submission while requests are
+    // still decoding: on a slow or busy machine the submission window alone
+    // may end before any abort lands mid-output.
+    for (int aborts = 0; !submitted || (aborts < 60 && engine.num_unfinished() > 0); ++aborts) {
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
       int64_t id = -1;
       {
