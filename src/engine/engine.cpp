@@ -240,20 +240,20 @@ void Engine::step(IterationStats& it, EventMap& events) {
       // One spec per sample; a forked sample draws from its parent's row. The
       // draws are made here, from each request's Rng, so that a seed picks
       // the same token on every backend.
-      std::vector<SampleSpec> specs(sampled.size());
-      std::vector<std::vector<int32_t>> banned(sampled.size());
+      specs_.resize(sampled.size());
+      banned_.resize(sampled.size());
       for (size_t i = 0; i < sampled.size(); ++i) {
         Sequence& s = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
-        banned[i] = s.stop().banned_tokens(int64_t(s.output_ids().size()));
-        SampleSpec& spec = specs[i];
+        banned_[i] = s.stop().banned_tokens(int64_t(s.output_ids().size()));
+        SampleSpec& spec = specs_[i];
         spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
         spec.params = &s.params();
         spec.prompt_ids = s.prompt_ids();
         spec.output_ids = s.output_ids();
-        spec.banned = banned[i];
+        spec.banned = banned_[i];
         spec.uniform = s.params().greedy() ? 0.0 : s.rng().uniform();
       }
-      runner_.forward_sample(batch_, specs, results_);
+      runner_.forward_sample(batch_, specs_, results_);
       SERVAL_CHECK(results_.size() == sampled.size(), "model runner sampled ", results_.size(),
                    " tokens for ", sampled.size(), " samples");
       for (size_t i = 0; i < sampled.size(); ++i)

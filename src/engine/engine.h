@@ -151,6 +151,10 @@ class Engine {
   Scheduler sched_;
   BatchBuilder batch_builder_;
   Batch batch_;
+  // One step's sampling: a spec per sample (pointing into the sequences and
+  // banned_), and its results. Kept across steps to reuse their memory.
+  std::vector<SampleSpec> specs_;
+  std::vector<std::vector<int32_t>> banned_;
   std::vector<SampleResult> results_;
   std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
   PrefixCacheStats last_prefix_stats_;

@@ -222,8 +222,9 @@ class Backend {
   // out = silu(gate) * up, elementwise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
   // out = silu(x @ gate^T) * (x @ up^T): the MLP's first half. `gate_buf` and
-  // `up_buf` are scratch of out's shape that a backend may use. Default:
-  // matmul_multi into them, then silu_mul.
+  // `up_buf` are scratch of out's shape that a backend may use; out may be
+  // gate_buf. Default: matmul_multi into them, then silu_mul (elementwise, so
+  // in place is fine).
   virtual void gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
                             Tensor up_buf, Tensor out) {
     matmul_multi(x, {&gate, &up}, {gate_buf, up_buf});

@@ -25,7 +25,7 @@ struct LayerWeights {
 // rows per step, reused across steps. x (the residual stream) and rows are f32.
 struct Workspace {
   int64_t capacity = 0, row_capacity = 0;
-  DeviceBuffer x, xn, q, k, v, attn, proj, gate, up, mlp, rows, logits;
+  DeviceBuffer x, xn, q, k, v, attn, proj, gate, up, rows, logits;
   int64_t bytes = 0;
 };
 
@@ -57,6 +57,9 @@ class BackendModelRunner : public ModelRunner {
   void load_weights(const WeightStore& ws);
   void setup_rope(const WeightStore& ws);
   void plan_kv_cache(const RunnerOptions& opts);
+  // Bytes a weight takes once uploaded: matrices in the activation dtype,
+  // vectors (norms, biases) in f32, on every backend.
+  int64_t device_bytes(const TensorView& t) const;
   void check_weights_fit(const WeightStore& ws, double fraction);
   void ensure_workspace(int64_t tokens, int64_t rows);
   BatchView upload_batch(const Batch& batch);
@@ -113,11 +116,13 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   }
 }
 
+int64_t BackendModelRunner::device_bytes(const TensorView& t) const {
+  return dtype_bytes(t.shape.size() == 2 ? backend_->act_dtype() : DType::F32, t.numel());
+}
+
 void BackendModelRunner::check_weights_fit(const WeightStore& ws, double fraction) {
-  // Matrices take the activation dtype on the GPU, vectors f32 (backend/cuda).
   int64_t bytes = 0;
-  for (const auto& [name, t] : ws.all())
-    bytes += dtype_bytes(t.shape.size() == 2 ? backend_->act_dtype() : DType::F32, t.numel());
+  for (const auto& [name, t] : ws.all()) bytes += device_bytes(t);
   int64_t free_b = 0, total_b = 0;
   backend_->memory_info(free_b, total_b);
   SERVAL_CHECK(bytes <= free_b && double(bytes) <= fraction * double(total_b), "the model's weights need ",
@@ -155,7 +160,7 @@ void BackendModelRunner::setup_rope(const WeightStore& weights) {
 std::unique_ptr<DeviceWeight> BackendModelRunner::upload(const WeightStore& ws, const std::string& name,
                                                          const std::vector<int64_t>& shape) {
   const TensorView& view = ws.get(name, shape);
-  weight_bytes_ += dtype_bytes(view.shape.size() == 2 ? backend_->act_dtype() : DType::F32, view.numel());
+  weight_bytes_ += device_bytes(view);
   return backend_->upload_weight(view);
 }
 
@@ -252,7 +257,6 @@ void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {
   ws_.proj = buf(T * cfg_.hidden_size, a);
   ws_.gate = buf(T * cfg_.intermediate_size, a);
   ws_.up = buf(T * cfg_.intermediate_size, a);
-  ws_.mlp = buf(T * cfg_.intermediate_size, a);
   ws_.rows = buf(R * cfg_.hidden_size, DType::F32);
   // Logits are f32 on every backend: the LM head accumulates in f32 and
   // rounding them to a bf16 activation would only lose precision.
@@ -377,7 +381,6 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
   const Tensor xn = act(ws_.xn, T, Hd), proj = act(ws_.proj, T, Hd);
   const Tensor q = act(ws_.q, T, Qd), k = act(ws_.k, T, KVd), v = act(ws_.v, T, KVd);
   const Tensor attn = act(ws_.attn, T, Qd), gate = act(ws_.gate, T, I), up = act(ws_.up, T, I);
-  const Tensor mlp = act(ws_.mlp, T, I);
   const float eps = cfg_.rms_eps;
   const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
 
@@ -401,8 +404,8 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
     be.matmul(attn, *L.wo, nullptr, proj);
     be.add_rmsnorm(x, proj, *L.ffn_norm, eps, xn);
 
-    be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, mlp);
-    be.matmul(mlp, *L.down, nullptr, proj);
+    be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate
+    be.matmul(gate, *L.down, nullptr, proj);
     if (l + 1 < layers_.size()) {
       be.add_rmsnorm(x, proj, *layers_[l + 1].attn_norm, eps, xn);
     } else {

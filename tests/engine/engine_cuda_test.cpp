@@ -97,7 +97,9 @@ TEST(EngineOnCuda, RandomAbortsAndEverySamplingModeLeaveNoBlockUsed) {
     ASSERT_TRUE(f == FinishReason::kStop || f == FinishReason::kLength || f == FinishReason::kAbort)
         << "request " << i << ": " << got.final_event.error;
     EXPECT_LE(int(got.tokens.size()), requests[i].stop.max_tokens);
-    if (f == FinishReason::kLength) EXPECT_EQ(int(got.tokens.size()), requests[i].stop.max_tokens);
+    if (f == FinishReason::kLength) {
+      EXPECT_EQ(int(got.tokens.size()), requests[i].stop.max_tokens);
+    }
     for (int32_t t : got.tokens) EXPECT_TRUE(t >= 0 && t < runner->config().vocab_size);
     (f == FinishReason::kAbort ? aborted : finished) += 1;
     if (requests[i].params.logprobs >= 0 && !got.tokens.empty()) ++with_logprobs;

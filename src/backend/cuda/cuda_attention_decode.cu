@@ -65,9 +65,9 @@ struct DecodeSmem {
 using namespace ptx;
 
 // The kernels are launched as programmatic dependents of the kernel before
-// them: every block waits for it before reading anything (and before exiting,
-// so that kernels after ours may rely on the whole chain having finished).
-__device__ __forceinline__ void wait_for_previous_kernel() { pdl_wait(); }
+// them (launch_pdl): every block calls pdl_wait() before reading anything (and
+// before exiting, so that kernels after ours may rely on the whole chain
+// having finished).
 
 // Fragment layouts (PTX m16n8k16; lane = 4 g + t): A regs {row g, k 2t}, {row
 // g+8, k 2t}, {row g, k 2t+8}, {row g+8, k 2t+8}; B regs {k 2t, n g}, {k 2t+8,
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   constexpr int DP = Sm::DP, RS = Sm::RS, KC = DP / 16, MT = DP / 16, NCH = D / 8;
   constexpr int CPL = (kTile * NCH + 31) / 32;  // 16-byte chunks per lane per tile, of K and of V
   extern __shared__ __align__(16) unsigned char smem[];
-  wait_for_previous_kernel();
+  pdl_wait();
 
   const int hb_count = head_blocks(p.group);
   const int kvh = blockIdx.x / hb_count, h0 = (blockIdx.x % hb_count) * kHeadsPerBlock;
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
 __global__ void __launch_bounds__(128) attn_merge_kernel(AttnParams p) {
   __shared__ float w_s[kMaxSplits];
   __shared__ float inv_l_s;
-  wait_for_previous_kernel();
+  pdl_wait();
   const int head = blockIdx.x, s = blockIdx.y;
   const int q0 = p.query_start[s];
   if (p.query_start[s + 1] - q0 != 1) return;

@@ -172,15 +172,21 @@ void CudaBackend::copy_kv_block(const KvLayer& kv, const KvGeometry& g, int64_t 
   }
 }
 
+void* CudaBackend::host_op_scratch(DeviceBuffer& buf, int64_t bytes) {
+  if (buf.bytes() < bytes) {
+    synchronize();  // the old buffer may still be in use by queued kernels
+    buf = alloc(std::max<int64_t>(bytes, buf.bytes() * 3 / 2));
+  }
+  return buf.data();
+}
+
 void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
   if (buf.bytes() < bytes) {
     SERVAL_CHECK(!capturing_, "cuda backend: a scratch buffer must grow (", bytes,
                  " bytes) while a graph is being captured; run the step eagerly first");
-    synchronize();  // the old buffer may still be in use by queued kernels
     ++scratch_epoch_;  // graphs recorded with the old buffer must not replay
-    buf = alloc(std::max<int64_t>(bytes, buf.bytes() * 3 / 2));
   }
-  return buf.data();
+  return host_op_scratch(buf, bytes);
 }
 
 }  // namespace serval::cuda

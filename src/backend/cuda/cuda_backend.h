@@ -92,8 +92,11 @@ class CudaBackend : public Backend {
   MatmulPlan& matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32);
   void tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bool y_f32, const void* w, const void* x,
                    void* y);
-  // Device scratch of at least `bytes` (grown, never shrunk; contents not kept).
+  // Device scratch of at least `bytes` (grown, never shrunk; contents not
+  // kept) for ops that graphs may record: growing it drops recorded graphs
+  // (graph_epoch). host_op_scratch: the same for ops never recorded (sample()).
   void* scratch(DeviceBuffer& buf, int64_t bytes);
+  void* host_op_scratch(DeviceBuffer& buf, int64_t bytes);
 
   int device_ = 0;
   DType act_dtype_ = DType::BF16;

@@ -190,11 +190,12 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs
   if (!st.patches.empty()) std::memcpy(in + patches_at, st.patches.data(), st.patches.size() * sizeof(PenaltyEntry));
   if (!st.bans.empty()) std::memcpy(in + bans_at, st.bans.data(), st.bans.size() * sizeof(int32_t));
 
-  // ---- device buffers (grown geometrically by scratch()), copy in, kernels, copy out
+  // ---- device buffers (grown geometrically; sampling is never in a graph), copy in, kernels, copy out
   const int64_t work_stride = (vocab + 3) / 4 * 4;  // rows 16-byte aligned
-  char* dev_in = static_cast<char*>(scratch(st.dev_in, in_bytes));
-  void* dev_out = scratch(st.dev_out, out_bytes);
-  float* work = work_rows > 0 ? static_cast<float*>(scratch(st.work, int64_t(work_rows) * work_stride * 4)) : nullptr;
+  char* dev_in = static_cast<char*>(host_op_scratch(st.dev_in, in_bytes));
+  void* dev_out = host_op_scratch(st.dev_out, out_bytes);
+  float* work =
+      work_rows > 0 ? static_cast<float*>(host_op_scratch(st.work, int64_t(work_rows) * work_stride * 4)) : nullptr;
   SERVAL_CUDA_CHECK(cudaMemcpyAsync(dev_in, st.host_in, size_t(in_bytes), cudaMemcpyHostToDevice, stream_));
   sampling::SamplingLaunch l;
   l.tasks = reinterpret_cast<const Task*>(dev_in);

@@ -197,43 +197,54 @@ std::vector<RandomCase> random_cases() {
   return out;
 }
 
+struct CpuComparison {
+  double worst = 0;  // worst relative logit error over the steps
+  int agree = 0;     // steps whose greedy token equals the CPU's
+};
+
+// 32 steps teacher-forced with the CPU's greedy tokens on a CPU and a CUDA
+// runner computing in `dtype`: each step compares one prediction.
+CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype) {
+  const ModelConfig cfg = tiny_config(rc.spec);
+  const WeightStore weights = tiny_weights(cfg, rc.spec);
+  std::vector<std::unique_ptr<ModelRunner>> runners;
+  for (const char* dev : {"cpu", "cuda"}) {
+    RunnerOptions opts;
+    opts.device = dev;
+    opts.dtype = dev == std::string("cpu") ? "auto" : dtype;
+    opts.kv_cache_tokens = 256;
+    runners.push_back(ModelRunner::create(cfg, weights, opts));
+  }
+  std::vector<int32_t> blocks(size_t(runners[0]->num_blocks()));
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = int32_t(blocks.size() - 1 - i);
+  PagedSeqs seqs[2] = {PagedSeqs(16, blocks, 16), PagedSeqs(16, blocks, 16)};
+  const int ids[2] = {seqs[0].add_sequence(), seqs[1].add_sequence()};
+  std::vector<int32_t> prompt = {1, 17, 300, 5, 42, 1000 % int32_t(cfg.vocab_size), 7, 7, 99, 3};
+  std::vector<float> logits[2];
+  CpuComparison c;
+  int32_t next[2] = {0, 0};
+  for (int step = 0; step < 32; ++step) {
+    const std::vector<int32_t> chunk = step == 0 ? prompt : std::vector<int32_t>{next[0]};
+    for (int b = 0; b < 2; ++b) {
+      runners[size_t(b)]->forward(seqs[b].step({ids[b]}, {chunk}, false), logits[b]);
+      next[b] = argmax(logits[b].data(), cfg.vocab_size);
+    }
+    c.worst = std::max(c.worst, rel_error(logits[1], logits[0]));
+    c.agree += next[0] == next[1];
+  }
+  return c;
+}
+
 TEST(CudaModel, RandomModelsAgreeWithCpu) {
   SERVAL_CUDA_OR_SKIP(probe);
   probe.reset();
   for (const RandomCase& rc : random_cases()) {
-    const ModelConfig cfg = tiny_config(rc.spec);
-    const WeightStore weights = tiny_weights(cfg, rc.spec);
-    std::vector<std::unique_ptr<ModelRunner>> runners;
-    for (const char* dev : {"cpu", "cuda"}) {
-      RunnerOptions opts;
-      opts.device = dev;
-      opts.kv_cache_tokens = 256;
-      runners.push_back(ModelRunner::create(cfg, weights, opts));
-    }
-    std::vector<int32_t> blocks(size_t(runners[0]->num_blocks()));
-    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = int32_t(blocks.size() - 1 - i);
-    PagedSeqs seqs[2] = {PagedSeqs(16, blocks, 16), PagedSeqs(16, blocks, 16)};
-    const int ids[2] = {seqs[0].add_sequence(), seqs[1].add_sequence()};
-    std::vector<int32_t> prompt = {1, 17, 300, 5, 42, 1000 % int32_t(cfg.vocab_size), 7, 7, 99, 3};
-    std::vector<float> logits[2];
-    double worst = 0;
-    int agree = 0;
-    int32_t next[2] = {0, 0};
-    for (int step = 0; step < 32; ++step) {
-      // Both runners take the CPU's previous token: each step compares one prediction.
-      const std::vector<int32_t> chunk = step == 0 ? prompt : std::vector<int32_t>{next[0]};
-      for (int b = 0; b < 2; ++b) {
-        runners[size_t(b)]->forward(seqs[b].step({ids[b]}, {chunk}, false), logits[b]);
-        next[b] = argmax(logits[b].data(), cfg.vocab_size);
-      }
-      worst = std::max(worst, rel_error(logits[1], logits[0]));
-      agree += next[0] == next[1];
-    }
+    const CpuComparison c = compare_with_cpu(rc, "bfloat16");
     // bf16 end to end against f32: ~1.2e-2 on these random miniatures (the
     // real-shape 7B comparison is in scripts/gpu-check.sh).
-    EXPECT_LT(worst, 2e-2) << rc.name << ": worst relative logit error over 32 steps";
-    EXPECT_GE(agree, 31) << rc.name << ": greedy tokens agreed on " << agree << " of 32 steps";
-    std::printf("[%s] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, worst, agree);
+    EXPECT_LT(c.worst, 2e-2) << rc.name << ": worst relative logit error over 32 steps";
+    EXPECT_GE(c.agree, 31) << rc.name << ": greedy tokens agreed on " << c.agree << " of 32 steps";
+    std::printf("[%s] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, c.worst, c.agree);
   }
 }
 
@@ -244,37 +255,10 @@ TEST(CudaModel, RandomModelsInFloat32AgreeWithCpu) {
   SERVAL_CUDA_OR_SKIP(probe);
   probe.reset();
   for (const RandomCase& rc : random_cases()) {
-    const ModelConfig cfg = tiny_config(rc.spec);
-    const WeightStore weights = tiny_weights(cfg, rc.spec);
-    std::vector<std::unique_ptr<ModelRunner>> runners;
-    for (const char* dev : {"cpu", "cuda"}) {
-      RunnerOptions opts;
-      opts.device = dev;
-      opts.dtype = "float32";
-      opts.kv_cache_tokens = 256;
-      runners.push_back(ModelRunner::create(cfg, weights, opts));
-    }
-    std::vector<int32_t> blocks(size_t(runners[0]->num_blocks()));
-    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = int32_t(blocks.size() - 1 - i);
-    PagedSeqs seqs[2] = {PagedSeqs(16, blocks, 16), PagedSeqs(16, blocks, 16)};
-    const int ids[2] = {seqs[0].add_sequence(), seqs[1].add_sequence()};
-    std::vector<int32_t> prompt = {1, 17, 300, 5, 42, 1000 % int32_t(cfg.vocab_size), 7, 7, 99, 3};
-    std::vector<float> logits[2];
-    double worst = 0;
-    int agree = 0;
-    int32_t next[2] = {0, 0};
-    for (int step = 0; step < 32; ++step) {
-      const std::vector<int32_t> chunk = step == 0 ? prompt : std::vector<int32_t>{next[0]};
-      for (int b = 0; b < 2; ++b) {
-        runners[size_t(b)]->forward(seqs[b].step({ids[b]}, {chunk}, false), logits[b]);
-        next[b] = argmax(logits[b].data(), cfg.vocab_size);
-      }
-      worst = std::max(worst, rel_error(logits[1], logits[0]));
-      agree += next[0] == next[1];
-    }
-    EXPECT_LT(worst, 1e-4) << rc.name << ": worst relative logit error over 32 steps";
-    EXPECT_EQ(agree, 32) << rc.name << ": greedy tokens agreed on " << agree << " of 32 steps";
-    std::printf("[%s, float32] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, worst, agree);
+    const CpuComparison c = compare_with_cpu(rc, "float32");
+    EXPECT_LT(c.worst, 1e-4) << rc.name << ": worst relative logit error over 32 steps";
+    EXPECT_EQ(c.agree, 32) << rc.name << ": greedy tokens agreed on " << c.agree << " of 32 steps";
+    std::printf("[%s, float32] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, c.worst, c.agree);
   }
 }
 
