@@ -1,9 +1,10 @@
 // Weight-streaming bandwidth of the CUDA backend's decode matrix products on
 // one GPU: each GEMV launch shape of Llama-2-7B / Llama-3.1-8B (timed with
 // CUDA events over back-to-back launches, each on another copy of the weights
-// so none comes from L2), all GEMV launches of one decode step in sequence
-// (the number a decode step's matrix time follows from), and cuBLASLt at 64
-// and 256 tokens through the backend. Counters: GB/s of weight bytes, and
+// so none comes from L2; 1..16 tokens through the GEMV kernel, 17..32 through
+// the skinny GEMM), all launches of one decode step in sequence (the number a
+// decode step's matrix time follows from), and the backend's matmul at 17 to
+// 256 tokens (SERVAL_NO_SKINNY_GEMM=1: cuBLASLt from 17 tokens). Counters: GB/s of weight bytes, and
 // the fraction of the 4261 GB/s copy bandwidth measured on the H200.
 // Run: build/bench/cuda_gemv_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
@@ -28,6 +29,10 @@ namespace serval::cuda {
 void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
 void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
                 cudaStream_t stream);
+// cuda_skinny_gemm.cu: the same for 17..32 rows.
+void skinny_gemm(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+void skinny_gemm_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
+                       cudaStream_t stream);
 }  // namespace serval::cuda
 
 namespace serval {
@@ -82,8 +87,13 @@ struct LaunchData {
   }
   void run(int64_t T, cudaStream_t s) const {
     const Tensor xt{x->p, DType::BF16, T, l.in};
+    const bool skinny = T > 16;
     if (l.gated) {
-      cuda::gemv_gated(xt, w[0]->bf(), w[1]->bf(), Tensor{y[0]->p, DType::BF16, T, l.outs[0]}, s);
+      const Tensor out{y[0]->p, DType::BF16, T, l.outs[0]};
+      if (skinny)
+        cuda::skinny_gemm_gated(xt, w[0]->bf(), w[1]->bf(), out, s);
+      else
+        cuda::gemv_gated(xt, w[0]->bf(), w[1]->bf(), out, s);
       return;
     }
     std::vector<Tensor> ys;
@@ -92,7 +102,10 @@ struct LaunchData {
       ys.push_back(Tensor{y[i]->p, l.f32 ? DType::F32 : DType::BF16, T, l.outs[i]});
       ws.push_back(w[i]->bf());
     }
-    cuda::gemv(xt, ws.data(), ys.data(), int(ws.size()), s);
+    if (skinny)
+      cuda::skinny_gemm(xt, ws.data(), ys.data(), int(ws.size()), s);
+    else
+      cuda::gemv(xt, ws.data(), ys.data(), int(ws.size()), s);
   }
 };
 
@@ -122,8 +135,10 @@ void report(benchmark::State& state, int64_t bytes_per_iter, double total_s) {
 }
 
 // Times `launches` in turn, `reps` rounds per iteration, between two events.
+// With `graph`, the rounds are captured once into a CUDA graph and replayed
+// (as decode steps run): the GPU's time without the host's launch overhead.
 void time_launches(benchmark::State& state, const std::vector<std::unique_ptr<LaunchData>>& launches, int64_t T,
-                   int reps) {
+                   int reps, bool graph = false) {
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   cudaEvent_t a = nullptr, b = nullptr;
@@ -131,13 +146,27 @@ void time_launches(benchmark::State& state, const std::vector<std::unique_ptr<La
   check(cudaEventCreate(&b), "event");
   for (const auto& l : launches) l->run(T, s);  // warm-up: first-use set-up, module loading
   check(cudaStreamSynchronize(s), "warm-up");
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    cudaGraph_t g = nullptr;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int r = 0; r < reps; ++r)
+      for (const auto& l : launches) l->run(T, s);
+    check(cudaStreamEndCapture(s, &g), "end capture");
+    check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
+    cudaGraphDestroy(g);
+  }
   int64_t bytes = 0;
   for (const auto& l : launches) bytes += l->l.weight_bytes();
   double total_s = 0;
   for (auto _ : state) {
     check(cudaEventRecord(a, s), "record");
-    for (int r = 0; r < reps; ++r)
-      for (const auto& l : launches) l->run(T, s);
+    if (graph) {
+      check(cudaGraphLaunch(exec, s), "graph launch");
+    } else {
+      for (int r = 0; r < reps; ++r)
+        for (const auto& l : launches) l->run(T, s);
+    }
     check(cudaEventRecord(b, s), "record");
     check(cudaEventSynchronize(b), "sync");
     float ms = 0;
@@ -146,6 +175,7 @@ void time_launches(benchmark::State& state, const std::vector<std::unique_ptr<La
     total_s += double(ms) / 1e3;
   }
   report(state, bytes * reps, total_s);
+  if (exec) cudaGraphExecDestroy(exec);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   cudaStreamDestroy(s);
@@ -162,16 +192,17 @@ void BM_GemvLaunch(benchmark::State& state, Launch l) {
 }
 
 // All GEMV launches of one decode step (every layer's weights distinct: the
-// whole model is in GPU memory), back to back.
-void BM_GemvDecodeStep(benchmark::State& state, Model m) {
+// whole model is in GPU memory), back to back; replayed from a CUDA graph
+// (as the runner's decode steps are) or launched one by one.
+void BM_GemvDecodeStep(benchmark::State& state, Model m, bool graph) {
   const int64_t T = state.range(0);
   std::vector<std::unique_ptr<LaunchData>> data;
   for (const Launch& l : m.step()) data.push_back(std::make_unique<LaunchData>(l, T));
-  time_launches(state, data, T, 1);
+  time_launches(state, data, T, 1, graph);
 }
 
 #define GEMV_SHAPE(name, ...) \
-  BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__})->Arg(1)->Arg(8)->Arg(16)->UseManualTime()
+  BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__})->Arg(1)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->UseManualTime()
 GEMV_SHAPE(l2_qkv_4096x3x4096, 4096, {4096, 4096, 4096});
 GEMV_SHAPE(l2_o_4096x4096, 4096, {4096});
 GEMV_SHAPE(l2_gate_up_4096x2x11008, 4096, {11008, 11008}, true);
@@ -181,8 +212,10 @@ GEMV_SHAPE(l3_qkv_4096x6144, 4096, {4096, 1024, 1024});
 GEMV_SHAPE(l3_gate_up_4096x2x14336, 4096, {14336, 14336}, true);
 GEMV_SHAPE(l3_down_14336x4096, 14336, {4096});
 GEMV_SHAPE(l3_head_4096x128256_f32, 4096, {128256}, false, true);
-BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b, kLlama2)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->UseManualTime()->Iterations(20);
-BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b, kLlama3)->Arg(1)->Arg(8)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b, kLlama2, false)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b_graph, kLlama2, true)->Arg(1)->Arg(16)->Arg(32)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b, kLlama3, false)->Arg(1)->Arg(8)->Arg(32)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b_graph, kLlama3, true)->Arg(1)->Arg(32)->UseManualTime()->Iterations(20);
 
 // cuBLASLt GEMMs (more than 16 tokens) through the backend, after its first
 // call has timed the algorithms: wall time over 10 calls and a synchronize.

@@ -56,7 +56,7 @@ bench() {  # label, model, then serval bench arguments
   local label=$1 model=$2; shift 2
   echo "== bench $label: $*"
   local j
-  j=$(timeout ${BENCH_TIMEOUT:-300} ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
+  j=$(env ${BENCH_ENV:-} timeout ${BENCH_TIMEOUT:-300} ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
   if [ -z "$j" ]; then tail -3 "$OUT_DIR/bench-err.log"; row "$label | failed"; return; fi
   echo "$j" | tee -a "$OUT_DIR/bench.jsonl"
   row "$label | $(echo "$j" | python3 -c '
@@ -109,6 +109,11 @@ bench "7B prefill 512" $M7 --requests 1 --input-len 512 --output-len 2
 if [ $QUICK = 0 ]; then
   bench "7B 64 x (128 in, 128 out)" $M7 --requests 64 --input-len 128 --output-len 128
   bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128
+  # 17..32-row decode steps: the skinny GEMM, and cuBLASLt for comparison.
+  bench "7B 32 x (128 in, 128 out)" $M7 --requests 32 --input-len 128 --output-len 128
+  BENCH_ENV=SERVAL_NO_SKINNY_GEMM=1 bench "7B 32 x (128 in, 128 out), cuBLASLt" $M7 --requests 32 --input-len 128 --output-len 128
+  bench "7B 20 x (128 in, 128 out)" $M7 --requests 20 --input-len 128 --output-len 128
+  BENCH_ENV=SERVAL_NO_SKINNY_GEMM=1 bench "7B 20 x (128 in, 128 out), cuBLASLt" $M7 --requests 20 --input-len 128 --output-len 128
 fi
 rm -f $M7
 fi

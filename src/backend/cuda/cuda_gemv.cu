@@ -34,6 +34,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_matmul_segments.cuh"
 
 namespace serval::cuda {
 
@@ -46,21 +47,8 @@ constexpr int kSteps = 8;       // k-steps per warp per batch (loads in flight p
 constexpr int kStepChunks = 4;  // 16-byte chunks of a row per k-step: one per lane of a quad
 constexpr int kMaxTokens = 16;  // the mma's M
 
-// Up to three weights [rows[i], in] with outputs [tokens, rows[i]], all reading
-// x [tokens, in]. The gated kernel reads w[0] (gate) and w[1] (up) for its one
-// output y[0]. Units are numbered segment after segment; unit_end holds the
-// running totals.
-struct GemvParams {
-  const bf16* x;
-  const bf16* w[3];
-  void* y[3];
-  int rows[3];
-  int unit_end[3];
-  int segments;
-  int units;
-  int tokens;
-  int in;
-};
+// The operands (cuda_matmul_segments.cuh); its tiles are this kernel's units.
+using GemvParams = MatmulSegments;
 
 // 16 bytes of W, streamed: no L1 allocation, evict-first in L2 (W is read once
 // per step and must not push activations out), and a 256-byte L2 fetch, since
@@ -102,14 +90,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void locate_unit(const GemvParams& p, int unit, int& seg, int& base) {
-  seg = 0;
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    if (seg + 1 < p.segments && unit >= p.unit_end[seg]) ++seg;
-  base = (unit - (seg > 0 ? p.unit_end[seg - 1] : 0)) * kUnitRows;
-}
-
 __device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
 __device__ __forceinline__ void store_out(bf16* y, int64_t i, float v) { y[i] = __float2bfloat16(v); }
 
@@ -128,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   const int chunks = p.in >> 3;
   const int steps = (chunks + kStepChunks - 1) / kStepChunks;
   const int batches = (steps + kWarps * kSteps - 1) / (kWarps * kSteps);  // per unit, per warp
-  const int my_units = (p.units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;  // blockIdx.x < units
+  const int my_units = (p.tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;  // blockIdx.x < units
   const int total = my_units * batches;
 
   uint64_t policy;
@@ -149,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   bool row_ok = false;
   auto enter_unit = [&](int i) {
     int seg, base;
-    locate_unit(p, int(blockIdx.x) + i * int(gridDim.x), seg, base);
+    locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
     const int row = base + g;
     row_ok = row < p.rows[seg];
     const int64_t off = int64_t(row_ok ? row : 0) * p.in;
@@ -201,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
 #pragma unroll
       for (int v = 0; v < kVals; ++v) sum[v] += partial[buf][w][v][lane];
     int seg, base;
-    locate_unit(p, int(blockIdx.x) + i * int(gridDim.x), seg, base);
+    locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
     const int rows = p.rows[seg];
     Out* y = static_cast<Out*>(p.y[seg]);
 #pragma unroll
@@ -280,8 +260,8 @@ void launch_as(const GemvParams& p, cudaStream_t stream) {
   // Balanced persistent grid: the fewest units per block that fit the resident
   // blocks, and just enough blocks for that, so every block gets the same
   // count (the last ones one fewer at most). Depends on the shape only.
-  const int per_block = ceil_div(p.units, resident_blocks<Out, kGated, kHighTokens>());
-  const int blocks = ceil_div(p.units, per_block);
+  const int per_block = ceil_div(p.tiles, resident_blocks<Out, kGated, kHighTokens>());
+  const int blocks = ceil_div(p.tiles, per_block);
   launch_pdl(gemv_kernel<Out, kGated, kHighTokens>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
@@ -301,14 +281,6 @@ void launch(const GemvParams& p, bool f32, cudaStream_t stream) {
   }
 }
 
-GemvParams params_for(const Tensor& x) {
-  GemvParams p{};
-  p.x = bf(x);
-  p.tokens = int(x.rows);
-  p.in = int(x.cols);
-  return p;
-}
-
 }  // namespace
 
 bool gemv_fits(const Tensor& x) {
@@ -318,38 +290,16 @@ bool gemv_fits(const Tensor& x) {
 
 // ys[i] = x @ ws[i]^T; the outputs are all bf16, or a single f32 one.
 void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
-  SERVAL_CHECK(n >= 1 && n <= 3, "gemv: ", n, " weights in one launch (1..3)");
   SERVAL_CHECK(gemv_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
-  const bool f32 = ys[0].dtype == DType::F32;
-  SERVAL_CHECK(!f32 || n == 1, "gemv: an f32 output only alone");
-  GemvParams p = params_for(x);
-  p.segments = n;
-  for (int i = 0; i < n; ++i) {
-    SERVAL_CHECK(reinterpret_cast<uintptr_t>(ws[i]) % 16 == 0, "gemv: weight not 16-byte aligned");
-    p.w[i] = ws[i];
-    p.y[i] = ys[i].data;
-    p.rows[i] = int(ys[i].cols);
-    p.units += ceil_div(ys[i].cols, kUnitRows);
-    p.unit_end[i] = p.units;
-  }
-  if (p.units == 0) return;
-  launch<false>(p, f32, stream);
+  const GemvParams p = matmul_segments(x, ws, ys, n, kUnitRows, "gemv");
+  if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, stream);
 }
 
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
 void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream) {
   SERVAL_CHECK(gemv_fits(x), "gemv_gated: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
-  SERVAL_CHECK(reinterpret_cast<uintptr_t>(gate) % 16 == 0 && reinterpret_cast<uintptr_t>(up) % 16 == 0,
-               "gemv_gated: weights not 16-byte aligned");
-  GemvParams p = params_for(x);
-  p.segments = 1;
-  p.w[0] = gate;
-  p.w[1] = up;
-  p.y[0] = out.data;
-  p.rows[0] = int(out.cols);
-  p.units = p.unit_end[0] = ceil_div(out.cols, kUnitRows);
-  if (p.units == 0) return;
-  launch<true>(p, false, stream);
+  const GemvParams p = gated_segments(x, gate, up, out, kUnitRows, "gemv_gated");
+  if (p.tiles > 0) launch<true>(p, false, stream);
 }
 
 }  // namespace serval::cuda

@@ -1,11 +1,13 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// more through cuBLASLt, bf16 in and out (or f32 logits) with f32
+// 17..32 through our skinny GEMM (cuda_skinny_gemm.cu), more through cuBLASLt, bf16 in and out (or f32 logits) with f32
 // accumulation. With f32 activations (--dtype float32) every shape goes
 // through cuBLASLt in plain f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA
 // kernels; TF32 would need CUBLAS_COMPUTE_32F_FAST_TF32). cuBLASLt's algorithm for a shape is chosen at its first use
 // outside a graph capture by timing the heuristic's best candidates on the
 // real operands; the winner is kept per (out, token bucket, in, out dtype).
 #include <cfloat>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -15,8 +17,30 @@ void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias);  // cu
 bool gemv_fits(const Tensor& x);                                            // cuda_gemv.cu
 void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
 void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream);
+bool skinny_gemm_fits(const Tensor& x);  // cuda_skinny_gemm.cu
+void skinny_gemm(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+void skinny_gemm_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream);
 
 namespace {
+
+// SERVAL_NO_SKINNY_GEMM=1 sends 17..32 rows to cuBLASLt (to compare the two).
+bool skinny_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SERVAL_NO_SKINNY_GEMM");
+    return v == nullptr || std::string(v) != "1";
+  }();
+  return on;
+}
+
+// Rows our own kernels take: the GEMV's 1..16 or the skinny GEMM's 17..32.
+bool own_kernel_fits(const Tensor& x) { return gemv_fits(x) || (skinny_enabled() && skinny_gemm_fits(x)); }
+
+void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
+  if (gemv_fits(x))
+    gemv(x, ws, ys, n, stream);
+  else
+    skinny_gemm(x, ws, ys, n, stream);
+}
 
 constexpr int kCandidates = 8;  // heuristic results timed per shape
 constexpr int kTimedRuns = 3;   // after one warm-up run each
@@ -157,9 +181,9 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
   SERVAL_CHECK(y.dtype == act_dtype_ || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
                dtype_name(act_dtype_), ", or f32 without a bias");
   if (x.rows == 0) return;
-  if (act_dtype_ == DType::BF16 && gemv_fits(x)) {
+  if (act_dtype_ == DType::BF16 && own_kernel_fits(x)) {
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
-    gemv(x, &w_ptr, &y, 1, stream_);
+    own_matmul(x, &w_ptr, &y, 1, stream_);
   } else {
     const bool f32 = y.dtype == DType::F32;
     MatmulPlan& p = matmul_plan(cw.rows(), x.rows, x.cols, f32);
@@ -180,7 +204,7 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
 void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
                                const std::vector<Tensor>& ys) {
   SERVAL_CHECK(ws.size() == ys.size(), "matmul_multi: ", ws.size(), " weights for ", ys.size(), " outputs");
-  bool fused = gemv_fits(x) && ws.size() >= 1 && ws.size() <= 3;
+  bool fused = own_kernel_fits(x) && ws.size() >= 1 && ws.size() <= 3;
   const bf16* w_ptrs[3] = {};
   for (size_t i = 0; fused && i < ws.size(); ++i) {
     const CudaWeight& cw = as_cuda(*ws[i]);
@@ -189,21 +213,27 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
     w_ptrs[i] = static_cast<const bf16*>(cw.data());
   }
   if (!fused) return Backend::matmul_multi(x, ws, ys);
-  gemv(x, w_ptrs, ys.data(), int(ws.size()), stream_);
+  own_matmul(x, w_ptrs, ys.data(), int(ws.size()), stream_);
 }
 
-// Decode batches: one GEMV launch reads gate row j and up row j together and
-// writes silu(g) * u, so neither projection goes through memory. Larger
-// batches, and f32 activations: two GEMMs into the scratch tensors, then silu_mul.
+// Decode batches of up to 32 rows: one launch (GEMV or skinny GEMM) reads gate
+// row j and up row j together and writes silu(g) * u, so neither projection
+// goes through memory. Larger batches, and f32 activations: two GEMMs into the
+// scratch tensors, then silu_mul.
 void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
                                Tensor up_buf, Tensor out) {
   const CudaWeight& g = as_cuda(gate);
   const CudaWeight& u = as_cuda(up);
-  const bool fused = gemv_fits(x) && g.dtype() == DType::BF16 && u.dtype() == DType::BF16 &&
+  const bool fused = own_kernel_fits(x) && g.dtype() == DType::BF16 && u.dtype() == DType::BF16 &&
                      g.cols() == x.cols && u.cols() == x.cols && g.rows() == u.rows() && out.dtype == DType::BF16 &&
                      out.rows == x.rows && out.cols == g.rows();
   if (!fused) return Backend::gated_mlp_up(x, gate, up, gate_buf, up_buf, out);
-  gemv_gated(x, static_cast<const bf16*>(g.data()), static_cast<const bf16*>(u.data()), out, stream_);
+  const bf16* gp = static_cast<const bf16*>(g.data());
+  const bf16* up_p = static_cast<const bf16*>(u.data());
+  if (gemv_fits(x))
+    gemv_gated(x, gp, up_p, out, stream_);
+  else
+    skinny_gemm_gated(x, gp, up_p, out, stream_);
 }
 
 }  // namespace serval::cuda

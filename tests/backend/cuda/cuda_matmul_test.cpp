@@ -1,10 +1,11 @@
 // The CUDA backend's matrix products against a double-precision reference on
-// random bf16 data: the GEMV kernel (1..16 rows) on decode shapes of
-// Llama-2-7B and Llama-3.1-8B and on odd sizes, matmul_multi, f32 logits, the
-// fused gated_mlp_up, and cuBLASLt GEMMs for more rows (timed algorithm
-// choice, and a first use inside a graph capture). Also checks batch
-// invariance of the GEMV: a row's output is bitwise the same alone or in a
-// batch. Skips without a GPU.
+// random bf16 data: the GEMV kernel (1..16 rows) and the skinny GEMM (17..32
+// rows) on decode shapes of Llama-2-7B and Llama-3.1-8B and on odd sizes,
+// matmul_multi, f32 logits, the fused gated_mlp_up, and cuBLASLt GEMMs for
+// more rows (timed algorithm choice, and a first use inside a graph capture).
+// Also checks batch invariance: a row's output is bitwise the same alone or
+// in a batch of 1..16 (GEMV), and the same in any batch of 17..32 (skinny
+// GEMM). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,7 +66,8 @@ constexpr double kBf16Tol = 5e-3;
 // f32 outputs: only the f32 sums (tensor-core accumulation) differ from the
 // reference; far below a bf16 rounding, so a rounded output would fail.
 constexpr double kF32Tol = 1e-4;
-constexpr int64_t kMaxRows = 16;
+constexpr int64_t kMaxRows = 16;        // the GEMV's
+constexpr int64_t kSkinnyMaxRows = 32;  // the skinny GEMM's (from 17)
 
 TEST(CudaMatmul, GemvMatchesReferenceForEveryRowCountOnDecodeShapes) {
   SERVAL_CUDA_OR_SKIP(gpu);
@@ -143,6 +145,61 @@ TEST(CudaMatmul, GemvRowsAreBitwiseTheSameAloneAndInABatch) {
   }
 }
 
+// 17..32 rows: the skinny GEMM (split-K over thread block clusters) on the
+// decode shapes, alone, as q/k/v in one launch, with an f32 output, on odd
+// sizes (rows not a multiple of the 128-row tile, in not a multiple of the
+// 64-column stage, in too short to split); and batch invariance within
+// 17..32: every row is bitwise the same in all those batch sizes.
+TEST(CudaMatmul, SkinnyGemmMatchesReferenceAndIsBatchInvariantFrom17To32Rows) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Case { int64_t in; std::vector<int64_t> outs; bool f32; };
+  for (const Case& c : {Case{4096, {4096}, false}, Case{11008, {4096}, false}, Case{14336, {4096}, false},
+                        Case{4096, {4096, 1024, 1024}, false}, Case{4096, {4096, 4096, 4096}, false},
+                        Case{4096, {32000}, true}, Case{1000, {1000, 77, 9}, false}, Case{200, {300}, false},
+                        Case{8, {130}, false}}) {
+    const auto x = random_bf16(size_t(kSkinnyMaxRows * c.in), 61 + uint32_t(c.in));
+    DevTensor xg = upload(*gpu, x, kSkinnyMaxRows, c.in);
+    std::vector<std::vector<double>> wants;
+    std::vector<std::unique_ptr<DeviceWeight>> wg;
+    std::vector<const DeviceWeight*> wp;
+    for (size_t i = 0; i < c.outs.size(); ++i) {
+      const auto w = random_bf16(size_t(c.outs[i] * c.in), 62 + uint32_t(i), 0.05f);
+      wants.push_back(reference(x, kSkinnyMaxRows, w, c.outs[i], c.in));
+      wg.push_back(weight(*gpu, "w", c.outs[i], c.in, w));
+      wp.push_back(wg.back().get());
+    }
+    double worst = 0;
+    std::vector<std::vector<float>> first;  // per weight: the T = 17 outputs
+    for (int64_t T : {17, 20, 24, 31, 32}) {
+      std::vector<DeviceBuffer> bufs;
+      std::vector<Tensor> ys;
+      for (int64_t o : c.outs) {
+        bufs.push_back(gpu->alloc(T * o * 4));
+        ys.push_back(Tensor{bufs.back().data(), c.f32 ? DType::F32 : DType::BF16, T, o});
+      }
+      if (c.outs.size() == 1)
+        gpu->matmul(xg.t.rows_view(0, T), *wp[0], nullptr, ys[0]);
+      else
+        gpu->matmul_multi(xg.t.rows_view(0, T), wp, ys);
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        const auto got = download(*gpu, ys[i]);
+        const double err = rel_err(got, wants[i], size_t(T * c.outs[i]));
+        worst = std::max(worst, err);
+        EXPECT_LT(err, c.f32 ? kF32Tol : kBf16Tol) << "T " << T << " in " << c.in << " weight " << i;
+        if (first.size() <= i) {
+          first.push_back(got);
+          continue;
+        }
+        const size_t n = size_t(17 * c.outs[i]);
+        EXPECT_TRUE(std::equal(got.begin(), got.begin() + long(n), first[i].begin()))
+            << "rows 0..16 of T " << T << " differ from T 17 (in " << c.in << ", weight " << i << ")";
+      }
+    }
+    std::printf("[cuda_matmul] skinny gemm in %ld, %zu weight(s)%s, T 17..32: worst rel err %.2e\n", long(c.in),
+                c.outs.size(), c.f32 ? " f32" : "", worst);
+  }
+}
+
 TEST(CudaMatmul, MatmulMultiMatchesReferenceWithTwoAndThreeWeights) {
   SERVAL_CUDA_OR_SKIP(gpu);
   struct Case { int64_t in; std::vector<int64_t> outs; };
@@ -189,11 +246,11 @@ TEST(CudaMatmul, MatmulMultiMatchesReferenceWithTwoAndThreeWeights) {
 TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
   SERVAL_CUDA_OR_SKIP(gpu);
   struct Case { int64_t hidden, ffn; std::vector<int64_t> rows; double tol; };
-  // Up to 16 rows: the fused GEMV (one rounding, of the product). 64 rows: the
-  // fallback (two GEMMs rounding gate and up to bf16, then silu_mul): up to
-  // three roundings, hence the looser bound.
-  for (const Case& c : {Case{4096, 11008, {1, 3, 8, 12, 16}, kBf16Tol}, Case{512, 1001, {1, 7, 9}, kBf16Tol},
-                        Case{1024, 2816, {64}, 1e-2}}) {
+  // Up to 32 rows: the fused GEMV or skinny GEMM (one rounding, of the
+  // product). 96 rows: the fallback (two GEMMs rounding gate and up to bf16,
+  // then silu_mul): up to three roundings, hence the looser bound.
+  for (const Case& c : {Case{4096, 11008, {1, 3, 8, 12, 16, 17, 25, 32}, kBf16Tol},
+                        Case{512, 1001, {1, 7, 9, 20, 29}, kBf16Tol}, Case{1024, 2816, {64}, 1e-2}}) {
     const int64_t T_max = c.rows.back();
     const auto x = random_bf16(size_t(T_max * c.hidden), 31);
     const auto wgate = random_bf16(size_t(c.ffn * c.hidden), 32, 0.05f);
@@ -204,7 +261,8 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
     auto gate = weight(*gpu, "gate", c.ffn, c.hidden, wgate), up = weight(*gpu, "up", c.ffn, c.hidden, wup);
     DevTensor xg = upload(*gpu, x, T_max, c.hidden);
     double worst = 0;
-    std::vector<float> alone;  // row 0 computed alone
+    std::vector<float> alone;        // row 0 computed alone
+    std::vector<float> skinny_row0;  // row 0 of the first batch of 17..32
     for (int64_t T : c.rows) {
       DevTensor gb = zeros(*gpu, T, c.ffn), ub = zeros(*gpu, T, c.ffn), out = zeros(*gpu, T, c.ffn);
       gpu->gated_mlp_up(xg.t.rows_view(0, T), *gate, *up, gb.t, ub.t, out.t);
@@ -217,6 +275,10 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
       if (T <= kMaxRows && !alone.empty()) {
         EXPECT_EQ(row0, alone) << "row 0 of T " << T << " differs from T 1";
       }
+      if (T > kMaxRows && T <= kSkinnyMaxRows) {
+        if (skinny_row0.empty()) skinny_row0 = row0;
+        EXPECT_EQ(row0, skinny_row0) << "row 0 of T " << T << " differs from the first skinny batch's";
+      }
     }
     std::printf("[cuda_matmul] gated_mlp_up hidden %ld ffn %ld, T %ld..%ld: worst rel err %.2e\n", long(c.hidden),
                 long(c.ffn), long(c.rows.front()), long(T_max), worst);
@@ -226,9 +288,9 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
 TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
   SERVAL_CUDA_OR_SKIP(gpu);
   struct Shape { int64_t T, in, out; bool f32; };
-  for (const Shape& s : {Shape{17, 4096, 4096, false}, Shape{64, 4096, 11008, false}, Shape{64, 11008, 4096, false},
+  for (const Shape& s : {Shape{33, 4096, 4096, false}, Shape{64, 4096, 11008, false}, Shape{64, 11008, 4096, false},
                          Shape{300, 4096, 1000, false}, Shape{300, 1024, 4096, false}, Shape{40, 4096, 3000, true},
-                         Shape{33, 512, 77, false}}) {
+                         Shape{97, 512, 77, false}}) {
     const auto x = random_bf16(size_t(s.T * s.in), 41);
     const auto w = random_bf16(size_t(s.out * s.in), 42, 0.05f);
     const auto want = reference(x, s.T, w, s.out, s.in);
@@ -255,8 +317,9 @@ TEST(CudaMatmul, FirstUseInsideAGraphCaptureWorks) {
   const int64_t in = 768, out = 1536;
   const auto w = random_bf16(size_t(out * in), 51, 0.05f), wu = random_bf16(size_t(out * in), 52, 0.05f);
   auto wg = weight(*gpu, "w", out, in, w), wug = weight(*gpu, "u", out, in, wu);
-  // 23 rows: a token count no other test uses, so its cuBLASLt plan is new here.
-  for (int64_t T : {3, 23}) {
+  // 3 rows: the GEMV; 23: the skinny GEMM; 70: a token count no other test
+  // uses, so its cuBLASLt plan is new here.
+  for (int64_t T : {3, 23, 70}) {
     const auto x = random_bf16(size_t(T * in), 53);
     const auto want = reference(x, T, w, out, in), want_u = reference(x, T, wu, out, in);
     DevTensor xg = upload(*gpu, x, T, in);
