@@ -1,7 +1,7 @@
 // Weight-streaming bandwidth of the CUDA backend's decode matrix products on
 // one GPU: each GEMV launch shape of Llama-2-7B / Llama-3.1-8B (timed with
 // CUDA events over back-to-back launches, each on another copy of the weights
-// so none comes from L2; 1..16 tokens through the GEMV kernel, 17..32 through
+// so none comes from L2; 1..16 tokens through the GEMV kernel, 17..48 through
 // the skinny GEMM), all launches of one decode step in sequence (the number a
 // decode step's matrix time follows from), and the backend's matmul at 17 to
 // 256 tokens (SERVAL_NO_SKINNY_GEMM=1: cuBLASLt from 17 tokens). Counters: GB/s of weight bytes, and
@@ -29,7 +29,7 @@ namespace serval::cuda {
 void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
 void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
                 cudaStream_t stream);
-// cuda_skinny_gemm.cu: the same for 17..32 rows.
+// cuda_skinny_gemm.cu: the same for 17..48 rows.
 void skinny_gemm(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
 void skinny_gemm_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
                        cudaStream_t stream);
@@ -202,7 +202,7 @@ void BM_GemvDecodeStep(benchmark::State& state, Model m, bool graph) {
 }
 
 #define GEMV_SHAPE(name, ...) \
-  BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__})->Arg(1)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->UseManualTime()
+  BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__})->Arg(1)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->Arg(48)->UseManualTime()
 GEMV_SHAPE(l2_qkv_4096x3x4096, 4096, {4096, 4096, 4096});
 GEMV_SHAPE(l2_o_4096x4096, 4096, {4096});
 GEMV_SHAPE(l2_gate_up_4096x2x11008, 4096, {11008, 11008}, true);
@@ -213,7 +213,7 @@ GEMV_SHAPE(l3_gate_up_4096x2x14336, 4096, {14336, 14336}, true);
 GEMV_SHAPE(l3_down_14336x4096, 14336, {4096});
 GEMV_SHAPE(l3_head_4096x128256_f32, 4096, {128256}, false, true);
 BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b, kLlama2, false)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->UseManualTime()->Iterations(20);
-BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b_graph, kLlama2, true)->Arg(1)->Arg(16)->Arg(32)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b_graph, kLlama2, true)->Arg(1)->Arg(16)->Arg(32)->Arg(48)->UseManualTime()->Iterations(20);
 BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b, kLlama3, false)->Arg(1)->Arg(8)->Arg(32)->UseManualTime()->Iterations(20);
 BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b_graph, kLlama3, true)->Arg(1)->Arg(32)->UseManualTime()->Iterations(20);
 

@@ -1,5 +1,5 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// 17..32 through our skinny GEMM (cuda_skinny_gemm.cu), more through cuBLASLt, bf16 in and out (or f32 logits) with f32
+// 17..48 through our skinny GEMM (cuda_skinny_gemm.cu), more through cuBLASLt, bf16 in and out (or f32 logits) with f32
 // accumulation. With f32 activations (--dtype float32) every shape goes
 // through cuBLASLt in plain f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA
 // kernels; TF32 would need CUBLAS_COMPUTE_32F_FAST_TF32). cuBLASLt's algorithm for a shape is chosen at its first use
@@ -23,7 +23,7 @@ void skinny_gemm_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor
 
 namespace {
 
-// SERVAL_NO_SKINNY_GEMM=1 sends 17..32 rows to cuBLASLt (to compare the two).
+// SERVAL_NO_SKINNY_GEMM=1 sends 17..48 rows to cuBLASLt (to compare the two).
 bool skinny_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SERVAL_NO_SKINNY_GEMM");
@@ -32,7 +32,7 @@ bool skinny_enabled() {
   return on;
 }
 
-// Rows our own kernels take: the GEMV's 1..16 or the skinny GEMM's 17..32.
+// Rows our own kernels take: the GEMV's 1..16 or the skinny GEMM's 17..48.
 bool own_kernel_fits(const Tensor& x) { return gemv_fits(x) || (skinny_enabled() && skinny_gemm_fits(x)); }
 
 void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
@@ -216,7 +216,7 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
   own_matmul(x, w_ptrs, ys.data(), int(ws.size()), stream_);
 }
 
-// Decode batches of up to 32 rows: one launch (GEMV or skinny GEMM) reads gate
+// Decode batches of up to 48 rows: one launch (GEMV or skinny GEMM) reads gate
 // row j and up row j together and writes silu(g) * u, so neither projection
 // goes through memory. Larger batches, and f32 activations: two GEMMs into the
 // scratch tensors, then silu_mul.

@@ -1,18 +1,21 @@
-// y = x @ W^T for 17..32 rows of x (decode batches of that many sequences),
+// y = x @ W^T for 17..48 rows of x (decode batches of that many sequences),
 // with the GEMV's fused forms: up to three weights in one launch (q/k/v) and
 // silu(x @ gate^T) * (x @ up^T). Like the GEMV, a stream over W that must run
 // at the HBM bandwidth; unlike it, x no longer fits a few registers per lane,
 // so both operands go through shared memory.
 //
-// A block computes a 256 x 32 tile of y^T (256 W rows, 32 tokens; tokens past
-// T are zeros) over a slice of the columns, in 64-column stages that cp.async
-// fetches six deep (W with an L2 evict-first hint: it is read once per step).
-// 8 warps as 4 (W rows) x 2 (tokens), each 64 x 16 of the tile, with
-// mma.m16n8k16: A = 16 W rows, B = 8 tokens, f32 accumulators. Every block
-// reads its slice of x from L2 again: 256 W rows per tile keep that at an
-// eighth of the W bytes. Shared rows are 128 bytes with their 16-byte chunks
-// XOR-swizzled by the row, so ldmatrix reads 8 rows of one column without
-// bank conflicts.
+// A block computes a 256 x BN tile of y^T (256 W rows; BN = 32 tokens, or 64
+// for 33..48; tokens past T are zeros) over a slice of the columns, in
+// 64-column stages that cp.async fetches five or six deep (W with an L2
+// evict-first hint: it is read once per step). Shared rows are 128 bytes with
+// their 16-byte chunks XOR-swizzled by the row (the 128-byte swizzle of
+// Hopper's MMA operands). On sm_90a the two warpgroups each multiply 128 W rows
+// by the tile's tokens with wgmma (64 x BN x 16 per instruction, operands
+// straight from shared memory); the PTX for other GPUs uses mma.sync m16n8k16
+// with ldmatrix instead, which issues ~4x the instructions: on the H200 that
+// form was bound by instruction issue, not HBM, and lost to cuBLASLt beyond 32
+// rows. Every block reads its slice of x from L2 again: 256 W rows per tile
+// keep that at an eighth (BN 32) or a quarter (BN 64) of the W bytes.
 //
 // Few tiles (a 4096-row W has 16), so the columns are split in S slices
 // (split-K), S chosen from the tile count alone (choose_splits). The S blocks
@@ -22,14 +25,11 @@
 // 0..S-1. Nothing goes through global memory but x, W and y, and the sum's
 // order is fixed.
 //
-// Why only up to 32 rows: on the H200 this kernel is bound by its instruction
-// issue (mma.sync plus the ldmatrix and cp.async around it, one block of 8
-// warps per SM), not by HBM. At 17..32 rows it beats cuBLASLt (7B decode
-// steps 1-6% faster, docs/BENCHMARKS.md); at 48 and 64 rows it loses (4-8%),
-// so those stay on cuBLASLt. Closing that needs wgmma and TMA loads.
+// Why 48 rows: 7B decode steps are faster than through cuBLASLt at 20-48
+// sequences and ~1% slower at 64 (docs/BENCHMARKS.md), so 49+ rows stay there.
 //
-// Batch invariance among 17..32 rows: a token's output is the same chain of
-// mmas over the same columns in every split, then the same ordered sum, for
+// Batch invariance among 17..48 rows: a token's output is the same chain of
+// MMAs over the same columns in every split, then the same ordered sum, for
 // any T in that range (S depends on the weight's shape only). It differs in
 // rounding from the GEMV's (1..16 rows) order of sums.
 #include <cooperative_groups.h>
@@ -50,16 +50,23 @@ namespace cg = cooperative_groups;
 
 constexpr int kBM = 256;  // W rows per tile (gated: 128 of gate, then the same 128 of up)
 constexpr int kBK = 64;   // columns per stage: one 128-byte shared row
-constexpr int kBN = 32;   // tokens per tile: the most this kernel takes
-constexpr int kStages = 6;  // 6 x 36 KB of shared memory: one block per SM, as many bytes in flight as fit
+// Tokens per tile: 32, or 64 for batches of 33..64. Stages of the ring: as
+// many as fit one block per SM (6 x 36 KB, 5 x 40 KB).
+template <int kBN>
+__host__ __device__ constexpr int stages_for() {
+  return kBN == 32 ? 6 : 5;
+}
+// Dynamic shared memory: the ring, and 1 KB to align it to the 1024 bytes a
+// 128-byte-swizzled wgmma operand needs.
+template <int kBN>
+__host__ __device__ constexpr int smem_bytes() {
+  return stages_for<kBN>() * (kBM + kBN) * kBK * 2 + 1024;
+}
 constexpr int kThreads = 256;
-constexpr int kWarpsM = 4;
-constexpr int kWarpM = kBM / kWarpsM;  // W rows per warp
-constexpr int kMTiles = kWarpM / 16;   // m16 tiles per warp
 constexpr int kMinStagesPerSplit = 4;  // below this the pipeline never fills
 constexpr int kMaxSplits = 8;          // the portable cluster size
 constexpr int kPartialPitch = kBM + 4;  // floats per token row of a partial tile (no bank conflicts)
-constexpr int kMinTokens = 17, kMaxTokens = kBN;
+constexpr int kMinTokens = 17, kMaxTokens = 48;
 
 // The operands (cuda_matmul_segments.cuh) and the column split.
 struct SkinnyParams : MatmulSegments {
@@ -67,7 +74,6 @@ struct SkinnyParams : MatmulSegments {
   int stages_per_split;  // ceil(k_stages / S)
 };
 
-constexpr int kSmemBytes = kStages * (kBM + kBN) * kBK * 2;
 
 // Byte offset of (row, 16-byte chunk) in a stage's swizzled [rows][64] bf16 array.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
@@ -83,15 +89,67 @@ __device__ __forceinline__ void cp_async_16_evict_first(uint32_t dst, const void
 __device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
 __device__ __forceinline__ void store_out(bf16* y, int64_t i, float v) { y[i] = __float2bfloat16(v); }
 
-template <typename Out, bool kGated>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Hopper's warpgroup MMA (sm_90a): 64 W rows x N tokens x 16 columns per
+// instruction, both operands read from shared memory through descriptors, so
+// no ldmatrix and far fewer instructions than mma.sync.
+//
+// Descriptor of a K-major operand in the 128-byte-swizzled layout the stage
+// loads write (rows of 64 bf16, 16-byte chunks XOR row % 8, 8-row atoms of
+// 1024 bytes): start address, leading byte offset (unused when swizzled: 1),
+// stride byte offset 1024 (from one 8-row atom to the next), swizzle mode 1.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared memory written by cp.async (the generic proxy) becomes visible to
+// wgmma (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d[64 x 32] += A[64 x 16] * B[16 x 32], f32 accumulators (16 per thread).
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b));
+}
+// d[64 x 64] += A[64 x 16] * B[16 x 64] (32 accumulators per thread).
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b));
+}
+template <int kBN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[kBN / 2], uint64_t a, uint64_t b) {
+  if constexpr (kBN == 32)
+    wgmma_n32(d, a, b);
+  else
+    wgmma_n64(d, a, b);
+}
+#endif
+
+template <int kBN, typename Out, bool kGated>
 __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_constant__ SkinnyParams p) {
-  constexpr int kWarpN = kBN / 2;        // tokens per warp
-  constexpr int kNTiles = kWarpN / 8;    // n8 tiles per warp
+  constexpr int kStages = stages_for<kBN>();
   constexpr int kXChunks = kBN * kBK / 8 / kThreads;  // x chunks per thread per stage
   constexpr int kWChunks = kBM * kBK / 8 / kThreads;  // W chunks per thread per stage
   constexpr int kOutCols = kGated ? kBM / 2 : kBM;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t w_smem = ptx::smem_u32(smem);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw_s = ptx::smem_u32(smem_raw);
+  const uint32_t w_smem = (raw_s + 1023) & ~1023u;  // 1024-aligned: the swizzle is on address bits
+  unsigned char* smem = smem_raw + (w_smem - raw_s);
   const uint32_t x_smem = w_smem + kStages * kBM * kBK * 2;
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -151,8 +209,19 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
     ptx::cp_async_commit();
   }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Warpgroup wg takes W rows 128 wg .. 128 wg + 127 (two 64-row wgmma tiles)
+  // against all kBN tokens.
+  const int wg = warp >> 2;
+  float acc[2][kBN / 2] = {};
+#else
+  // mma.sync (PTX for other GPUs): 8 warps as 4 (W rows) x 2 (tokens), each
+  // 64 x kBN / 2 of the tile; A = 16 W rows, B = 8 tokens.
+  constexpr int kWarpsM = 4, kWarpM = kBM / kWarpsM, kMTiles = kWarpM / 16;
+  constexpr int kWarpN = kBN / 2, kNTiles = kWarpN / 8;
   const int wm = warp % kWarpsM, wn = warp / kWarpsM;
   float acc[kMTiles][kNTiles][4] = {};
+#endif
   for (int s = 0; s < n_stages; ++s) {
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // stage s is in; everyone is done reading the slot refilled next
@@ -163,6 +232,18 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
     ptx::cp_async_commit();
     const uint32_t ws = w_smem + uint32_t((s % kStages) * kBM * kBK * 2);
     const uint32_t xs = x_smem + uint32_t((s % kStages) * kBN * kBK * 2);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    fence_proxy_async();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        wgmma_tile<kBN>(acc[mi], wgmma_desc(ws + uint32_t((wg * 128 + mi * 64) * kBK * 2 + kk * 32)),
+                        wgmma_desc(xs + uint32_t(kk * 32)));
+    wgmma_commit();
+    wgmma_wait_all();  // before the next barrier lets this stage's slot be refilled
+#else
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
       uint32_t a[kMTiles][4];
@@ -181,24 +262,35 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
         }
       }
     }
+#endif
   }
   ptx::cp_async_wait_all();
   pdl_launch_dependents();
   __syncthreads();  // the stage buffers become the partial tile
 
-  // Partial tile [token][W row] in f32.
+  // Partial tile [token][W row] in f32. Both MMA forms leave, per 16 rows and
+  // 8 tokens, lane (g, q) with rows g and g + 8 of tokens 2q and 2q + 1.
   float* part = reinterpret_cast<float*>(smem);
   const int g = lane >> 2, q = lane & 3;
+  auto store_frag = [&](int m, int n, const float* f) {
+    part[n * kPartialPitch + m] = f[0];
+    part[(n + 1) * kPartialPitch + m] = f[1];
+    part[n * kPartialPitch + m + 8] = f[2];
+    part[(n + 1) * kPartialPitch + m + 8] = f[3];
+  };
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+      store_frag(wg * 128 + mi * 64 + (warp & 3) * 16 + g, 8 * j + 2 * q, &acc[mi][4 * j]);
+#else
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-    for (int ni = 0; ni < kNTiles; ++ni) {
-      const int m = wm * kWarpM + mi * 16 + g, n = wn * kWarpN + ni * 8 + 2 * q;
-      part[n * kPartialPitch + m] = acc[mi][ni][0];
-      part[(n + 1) * kPartialPitch + m] = acc[mi][ni][1];
-      part[n * kPartialPitch + m + 8] = acc[mi][ni][2];
-      part[(n + 1) * kPartialPitch + m + 8] = acc[mi][ni][3];
-    }
+    for (int ni = 0; ni < kNTiles; ++ni)
+      store_frag(wm * kWarpM + mi * 16 + g, wn * kWarpN + ni * 8 + 2 * q, acc[mi][ni]);
+#endif
   cluster.sync();  // every partial of the tile is written
 
   // Block `split` sums its share of the tile's outputs over the S partials,
@@ -241,18 +333,18 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
 
 // Resident clusters of S blocks of one kernel variant on the whole GPU, times
 // S: the block slots a grid of such clusters can fill at once.
-template <typename Out, bool kGated>
+template <int kBN, typename Out, bool kGated>
 int cluster_slots(int splits) {
   static std::mutex mu;
   static std::map<int, int> slots;
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = slots.find(splits); it != slots.end()) return it->second;
-  auto kernel = skinny_gemm_kernel<Out, kGated>;
-  SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  auto kernel = skinny_gemm_kernel<kBN, Out, kGated>;
+  SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kBN>()));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(splits * 64));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.dynamicSmemBytes = smem_bytes<kBN>();
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(splits);
@@ -267,8 +359,9 @@ int cluster_slots(int splits) {
 // The split count for `tiles` tiles of `k_stages` stages: a block's time is
 // about its stages, k_stages / S, so the kernel's is waves / S with waves =
 // ceil(tiles x S / slots(S)); the S that minimizes it, with at least
-// kMinStagesPerSplit stages per split, fewer splits unless 3% faster. S (and
-// with it every output's rounding) does not depend on T.
+// kMinStagesPerSplit stages per split, fewer splits unless 3% faster. Counted
+// with the 64-token variant's slots for both, so that S (and with it every
+// output's rounding) does not depend on T.
 template <typename Out, bool kGated>
 int choose_splits(int tiles, int k_stages) {
   int best = 1;
@@ -277,7 +370,7 @@ int choose_splits(int tiles, int k_stages) {
     const int per = ceil_div(k_stages, s);
     if (s > 1 && per < kMinStagesPerSplit) break;
     if ((s - 1) * per >= k_stages) continue;  // a split would have no columns
-    const double time = double(ceil_div(tiles * s, cluster_slots<Out, kGated>(s))) * per;
+    const double time = double(ceil_div(tiles * s, cluster_slots<64, Out, kGated>(s))) * per;
     if (s == 1 || time < best_time * 0.97) {
       best_time = time;
       best = s;
@@ -286,18 +379,19 @@ int choose_splits(int tiles, int k_stages) {
   return best;
 }
 
-template <typename Out, bool kGated>
-void launch(const MatmulSegments& segs, cudaStream_t stream) {
+template <int kBN, typename Out, bool kGated>
+void launch_as(const MatmulSegments& segs, cudaStream_t stream) {
   if (segs.tiles == 0) return;
   SkinnyParams p;
   static_cast<MatmulSegments&>(p) = segs;
   p.k_stages = ceil_div(p.in, kBK);
-  const int splits = choose_splits<Out, kGated>(p.tiles, p.k_stages);  // also sets the shared-memory limit
+  const int splits = choose_splits<Out, kGated>(p.tiles, p.k_stages);
+  cluster_slots<kBN, Out, kGated>(splits);  // sets this variant's shared-memory limit on first use
   p.stages_per_split = ceil_div(p.k_stages, splits);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.tiles * splits));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.dynamicSmemBytes = smem_bytes<kBN>();
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -307,7 +401,15 @@ void launch(const MatmulSegments& segs, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<Out, kGated>, p));
+  SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<kBN, Out, kGated>, p));
+}
+
+template <typename Out, bool kGated>
+void launch(const MatmulSegments& p, cudaStream_t stream) {
+  if (p.tokens <= 32)
+    launch_as<32, Out, kGated>(p, stream);
+  else
+    launch_as<64, Out, kGated>(p, stream);
 }
 
 }  // namespace
