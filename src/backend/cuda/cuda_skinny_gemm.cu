@@ -50,7 +50,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kBM = 256;  // W rows per tile (gated: 128 of gate, then the same 128 of up)
 constexpr int kBK = 64;   // columns per stage: one 128-byte shared row
-// Tokens per tile: 32, or 64 for batches of 33..64. Stages of the ring: as
+// Tokens per tile: 32, or 64 for batches of 33..48. Stages of the ring: as
 // many as fit one block per SM (6 x 36 KB, 5 x 40 KB).
 template <int kBN>
 __host__ __device__ constexpr int stages_for() {
@@ -73,7 +73,6 @@ struct SkinnyParams : MatmulSegments {
   int k_stages;          // ceil(in / kBK)
   int stages_per_split;  // ceil(k_stages / S)
 };
-
 
 // Byte offset of (row, 16-byte chunk) in a stage's swizzled [rows][64] bf16 array.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
