@@ -102,6 +102,7 @@ echo "== random Llama-2-7B bf16 model"
 if [ $QUICK = 0 ]; then
   compare_cpu $M7 7B
   compare_cpu $M7 7B --dtype float32
+  row "$(./batch-vs-solo.sh $M7 "7B bf16 CUDA" --device cuda | tail -1)"
 fi
 bench "7B batch-1 decode tg128" $M7 --requests 1 --input-len 1 --output-len 129
 bench "7B batch-1 decode tg128, --enforce-eager" $M7 --requests 1 --input-len 1 --output-len 129 --enforce-eager
