@@ -202,7 +202,8 @@ void BM_GemvDecodeStep(benchmark::State& state, Model m, bool graph) {
 }
 
 #define GEMV_SHAPE(name, ...) \
-  BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__})->Arg(1)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->Arg(48)->UseManualTime()
+  BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__}) \
+      ->Arg(1)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->Arg(48)->UseManualTime()
 GEMV_SHAPE(l2_qkv_4096x3x4096, 4096, {4096, 4096, 4096});
 GEMV_SHAPE(l2_o_4096x4096, 4096, {4096});
 GEMV_SHAPE(l2_gate_up_4096x2x11008, 4096, {11008, 11008}, true);
@@ -212,9 +213,12 @@ GEMV_SHAPE(l3_qkv_4096x6144, 4096, {4096, 1024, 1024});
 GEMV_SHAPE(l3_gate_up_4096x2x14336, 4096, {14336, 14336}, true);
 GEMV_SHAPE(l3_down_14336x4096, 14336, {4096});
 GEMV_SHAPE(l3_head_4096x128256_f32, 4096, {128256}, false, true);
-BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b, kLlama2, false)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->UseManualTime()->Iterations(20);
-BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b_graph, kLlama2, true)->Arg(1)->Arg(16)->Arg(32)->Arg(48)->UseManualTime()->Iterations(20);
-BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b, kLlama3, false)->Arg(1)->Arg(8)->Arg(32)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b, kLlama2, false)
+    ->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b_graph, kLlama2, true)
+    ->Arg(1)->Arg(16)->Arg(32)->Arg(48)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b, kLlama3, false)
+    ->Arg(1)->Arg(8)->Arg(32)->UseManualTime()->Iterations(20);
 BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b_graph, kLlama3, true)->Arg(1)->Arg(32)->UseManualTime()->Iterations(20);
 
 // cuBLASLt GEMMs (more than 16 tokens) through the backend, after its first

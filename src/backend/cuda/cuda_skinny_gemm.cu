@@ -331,7 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
 }
 
 // Resident clusters of S blocks of one kernel variant on the whole GPU, times
-// S: the block slots a grid of such clusters can fill at once.
+// S: the block slots a grid of such clusters can fill at once (0: this GPU
+// cannot place such a cluster at all).
 template <int kBN, typename Out, bool kGated>
 int cluster_slots(int splits) {
   static std::mutex mu;
@@ -352,7 +353,7 @@ int cluster_slots(int splits) {
   cfg.numAttrs = 1;
   int clusters = 0;
   SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  return slots[splits] = std::max(clusters, 1) * splits;
+  return slots[splits] = clusters * splits;
 }
 
 // The split count for `tiles` tiles of `k_stages` stages: a block's time is
@@ -369,7 +370,11 @@ int choose_splits(int tiles, int k_stages) {
     const int per = ceil_div(k_stages, s);
     if (s > 1 && per < kMinStagesPerSplit) break;
     if ((s - 1) * per >= k_stages) continue;  // a split would have no columns
-    const double time = double(ceil_div(tiles * s, cluster_slots<64, Out, kGated>(s))) * per;
+    const int slots = cluster_slots<64, Out, kGated>(s);
+    SERVAL_CHECK(slots > 0 || s > 1, "skinny_gemm: no block of ", smem_bytes<64>(),
+                 " bytes of shared memory fits this GPU");
+    if (slots == 0) continue;  // clusters of s blocks do not fit
+    const double time = double(ceil_div(tiles * s, slots)) * per;
     if (s == 1 || time < best_time * 0.97) {
       best_time = time;
       best = s;
