@@ -103,8 +103,9 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Shared memory written by cp.async (the generic proxy) becomes visible to
-// wgmma (the async proxy).
+// Shared memory this thread wrote through cp.async (the generic proxy)
+// becomes visible to wgmma (the async proxy); a barrier after it extends that
+// to the other threads' wgmma.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // d[64 x 32] += A[64 x 16] * B[16 x 32], f32 accumulators (16 per thread).
@@ -223,6 +224,9 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
 #endif
   for (int s = 0; s < n_stages; ++s) {
     ptx::cp_async_wait<kStages - 2>();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    fence_proxy_async();  // this thread's copies of stage s, before the barrier that hands them to wgmma
+#endif
     __syncthreads();  // stage s is in; everyone is done reading the slot refilled next
     if (s + kStages - 1 < n_stages) {
       load_w(s + kStages - 1);
@@ -232,7 +236,6 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
     const uint32_t ws = w_smem + uint32_t((s % kStages) * kBM * kBK * 2);
     const uint32_t xs = x_smem + uint32_t((s % kStages) * kBN * kBK * 2);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    fence_proxy_async();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
