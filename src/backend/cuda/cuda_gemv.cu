@@ -35,6 +35,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_matmul_segments.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
 
 namespace serval::cuda {
 
@@ -79,15 +80,6 @@ __device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "r"(int(ok)), "l"(p));
   return v;
-}
-
-// d += a * b for a 16x16 bf16 A (4 registers), a 16x8 B (2 registers), f32 D.
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
@@ -153,11 +145,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   auto compute_step = [&](int s) {
     uint4 hi = make_uint4(0, 0, 0, 0);
     if constexpr (kHighTokens) hi = xh[s];
-    mma_16816(acc, xl[s].x, hi.x, xl[s].y, hi.y, wv[s].x, wv[s].y);
-    mma_16816(acc, xl[s].z, hi.z, xl[s].w, hi.w, wv[s].z, wv[s].w);
+    const uint32_t a_lo[4] = {xl[s].x, hi.x, xl[s].y, hi.y}, a_hi[4] = {xl[s].z, hi.z, xl[s].w, hi.w};
+    ptx::mma_bf16_16816(acc, a_lo, wv[s].x, wv[s].y);
+    ptx::mma_bf16_16816(acc, a_hi, wv[s].z, wv[s].w);
     if constexpr (kGated) {
-      mma_16816(acc_up, xl[s].x, hi.x, xl[s].y, hi.y, uv[s].x, uv[s].y);
-      mma_16816(acc_up, xl[s].z, hi.z, xl[s].w, hi.w, uv[s].z, uv[s].w);
+      ptx::mma_bf16_16816(acc_up, a_lo, uv[s].x, uv[s].y);
+      ptx::mma_bf16_16816(acc_up, a_hi, uv[s].z, uv[s].w);
     }
   };
   auto epilogue = [&](int i) {
