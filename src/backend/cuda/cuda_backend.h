@@ -3,7 +3,8 @@
 // bf16 (the default) or f32 (--dtype float32: slower, for results that follow
 // the CPU backend token for token), f32 accumulation everywhere (never TF32);
 // 1-D weights (norms, biases) stay f32. GEMMs go through cuBLASLt (bf16 decode
-// shapes through our GEMV), everything else is our own kernels. All work runs
+// shapes through our GEMV up to 16 rows and our skinny GEMM up to 48),
+// everything else is our own kernels. All work runs
 // on one stream; copy_to_host(), tensor_to_host() and synchronize() wait for it.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
