@@ -10,7 +10,10 @@ the points Serval's CUDA backend rounds them, and prints the relative L2 error
 of the last position's logits for each variant (all rounding points, and each
 one alone), plus the error f32 alone makes when the embedding input is
 perturbed by one bf16 rounding (the model's own amplification of a tiny input
-change).
+change). Last, two bf16 passes that differ only as two correct bf16 engines
+would, by f32 summation order (every matmul output scaled by 1 +- 1e-6 before
+its rounding): what a CPU reference rounding at the same points would measure
+against the CUDA backend.
 
 The weights follow `serval random-model` (N(0, 0.02) matrices, N(1, 0.02) norms,
 rounded to bf16, as the bf16 GGUF stores them) but come from numpy's generator,
@@ -52,15 +55,20 @@ def rope(x, positions):
 POINTS = ("norm_out", "qkv", "kv_cache", "softmax_p", "attn_out", "proj", "mlp_act")
 
 
-def layer(x, w, r):
+def layer(x, w, r, jitter=None):
     """One decoder layer over the prompt x [T, HIDDEN] (f32 residual); r(name, v)
     rounds v when the variant rounds at `name`."""
     T = x.shape[0]
     pos = np.arange(T)
+
+    def mm(a, b):  # a @ b, with another engine's summation order when jittered
+        y = a @ b
+        return y if jitter is None else y * (1 + np.float32(1e-6) * np.sign(jitter.standard_normal(y.shape)))
+
     xn = r("norm_out", rmsnorm(x, w["attn_norm"]))
-    q = r("qkv", xn @ w["wq"].T).reshape(T, HEADS, HEAD_DIM)
-    k = r("qkv", xn @ w["wk"].T).reshape(T, HEADS, HEAD_DIM)
-    v = r("qkv", xn @ w["wv"].T).reshape(T, HEADS, HEAD_DIM)
+    q = r("qkv", mm(xn, w["wq"].T)).reshape(T, HEADS, HEAD_DIM)
+    k = r("qkv", mm(xn, w["wk"].T)).reshape(T, HEADS, HEAD_DIM)
+    v = r("qkv", mm(xn, w["wv"].T)).reshape(T, HEADS, HEAD_DIM)
     q = r("qkv", rope(q, pos))  # rope writes q back in the activation dtype
     k = r("kv_cache", rope(k, pos))
     v = r("kv_cache", v)
@@ -70,11 +78,11 @@ def layer(x, w, r):
     l = p.sum(-1, keepdims=True)  # the kernels sum the unrounded p ...
     o = np.einsum("hts,shd->thd", r("softmax_p", p), v) / np.transpose(l, (1, 0, 2))  # ... and multiply V by bf16 p
     attn = r("attn_out", o.reshape(T, HEADS * HEAD_DIM))
-    x = x + r("proj", attn @ w["wo"].T)
+    x = x + r("proj", mm(attn, w["wo"].T))
     xn = r("norm_out", rmsnorm(x, w["ffn_norm"]))
-    g, u = xn @ w["gate"].T, xn @ w["up"].T
+    g, u = mm(xn, w["gate"].T), mm(xn, w["up"].T)
     h = r("mlp_act", g / (1 + np.exp(-g)) * u)  # fused: one rounding of the product
-    return x + r("proj", h @ w["down"].T)
+    return x + r("proj", mm(h, w["down"].T))
 
 
 def gen(rng, shape, mean=0.0):
@@ -101,6 +109,9 @@ def main():
     xs = {name: x0.copy() for name in variants}
     xs["f32, input x (1 +- 2^-9)"] = perturbed.astype(np.float32)
     variants["f32, input x (1 +- 2^-9)"] = set()
+    jitter = np.random.default_rng(7)
+    xs["all, other summation order"] = x0.copy()
+    variants["all, other summation order"] = set(POINTS)
     for li in range(a.layers):
         w = {"attn_norm": gen(rng, (HIDDEN,), 1.0), "ffn_norm": gen(rng, (HIDDEN,), 1.0)}
         for n, shape in (("wq", (HIDDEN, HIDDEN)), ("wk", (HIDDEN, HIDDEN)), ("wv", (HIDDEN, HIDDEN)),
@@ -108,7 +119,8 @@ def main():
                          ("down", (HIDDEN, INTER))):
             w[n] = gen(rng, shape)
         for name, pts in variants.items():
-            xs[name] = layer(xs[name], w, lambda p, v, pts=pts: bf16(v) if p in pts else v.astype(np.float32))
+            xs[name] = layer(xs[name], w, lambda p, v, pts=pts: bf16(v) if p in pts else v.astype(np.float32),
+                             jitter if name == "all, other summation order" else None)
         print(f"layer {li + 1}/{a.layers} done", flush=True)
     out_norm, head = gen(rng, (HIDDEN,), 1.0), gen(rng, (VOCAB, HIDDEN))
     logits = {}
@@ -119,11 +131,13 @@ def main():
     print(f"\n{a.layers} layers, {a.tokens} prompt tokens, seed {a.seed}: last-position logits vs f32")
     print(f"  f32 logit std {ref.std():.3f}")
     for name in variants:
-        if name == "f32":
+        if name in ("f32", "all, other summation order"):
             continue
         rel = np.linalg.norm(logits[name] - ref) / np.linalg.norm(ref)
         same = int(np.argmax(logits[name]) == np.argmax(ref))
         print(f"  {name:28s} relative error {rel:.2e}, argmax {'same' if same else 'differs'}")
+    a, b = logits["all"], logits["all, other summation order"]
+    print(f"  bf16 vs bf16 in another summation order: relative error {np.linalg.norm(a - b) / np.linalg.norm(a):.2e}")
 
 
 if __name__ == "__main__":
