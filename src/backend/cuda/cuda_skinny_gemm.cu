@@ -35,8 +35,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
+#include <array>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_matmul_segments.cuh"
@@ -333,30 +332,46 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
   cluster.sync();  // no block leaves while another may still read its partial
 }
 
-// Resident clusters of S blocks of one kernel variant on the whole GPU, times
-// S: the block slots a grid of such clusters can fill at once (0: this GPU
-// cannot place such a cluster at all).
-template <int kBN, typename Out, bool kGated>
-int cluster_slots(int splits) {
-  static std::mutex mu;
-  static std::map<int, int> slots;
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = slots.find(splits); it != slots.end()) return it->second;
-  auto kernel = skinny_gemm_kernel<kBN, Out, kGated>;
-  SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kBN>()));
+// The launch of `blocks` blocks of `smem` bytes in clusters of `splits` (and,
+// with `pdl`, as a programmatic dependent); `attr` holds its attributes.
+cudaLaunchConfig_t cluster_launch(unsigned blocks, int splits, int smem, cudaStream_t stream, bool pdl,
+                                  cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(splits * 64));
+  cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem_bytes<kBN>();
-  cudaLaunchAttribute attr[1];
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(splits);
   attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  return slots[splits] = clusters * splits;
+  cfg.numAttrs = pdl ? 2 : 1;
+  return cfg;
+}
+
+// For one kernel variant, set up on first use (its shared-memory limit): for
+// each split count S, the resident clusters of S blocks on the whole GPU times
+// S, the block slots a grid of such clusters can fill at once (0: this GPU
+// cannot place such a cluster at all).
+using SplitSlots = std::array<int, kMaxSplits + 1>;
+template <int kBN, typename Out, bool kGated>
+const SplitSlots& variant_slots() {
+  static const SplitSlots slots = [] {
+    auto kernel = skinny_gemm_kernel<kBN, Out, kGated>;
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kBN>()));
+    SplitSlots out{};
+    for (int s = 1; s <= kMaxSplits; ++s) {
+      cudaLaunchAttribute attr[2];
+      const cudaLaunchConfig_t cfg = cluster_launch(unsigned(s * 64), s, smem_bytes<kBN>(), nullptr, false, attr);
+      int clusters = 0;
+      SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      out[size_t(s)] = clusters * s;
+    }
+    return out;
+  }();
+  return slots;
 }
 
 // The split count for `tiles` tiles of `k_stages` stages: a block's time is
@@ -367,17 +382,16 @@ int cluster_slots(int splits) {
 // output's rounding) does not depend on T.
 template <typename Out, bool kGated>
 int choose_splits(int tiles, int k_stages) {
+  const SplitSlots& slots = variant_slots<64, Out, kGated>();
+  SERVAL_CHECK(slots[1] > 0, "skinny_gemm: no block of ", smem_bytes<64>(), " bytes of shared memory fits this GPU");
   int best = 1;
   double best_time = 0;
   for (int s = 1; s <= kMaxSplits; ++s) {
     const int per = ceil_div(k_stages, s);
     if (s > 1 && per < kMinStagesPerSplit) break;
     if ((s - 1) * per >= k_stages) continue;  // a split would have no columns
-    const int slots = cluster_slots<64, Out, kGated>(s);
-    SERVAL_CHECK(slots > 0 || s > 1, "skinny_gemm: no block of ", smem_bytes<64>(),
-                 " bytes of shared memory fits this GPU");
-    if (slots == 0) continue;  // clusters of s blocks do not fit
-    const double time = double(ceil_div(tiles * s, slots)) * per;
+    if (slots[size_t(s)] == 0) continue;      // clusters of s blocks do not fit
+    const double time = double(ceil_div(tiles * s, slots[size_t(s)])) * per;
     if (s == 1 || time < best_time * 0.97) {
       best_time = time;
       best = s;
@@ -389,25 +403,15 @@ int choose_splits(int tiles, int k_stages) {
 template <int kBN, typename Out, bool kGated>
 void launch_as(const MatmulSegments& segs, cudaStream_t stream) {
   if (segs.tiles == 0) return;
+  variant_slots<kBN, Out, kGated>();  // this variant's shared-memory limit, on first use
   SkinnyParams p;
   static_cast<MatmulSegments&>(p) = segs;
   p.k_stages = ceil_div(p.in, kBK);
   const int splits = choose_splits<Out, kGated>(p.tiles, p.k_stages);
-  cluster_slots<kBN, Out, kGated>(splits);  // sets this variant's shared-memory limit on first use
   p.stages_per_split = ceil_div(p.k_stages, splits);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(p.tiles * splits));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem_bytes<kBN>();
-  cfg.stream = stream;
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(splits);
-  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  const cudaLaunchConfig_t cfg =
+      cluster_launch(unsigned(p.tiles * splits), splits, smem_bytes<kBN>(), stream, pdl_enabled(), attr);
   SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<kBN, Out, kGated>, p));
 }
 
