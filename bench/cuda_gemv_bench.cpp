@@ -22,18 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_decode_matmul.h"
 #include "runtime/backend.h"
 
-namespace serval::cuda {
-// cuda_gemv.cu (these are its declarations, as cuda_matmul.cu has them).
-void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                cudaStream_t stream);
-// cuda_skinny_gemm.cu: the same for 17..48 rows.
-void skinny_gemm(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void skinny_gemm_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                       cudaStream_t stream);
-}  // namespace serval::cuda
 
 namespace serval {
 namespace {
@@ -87,13 +78,8 @@ struct LaunchData {
   }
   void run(int64_t T, cudaStream_t s) const {
     const Tensor xt{x->p, DType::BF16, T, l.in};
-    const bool skinny = T > 16;
     if (l.gated) {
-      const Tensor out{y[0]->p, DType::BF16, T, l.outs[0]};
-      if (skinny)
-        cuda::skinny_gemm_gated(xt, w[0]->bf(), w[1]->bf(), out, s);
-      else
-        cuda::gemv_gated(xt, w[0]->bf(), w[1]->bf(), out, s);
+      cuda::decode_matmul_gated(xt, w[0]->bf(), w[1]->bf(), Tensor{y[0]->p, DType::BF16, T, l.outs[0]}, s);
       return;
     }
     std::vector<Tensor> ys;
@@ -102,10 +88,7 @@ struct LaunchData {
       ys.push_back(Tensor{y[i]->p, l.f32 ? DType::F32 : DType::BF16, T, l.outs[i]});
       ws.push_back(w[i]->bf());
     }
-    if (skinny)
-      cuda::skinny_gemm(xt, ws.data(), ys.data(), int(ws.size()), s);
-    else
-      cuda::gemv(xt, ws.data(), ys.data(), int(ws.size()), s);
+    cuda::decode_matmul(xt, ws.data(), ys.data(), int(ws.size()), s);
   }
 };
 

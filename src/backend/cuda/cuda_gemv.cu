@@ -34,6 +34,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_matmul_segments.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 

@@ -1,25 +1,36 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// 17..48 through our skinny GEMM (cuda_skinny_gemm.cu), more through cuBLASLt, bf16 in and out (or f32 logits) with f32
-// accumulation. With f32 activations (--dtype float32) every shape goes
-// through cuBLASLt in plain f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA
-// kernels; TF32 would need CUBLAS_COMPUTE_32F_FAST_TF32). cuBLASLt's algorithm for a shape is chosen at its first use
-// outside a graph capture by timing the heuristic's best candidates on the
-// real operands; the winner is kept per (out, token bucket, in, out dtype).
+// 17..48 through our skinny GEMM (cuda_skinny_gemm.cu), more through
+// cuBLASLt, bf16 in and out (or f32 logits) with f32 accumulation. With f32
+// activations (--dtype float32) every shape goes through cuBLASLt in plain
+// f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
+// CUBLAS_COMPUTE_32F_FAST_TF32). cuBLASLt's algorithm for a shape is chosen at
+// its first use outside a graph capture by timing the heuristic's best
+// candidates on the real operands; the winner is kept per (out, token bucket,
+// in, out dtype).
 #include <cfloat>
 #include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_decode_matmul.h"
 
 namespace serval::cuda {
 
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias);  // cuda_elementwise.cu
-bool gemv_fits(const Tensor& x);                                            // cuda_gemv.cu
-void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream);
-bool skinny_gemm_fits(const Tensor& x);  // cuda_skinny_gemm.cu
-void skinny_gemm(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void skinny_gemm_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream);
+
+void decode_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
+  if (gemv_fits(x))
+    gemv(x, ws, ys, n, stream);
+  else
+    skinny_gemm(x, ws, ys, n, stream);
+}
+
+void decode_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream) {
+  if (gemv_fits(x))
+    gemv_gated(x, gate, up, out, stream);
+  else
+    skinny_gemm_gated(x, gate, up, out, stream);
+}
 
 namespace {
 
@@ -34,13 +45,6 @@ bool skinny_enabled() {
 
 // Rows our own kernels take: the GEMV's 1..16 or the skinny GEMM's 17..48.
 bool own_kernel_fits(const Tensor& x) { return gemv_fits(x) || (skinny_enabled() && skinny_gemm_fits(x)); }
-
-void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
-  if (gemv_fits(x))
-    gemv(x, ws, ys, n, stream);
-  else
-    skinny_gemm(x, ws, ys, n, stream);
-}
 
 constexpr int kCandidates = 8;  // heuristic results timed per shape
 constexpr int kTimedRuns = 3;   // after one warm-up run each
@@ -183,7 +187,7 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
   if (x.rows == 0) return;
   if (act_dtype_ == DType::BF16 && own_kernel_fits(x)) {
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
-    own_matmul(x, &w_ptr, &y, 1, stream_);
+    decode_matmul(x, &w_ptr, &y, 1, stream_);
   } else {
     const bool f32 = y.dtype == DType::F32;
     MatmulPlan& p = matmul_plan(cw.rows(), x.rows, x.cols, f32);
@@ -213,7 +217,7 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
     w_ptrs[i] = static_cast<const bf16*>(cw.data());
   }
   if (!fused) return Backend::matmul_multi(x, ws, ys);
-  own_matmul(x, w_ptrs, ys.data(), int(ws.size()), stream_);
+  decode_matmul(x, w_ptrs, ys.data(), int(ws.size()), stream_);
 }
 
 // Decode batches of up to 48 rows: one launch (GEMV or skinny GEMM) reads gate
@@ -228,12 +232,7 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
                      g.cols() == x.cols && u.cols() == x.cols && g.rows() == u.rows() && out.dtype == DType::BF16 &&
                      out.rows == x.rows && out.cols == g.rows();
   if (!fused) return Backend::gated_mlp_up(x, gate, up, gate_buf, up_buf, out);
-  const bf16* gp = static_cast<const bf16*>(g.data());
-  const bf16* up_p = static_cast<const bf16*>(u.data());
-  if (gemv_fits(x))
-    gemv_gated(x, gp, up_p, out, stream_);
-  else
-    skinny_gemm_gated(x, gp, up_p, out, stream_);
+  decode_matmul_gated(x, static_cast<const bf16*>(g.data()), static_cast<const bf16*>(u.data()), out, stream_);
 }
 
 }  // namespace serval::cuda

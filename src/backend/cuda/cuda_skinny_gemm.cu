@@ -38,6 +38,7 @@
 #include <array>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_matmul_segments.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 

@@ -1,0 +1,31 @@
+#pragma once
+// Our own kernels for the matmuls of decode-sized batches (bf16 x, W and y,
+// or an f32 y alone): the GEMV for 1..16 rows of x (cuda_gemv.cu) and the
+// skinny GEMM for 17..48 (cuda_skinny_gemm.cu), each also in the fused forms
+// (up to three weights in one launch; silu(x gate^T) * (x up^T)). CudaBackend's
+// matmuls dispatch here (cuda_matmul.cu), and so does bench/cuda_gemv_bench.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "runtime/backend.h"
+
+namespace serval::cuda {
+
+bool gemv_fits(const Tensor& x);
+// ys[i] = x @ ws[i]^T for 1..3 weights; the outputs all bf16, or a single f32 one.
+void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+// out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
+void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
+                cudaStream_t stream);
+
+bool skinny_gemm_fits(const Tensor& x);
+void skinny_gemm(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+void skinny_gemm_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
+                       cudaStream_t stream);
+
+// The GEMV when x fits it, else the skinny GEMM (x must fit one of them).
+void decode_matmul(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+void decode_matmul_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
+                         cudaStream_t stream);
+
+}  // namespace serval::cuda
