@@ -140,20 +140,6 @@ void poison(Backend& be, const Tensor& t) {
   }
 }
 
-// The worst over (token, head) of max |got - want| / max |want| within that head's D values.
-double worst_head_error(const std::vector<float>& got, const std::vector<float>& want, int32_t head_dim) {
-  double worst = got.size() == want.size() ? 0.0 : 1e30;
-  for (size_t h0 = 0; h0 + size_t(head_dim) <= std::min(got.size(), want.size()); h0 += size_t(head_dim)) {
-    double diff = 0.0, scale = 0.0;
-    for (size_t i = h0; i < h0 + size_t(head_dim); ++i) {
-      diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-      scale = std::max(scale, std::abs(double(want[i])));
-    }
-    worst = std::max(worst, scale > 0 ? diff / scale : diff);
-  }
-  return worst;
-}
-
 std::vector<float> run_on(Backend& be, const AttnCase& c, uint32_t seed, int32_t bound) {
   AttnWorld w = make_world(be, c, seed);
   set_step(be, w, c.seqs, bound);

@@ -222,22 +222,9 @@ TEST(CudaF32Ops, MatmulMultiAndGatedMlpUpMatchCpu) {
 TEST(CudaF32Ops, RopeAndRopeKvWriteMatchCpu) {
   SERVAL_CUDA_F32_OR_SKIP(gpu);
   auto cpu = create_backend("cpu", 0);
-  struct Case { RopeStyle style; int64_t head_dim, rope_dim; RopeScaling::Type scaling; };
   double worst = 0;
-  for (const Case& c : {Case{RopeStyle::Neox, 128, 128, RopeScaling::Type::None},
-                        Case{RopeStyle::Interleaved, 128, 128, RopeScaling::Type::Llama3},
-                        Case{RopeStyle::Neox, 64, 32, RopeScaling::Type::Linear},
-                        Case{RopeStyle::Interleaved, 8, 8, RopeScaling::Type::None}}) {
-    ModelConfig cfg;
-    cfg.head_dim = c.head_dim;
-    cfg.rope_dim = c.rope_dim;
-    cfg.rope_theta = 500000;
-    cfg.rope_scaling.type = c.scaling;
-    cfg.rope_scaling.factor = 8;
-    cfg.rope_scaling.low_freq_factor = 1;
-    cfg.rope_scaling.high_freq_factor = 4;
-    cfg.rope_scaling.original_max_position = 8192;
-    const std::vector<float> inv = rope_inv_freq(cfg, {});
+  for (const RopeCase& c : rope_cases()) {
+    const std::vector<float> inv = rope_case_inv_freq(c);
     const int64_t T = 6, qh = 4, kh = 2, row = kh * c.head_dim;
     const std::vector<int32_t> pos = {0, 1, 17, 511, 4095, 30000};
     const std::vector<int64_t> slots = {13, 0, 7, 2, 15, 9};  // of a 4 x 4 pool
@@ -400,21 +387,6 @@ void attend(Backend& be, AttnWorld& w, const AttnCase& c) {
 void poison(Backend& be, const Tensor& t) {
   const std::vector<float> v(size_t(t.numel()), 100.0f);
   be.copy_to_device(t.data, v.data(), int64_t(v.size()) * 4);
-}
-
-// The worst over (token, head) of max |got - want| / max |want| within the head.
-double worst_head_error(const std::vector<float>& got, const std::vector<float>& want, int32_t head_dim) {
-  if (got.size() != want.size()) return 1e30;
-  double worst = 0;
-  for (size_t h0 = 0; h0 < got.size(); h0 += size_t(head_dim)) {
-    double diff = 0, scale = 0;
-    for (size_t i = h0; i < h0 + size_t(head_dim); ++i) {
-      diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-      scale = std::max(scale, std::abs(double(want[i])));
-    }
-    worst = std::max(worst, scale > 0 ? diff / scale : diff);
-  }
-  return worst;
 }
 
 std::vector<float> run_case(Backend& be, const AttnCase& c, uint32_t seed) {

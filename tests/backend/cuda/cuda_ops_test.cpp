@@ -148,21 +148,8 @@ TEST(CudaOps, MatmulWritesF32LogitsForTheLmHead) {
 TEST(CudaOps, RopeMatchesCpuForEveryStyleAndScaling) {
   SERVAL_CUDA_OR_SKIP(gpu);
   auto cpu = create_backend("cpu", 0);
-  struct Case { RopeStyle style; int64_t head_dim, rope_dim; RopeScaling::Type scaling; };
-  for (const Case& c : {Case{RopeStyle::Neox, 128, 128, RopeScaling::Type::None},
-                        Case{RopeStyle::Interleaved, 128, 128, RopeScaling::Type::Llama3},
-                        Case{RopeStyle::Neox, 64, 32, RopeScaling::Type::Linear},
-                        Case{RopeStyle::Interleaved, 8, 8, RopeScaling::Type::None}}) {
-    ModelConfig cfg;
-    cfg.head_dim = c.head_dim;
-    cfg.rope_dim = c.rope_dim;
-    cfg.rope_theta = 500000;
-    cfg.rope_scaling.type = c.scaling;
-    cfg.rope_scaling.factor = 8;
-    cfg.rope_scaling.low_freq_factor = 1;
-    cfg.rope_scaling.high_freq_factor = 4;
-    cfg.rope_scaling.original_max_position = 8192;
-    const std::vector<float> inv = rope_inv_freq(cfg, {});
+  for (const RopeCase& c : rope_cases()) {
+    const std::vector<float> inv = rope_case_inv_freq(c);
     const int64_t T = 6, qh = 4, kh = 2;
     const std::vector<int32_t> pos = {0, 1, 17, 511, 4095, 30000};
     const auto q = random_bf16(size_t(T * qh * c.head_dim), 10), k = random_bf16(size_t(T * kh * c.head_dim), 11);

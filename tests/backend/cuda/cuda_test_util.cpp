@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/rope.h"
+
 namespace serval::testing {
 
 std::unique_ptr<Backend> try_cuda_backend() {
@@ -53,6 +55,39 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
     scale = std::max(scale, std::abs(double(b[i])));
   }
   return scale > 0 ? diff / scale : diff;
+}
+
+double worst_head_error(const std::vector<float>& got, const std::vector<float>& want, int32_t head_dim) {
+  double worst = got.size() == want.size() ? 0.0 : 1e30;
+  for (size_t h0 = 0; h0 + size_t(head_dim) <= std::min(got.size(), want.size()); h0 += size_t(head_dim)) {
+    double diff = 0.0, scale = 0.0;
+    for (size_t i = h0; i < h0 + size_t(head_dim); ++i) {
+      diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
+      scale = std::max(scale, std::abs(double(want[i])));
+    }
+    worst = std::max(worst, scale > 0 ? diff / scale : diff);
+  }
+  return worst;
+}
+
+std::vector<RopeCase> rope_cases() {
+  return {RopeCase{RopeStyle::Neox, 128, 128, RopeScaling::Type::None},
+          RopeCase{RopeStyle::Interleaved, 128, 128, RopeScaling::Type::Llama3},
+          RopeCase{RopeStyle::Neox, 64, 32, RopeScaling::Type::Linear},
+          RopeCase{RopeStyle::Interleaved, 8, 8, RopeScaling::Type::None}};
+}
+
+std::vector<float> rope_case_inv_freq(const RopeCase& c) {
+  ModelConfig cfg;
+  cfg.head_dim = c.head_dim;
+  cfg.rope_dim = c.rope_dim;
+  cfg.rope_theta = 500000;
+  cfg.rope_scaling.type = c.scaling;
+  cfg.rope_scaling.factor = 8;
+  cfg.rope_scaling.low_freq_factor = 1;
+  cfg.rope_scaling.high_freq_factor = 4;
+  cfg.rope_scaling.original_max_position = 8192;
+  return rope_inv_freq(cfg, {});
 }
 
 }  // namespace serval::testing

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/model_config.h"
 #include "runtime/backend.h"
 
 namespace serval::testing {
@@ -40,5 +41,20 @@ DeviceBuffer upload_ints(Backend& be, const std::vector<T>& v) {
 }
 // max |a - b| / max |b|.
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b);
+// The worst over (token, head) of max |got - want| / max |want| within that
+// head's head_dim values (1e30 when the sizes differ).
+double worst_head_error(const std::vector<float>& got, const std::vector<float>& want, int32_t head_dim);
+
+// The RoPE variants the op tests compare with the CPU: both styles, a partial
+// rotary dim, head_dim 8, and no / llama3 / linear scaling.
+struct RopeCase {
+  RopeStyle style;
+  int64_t head_dim, rope_dim;
+  RopeScaling::Type scaling;
+};
+std::vector<RopeCase> rope_cases();
+// The inverse frequencies of a case: theta 500000; scaling factor 8, llama3's
+// low / high frequency factors 1 / 4 over 8192 original positions.
+std::vector<float> rope_case_inv_freq(const RopeCase& c);
 
 }  // namespace serval::testing
