@@ -4,8 +4,9 @@
 # Llama-2-7B-shape (and, with --8b, Llama-3.1-8B-shape) bf16 models, then a
 # short table. Layout it expects (scripts/gpu-stage.sh builds it): serval,
 # serval_tests, lib.tar.xz (shared libraries the GPU host lacks), models/.
-# Usage: ./gpu-check.sh [--quick] [--8b] [--no-tests] [--no-7b]
+# Usage: ./gpu-check.sh [--quick] [--8b] [--no-tests] [--no-7b] [--keep]
 #   --quick: tests and the 7B batch-1/prefill figures only
+#   --keep: leave the random models in /tmp (and reuse them if there) for later runs
 set -u
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -14,9 +15,9 @@ mkdir -p "$OUT_DIR" lib
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-QUICK=0; EIGHT=0; TESTS=1; SEVEN=1
+QUICK=0; EIGHT=0; TESTS=1; SEVEN=1; KEEP=0
 for a in "$@"; do
-  case $a in --quick) QUICK=1 ;; --8b) EIGHT=1 ;; --no-tests) TESTS=0 ;; --no-7b) SEVEN=0 ;; esac
+  case $a in --quick) QUICK=1 ;; --8b) EIGHT=1 ;; --no-tests) TESTS=0 ;; --no-7b) SEVEN=0 ;; --keep) KEEP=1 ;; esac
 done
 declare -a ROWS
 row() { ROWS+=("$*"); echo "  -> $*"; }
@@ -98,7 +99,7 @@ PY
 M7=/tmp/llama-2-7b-bf16.gguf
 if [ $SEVEN = 1 ]; then
 echo "== random Llama-2-7B bf16 model"
-/usr/bin/time -f "written in %e s" ./serval random-model --like llama-2-7b --dtype bf16 --out $M7 2>&1 | tail -1
+[ $KEEP = 1 ] && [ -s $M7 ] || /usr/bin/time -f "written in %e s" ./serval random-model --like llama-2-7b --dtype bf16 --out $M7 2>&1 | tail -1
 if [ $QUICK = 0 ]; then
   compare_cpu $M7 7B
   compare_cpu $M7 7B --dtype float32
@@ -116,13 +117,13 @@ if [ $QUICK = 0 ]; then
     BENCH_ENV=SERVAL_NO_SKINNY_GEMM=1 bench "7B $N x (128 in, 128 out), cuBLASLt" $M7 --requests $N --input-len 128 --output-len 128
   done
 fi
-rm -f $M7
+[ $KEEP = 1 ] || rm -f $M7
 fi
 
 if [ $EIGHT = 1 ]; then
   M8=/tmp/llama-3.1-8b-bf16.gguf
   echo "== random Llama-3.1-8B bf16 model"
-  /usr/bin/time -f "written in %e s" ./serval random-model --like llama-3.1-8b --dtype bf16 --out $M8 2>&1 | tail -1
+  [ $KEEP = 1 ] && [ -s $M8 ] || /usr/bin/time -f "written in %e s" ./serval random-model --like llama-3.1-8b --dtype bf16 --out $M8 2>&1 | tail -1
   # Start-up to ready: load, upload, plan, first token of a one-token request.
   START=$( { /usr/bin/time -f "%e" ./serval generate --model $M8 --device cuda --prompt "Hi" --max-tokens 1 \
     --max-model-len 8192 >/dev/null 2>"$OUT_DIR/startup.err"; } 2>&1 | tail -1)
@@ -137,7 +138,7 @@ if [ $EIGHT = 1 ]; then
     --batch-sizes 1,8,32,64,128,256 --context-lens 128,1024,4096 2>"$OUT_DIR/sweep.err" | tee "$OUT_DIR/sweep.txt"
   BENCH_TIMEOUT=580 bench "8B engine 1000 x (1000 in, 1000 out)" $M8 --mode engine --requests 1000 --input-len 1000 --output-len 1000 \
     --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 4096
-  rm -f $M8
+  [ $KEEP = 1 ] || rm -f $M8
 fi
 
 echo

@@ -11,12 +11,12 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 rm -rf "$DEST" && mkdir -p "$DEST/models" "$DEST/libstage"
 strip -o "$DEST/serval" "$BUILD/serval"
 strip -o "$DEST/serval_tests" "$BUILD/serval_tests"
-[ -f "$BUILD/bench/cuda_gemv_bench" ] && strip -o "$DEST/cuda_gemv_bench" "$BUILD/bench/cuda_gemv_bench"
+for b in "$BUILD"/bench/cuda_*_bench; do [ -f "$b" ] && strip -o "$DEST/$(basename "$b")" "$b"; done
 cp "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-profile.sh" "$ROOT/scripts/gpu-engine-check.sh" \
   "$ROOT/scripts/batch-vs-solo.sh" "$DEST/"
 cp -r "${SERVAL_MODELS:-/work/shared/models}/stories260K" "$DEST/models/"
 # Every non-system library the binaries load, except the CUDA ones the host has.
-for lib in $(ldd "$BUILD/serval" "$BUILD/serval_tests" $(ls "$BUILD/bench/cuda_gemv_bench" 2>/dev/null) | awk '/=>/ {print $3}' | sort -u); do
+for lib in $(ldd "$BUILD/serval" "$BUILD/serval_tests" $(ls "$BUILD"/bench/cuda_*_bench 2>/dev/null) | awk '/=>/ {print $3}' | sort -u); do
   case $(basename "$lib") in
     libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libstdc++*|libgcc_s*|libcublas*|libcuda*) ;;
     *) cp -L "$lib" "$DEST/libstage/" ;;
