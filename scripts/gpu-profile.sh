@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: Nsight Compute timing of every kernel of decode steps of
 # the random Llama-2-7B model (batch 1 and 64), summed by kernel name and
-# divided by the steps profiled. Eager (--enforce-eager: the same kernels as
+# divided by the steps profiled (LAYERS: the model's layer count, default 32). Eager (--enforce-eager: the same kernels as
 # the graphs replay, one launch each). Run from the folder scripts/gpu-stage.sh
 # made; results also go to $OUT.
 cd "$(dirname "$0")"
@@ -18,7 +18,7 @@ prof() {  # label, skip, count, then serval bench arguments
   timeout 240 "$NCU" --clock-control none --launch-skip $skip --launch-count $count --csv \
     --metrics gpu__time_duration.sum ./serval bench --model $MODEL --device cuda --enforce-eager "$@" \
     > "$OUT_DIR/ncu-$label.csv" 2> "$OUT_DIR/ncu-$label.err"
-  python3 - "$OUT_DIR/ncu-$label.csv" "$label" <<'PY'
+  python3 - "$OUT_DIR/ncu-$label.csv" "$label" "${LAYERS:-32}" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows: print("no ncu rows for", sys.argv[2]); sys.exit()
@@ -29,11 +29,15 @@ for r in rows:
     v = float(r[vi].replace(",", ""))
     v = {"nsecond": v / 1000, "ns": v / 1000, "msecond": v * 1000, "ms": v * 1000}.get(r[ui], v)
     tot[r[ki][:90]] += v; cnt[r[ki][:90]] += 1
-# Steps covered: the embedding gather runs once per forward.
-steps = max(1, min(c for k, c in cnt.items() if k.startswith("void serval::cuda::<unnamed>::gather_kernel")) // 2) \
-    if any(k.startswith("void serval::cuda::<unnamed>::gather_kernel") for k in cnt) else 1
-print(f"== {sys.argv[2]}: {len(rows)} kernels over ~{steps} steps, {sum(tot.values()) / steps:.0f} us of kernel time per step")
-for k, v in sorted(tot.items(), key=lambda x: -x[1])[:14]: print(f"{v / steps:9.1f} us/step {cnt[k] / steps:6.1f}x  {k}")
+# Steps covered: decode attention runs once per layer and step (the window
+# of launches cuts steps at both ends, so this is a fraction).
+layers = int(sys.argv[3])
+attn = sum(c for k, c in cnt.items() if "attn_decode_kernel" in k)
+steps = attn / layers if attn else 1.0
+print(f"== {sys.argv[2]}: {len(rows)} kernels over {steps:.2f} steps ({attn} decode attention launches / {layers} layers), "
+      f"{sum(tot.values()) / steps:.0f} us of kernel time per step")
+for k, v in sorted(tot.items(), key=lambda x: -x[1])[:14]:
+    print(f"{v / steps:9.1f} us/step {cnt[k] / steps:6.1f}x {v / cnt[k]:7.2f} us each  {k}")
 PY
 }
 prof b1 3000 1200 --requests 1 --input-len 1 --output-len 12
