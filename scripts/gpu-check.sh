@@ -125,8 +125,10 @@ if [ $EIGHT = 1 ]; then
   echo "== random Llama-3.1-8B bf16 model"
   [ $KEEP = 1 ] && [ -s $M8 ] || /usr/bin/time -f "written in %e s" ./serval random-model --like llama-3.1-8b --dtype bf16 --out $M8 2>&1 | tail -1
   # Start-up to ready: load, upload, plan, first token of a one-token request.
-  START=$( { /usr/bin/time -f "%e" ./serval generate --model $M8 --device cuda --prompt "Hi" --max-tokens 1 \
-    --max-model-len 8192 >/dev/null 2>"$OUT_DIR/startup.err"; } 2>&1 | tail -1)
+  # (time -o: a 2> on the command would catch time's own line too)
+  /usr/bin/time -f "%e" -o "$OUT_DIR/startup.time" ./serval generate --model $M8 --device cuda --prompt "Hi" \
+    --max-tokens 1 --max-model-len 8192 >/dev/null 2>"$OUT_DIR/startup.err"
+  START=$(tail -1 "$OUT_DIR/startup.time")
   row "8B start-up to first token (generate, 1 token) | ${START} s; $(grep -m1 'memory' "$OUT_DIR/startup.err")"
   bench "8B batch-1 decode tg128" $M8 --requests 1 --input-len 1 --output-len 129
   bench "8B prefill 4096" $M8 --requests 1 --input-len 4096 --output-len 2 --max-batch-tokens 4096
