@@ -30,23 +30,74 @@ __global__ void gather_kernel(const In* src, const int32_t* idx, Out* out, int64
   }
 }
 
+// 1 / sqrt(mean square + eps): f32 outputs (--dtype float32) follow the CPU's
+// 1 / sqrt; bf16 ones cannot tell rsqrtf's last-ulp error apart.
+template <typename O>
+__device__ __forceinline__ float rms_scale(float sum_squares, int64_t cols, float eps) {
+  const float var_eps = sum_squares / float(cols) + eps;
+  if constexpr (std::is_same_v<O, float>)
+    return 1.0f / sqrtf(var_eps);
+  else
+    return rsqrtf(var_eps);
+}
+
+// The value a float becomes when stored as T and read back.
+__device__ __forceinline__ float as_stored(float v, const float*) { return v; }
+__device__ __forceinline__ float as_stored(float v, const bf16*) { return __bfloat162float(__float2bfloat16(v)); }
+
 // Matches the CPU: out = w * (x * rsqrt(mean(x^2) + eps)). With `delta`, the
 // residual x += delta is stored first (in X's type) and normalized as stored.
-// The second pass re-reads the row (it is in L1/L2): rows are at most a few
-// KB, and registers would cap the width. O is the activation dtype (delta's
-// and out's); out may alias x when X == O (each thread rewrites only what it read).
+// Rows of up to one 8-value chunk per thread (cols <= 8192) keep their chunk
+// in registers from the load to the output, so the row is read once (a
+// decode step's norms are latency-bound); wider rows take a second pass that
+// re-reads the row. O is the activation dtype (delta's and out's); out may
+// alias x when X == O (each thread rewrites only what it read). Both paths sum
+// the squares in the same order (a thread's chunks in turn, then block_sum).
 template <bool kAdd, typename X, typename O>
 __global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, O* out, int64_t cols) {
   __shared__ float scratch[32];
-  // Launched as a programmatic dependent (launch_pdl): wait for the producer of
-  // x / delta, and let the next kernel (usually a GEMV that starts streaming
-  // its weights before it needs `out`) be scheduled at once.
-  pdl_wait();
-  pdl_launch_dependents();
   X* xr = x + int64_t(blockIdx.x) * cols;
   const O* dr = kAdd ? delta + int64_t(blockIdx.x) * cols : nullptr;
   O* orow = out + int64_t(blockIdx.x) * cols;
   const bool vec = cols % 8 == 0;
+  if (vec && cols / 8 <= blockDim.x) {
+    const int64_t c = threadIdx.x;
+    const bool live = c < cols / 8;
+    float ws[8] = {}, f[8] = {};
+    if (live) {  // the weight is no kernel's output: read it before waiting
+      const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
+      ws[0] = w0.x, ws[1] = w0.y, ws[2] = w0.z, ws[3] = w0.w, ws[4] = w1.x, ws[5] = w1.y, ws[6] = w1.z, ws[7] = w1.w;
+    }
+    // Launched as a programmatic dependent (launch_pdl): wait for the producer
+    // of x / delta, and let the next kernel (usually a GEMV that starts
+    // streaming its weights before it needs `out`) be scheduled at once.
+    pdl_wait();
+    pdl_launch_dependents();
+    float ss = 0.0f;
+    if (live) {
+      load8(xr, c, f);
+      if constexpr (kAdd) {
+        float d[8];
+        load8(dr, c, d);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] += d[i];
+        store8(xr, c, f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = as_stored(f[i], xr);  // normalize what was stored
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
+    }
+    const float r = rms_scale<O>(block_sum(ss, scratch), cols, eps);
+    if (live) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = ws[i] * (f[i] * r);
+      store8(orow, c, f);
+    }
+    return;
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   float ss = 0.0f;
   if (vec) {
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
@@ -73,14 +124,7 @@ __global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, 
       ss += f * f;
     }
   }
-  const float var_eps = block_sum(ss, scratch) / float(cols) + eps;
-  // f32 outputs (--dtype float32) follow the CPU's 1 / sqrt; bf16 ones cannot
-  // tell rsqrtf's last-ulp error apart.
-  float r;
-  if constexpr (std::is_same_v<O, float>)
-    r = 1.0f / sqrtf(var_eps);
-  else
-    r = rsqrtf(var_eps);
+  const float r = rms_scale<O>(block_sum(ss, scratch), cols, eps);
   if (vec) {
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
       float f[8];
