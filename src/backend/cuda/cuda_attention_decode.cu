@@ -65,9 +65,10 @@ struct DecodeSmem {
 using namespace ptx;
 
 // The kernels are launched as programmatic dependents of the kernel before
-// them (launch_pdl): every block calls pdl_wait() before reading anything (and
-// before exiting, so that kernels after ours may rely on the whole chain
-// having finished).
+// them (launch_pdl): every block calls pdl_wait() before reading any kernel's
+// output and before writing or exiting (so that kernels after ours may rely
+// on the whole chain having finished); only the host-written metadata is read
+// before it.
 
 // Fragment layouts (PTX m16n8k16; lane = 4 g + t): A regs {row g, k 2t}, {row
 // g+8, k 2t}, {row g, k 2t+8}, {row g+8, k 2t+8}; B regs {k 2t, n g}, {k 2t+8,
@@ -80,20 +81,41 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   constexpr int DP = Sm::DP, RS = Sm::RS, KC = DP / 16, MT = DP / 16, NCH = D / 8;
   constexpr int CPL = (kTile * NCH + 31) / 32;  // 16-byte chunks per lane per tile, of K and of V
   extern __shared__ __align__(16) unsigned char smem[];
-  pdl_wait();
 
   const int hb_count = head_blocks(p.group);
   const int kvh = blockIdx.x / hb_count, h0 = (blockIdx.x % hb_count) * kHeadsPerBlock;
   const int s = blockIdx.y, split = blockIdx.z;
   const int G = p.group, GL = min(kHeadsPerBlock, G - h0);  // heads h0 .. h0 + GL - 1 of the group
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // The batch's metadata (query starts, positions, block tables) is copied from
+  // the host before the step's first kernel, and no kernel writes it: it is
+  // read, and the first tiles' keys located, while the kernel before us (the
+  // rope + KV write) drains. q and the K/V pools only after pdl_wait().
   const int q0 = p.query_start[s];
-  if (p.query_start[s + 1] - q0 != 1) return;  // the prefill kernel serves it
-  const int n_ctx = p.positions[q0] + 1;
+  const bool decode = p.query_start[s + 1] - q0 == 1;  // else the prefill kernel serves it
+  const int n_ctx = decode ? p.positions[q0] + 1 : 0;
   const int n_tiles = (n_ctx + kTile - 1) / kTile;
   const int tps = split_tiles(n_tiles, p.num_splits);
   const int tile0 = split * tps, tile_end = min(n_tiles, tile0 + tps);
   const int64_t part_row = ((int64_t(s) * p.kv_heads + kvh) * p.num_splits + split) * G + h0;
+  // This warp's tiles: tile0 + warp, + kWarps, ... below tile_end.
+  const int nt = max(0, (tile_end - tile0 - warp + kWarps - 1) / kWarps);
+
+  // Lane L (and L + 16) finds the pool offset of key L of the warp's i-th tile
+  // (-1 past the context); the loads' lanes take it by shuffle.
+  const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
+  const int64_t slot_stride = int64_t(p.kv_heads) * D, head_off = int64_t(kvh) * D;
+  auto key_offset = [&](int i) -> int64_t {
+    const int j = (tile0 + warp + i * kWarps) * kTile + (lane & 15);
+    if (i >= nt || j >= n_ctx) return -1;
+    const int64_t blk = table[j / p.block_size];
+    return (blk * p.block_size + j % p.block_size) * slot_stride + head_off;
+  };
+  int64_t first[kStages];
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) first[st] = key_offset(st);  // the table loads overlap
+  pdl_wait();
+  if (!decode) return;
   if (tile0 >= n_tiles) {  // past this sequence's context: weigh nothing in the merge
     if (p.num_splits > 1)
       for (int h = tid; h < GL; h += kThreads) {
@@ -102,9 +124,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
       }
     return;
   }
-  // This warp's tiles: tile0 + warp, + kWarps, ... below tile_end.
-  const int nt = max(0, (tile_end - tile0 - warp + kWarps - 1) / kWarps);
-
   // Q as MMA A fragments (rows = heads, k = d); rows past the block's heads are 0.
   const bf16* qbase = p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D;
   uint32_t qa[KC][4];
@@ -123,16 +142,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   }
   const uint32_t ring_s = smem_u32(ring);
 
-  // Lane L (and L + 16) finds the pool offset of key L of the warp's i-th tile
-  // (-1 past the context); the loads' lanes take it by shuffle.
-  const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
-  const int64_t slot_stride = int64_t(p.kv_heads) * D, head_off = int64_t(kvh) * D;
-  auto key_offset = [&](int i) -> int64_t {
-    const int j = (tile0 + warp + i * kWarps) * kTile + (lane & 15);
-    if (i >= nt || j >= n_ctx) return -1;
-    const int64_t blk = table[j / p.block_size];
-    return (blk * p.block_size + j % p.block_size) * slot_stride + head_off;
-  };
   // Consecutive lanes copy consecutive 16-byte chunks of a key row.
   auto issue = [&](int i, int64_t off) {
     const uint32_t ks = ring_s + (i % kStages) * Sm::STAGE_BYTES, vs = ks + Sm::TILE_ELEMS * 2;
@@ -150,15 +159,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
     }
   };
 
-  {
-    int64_t first[kStages];
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) first[st] = key_offset(st);  // the table loads overlap
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      if (st < nt) issue(st, first[st]);
-      cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
-    }
+  for (int st = 0; st < kStages; ++st) {
+    if (st < nt) issue(st, first[st]);
+    cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
   }
   int64_t pending = key_offset(kStages);  // the next tile's offsets, loaded one tile ahead
 
