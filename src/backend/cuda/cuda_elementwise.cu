@@ -45,6 +45,26 @@ __device__ __forceinline__ float rms_scale(float sum_squares, int64_t cols, floa
 __device__ __forceinline__ float as_stored(float v, const float*) { return v; }
 __device__ __forceinline__ float as_stored(float v, const bf16*) { return __bfloat162float(__float2bfloat16(v)); }
 
+// Chunk c of row xr into f, with delta's chunk added and the sum stored back
+// first when kAdd (f then holds the values as stored); returns ss plus the
+// squares of the 8 values, added in order.
+template <bool kAdd, typename X, typename O>
+__device__ __forceinline__ float residual_chunk(X* xr, const O* dr, int64_t c, float (&f)[8], float ss) {
+  load8(xr, c, f);
+  if constexpr (kAdd) {
+    float d[8];
+    load8(dr, c, d);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] += d[i];
+    store8(xr, c, f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = as_stored(f[i], xr);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
+  return ss;
+}
+
 // Matches the CPU: out = w * (x * rsqrt(mean(x^2) + eps)). With `delta`, the
 // residual x += delta is stored first (in X's type) and normalized as stored.
 // Rows of up to one 8-value chunk per thread (cols <= 8192) keep their chunk
@@ -73,21 +93,7 @@ __global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, 
     // streaming its weights before it needs `out`) be scheduled at once.
     pdl_wait();
     pdl_launch_dependents();
-    float ss = 0.0f;
-    if (live) {
-      load8(xr, c, f);
-      if constexpr (kAdd) {
-        float d[8];
-        load8(dr, c, d);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] += d[i];
-        store8(xr, c, f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = as_stored(f[i], xr);  // normalize what was stored
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
-    }
+    const float ss = live ? residual_chunk<kAdd>(xr, dr, c, f, 0.0f) : 0.0f;
     const float r = rms_scale<O>(block_sum(ss, scratch), cols, eps);
     if (live) {
 #pragma unroll
@@ -102,17 +108,7 @@ __global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, 
   if (vec) {
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
       float f[8];
-      load8(xr, c, f);
-      if constexpr (kAdd) {
-        float d[8];
-        load8(dr, c, d);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] += d[i];
-        store8(xr, c, f);
-        load8(xr, c, f);  // normalize what was stored (bf16 rounding, if any)
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
+      ss = residual_chunk<kAdd>(xr, dr, c, f, ss);
     }
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
