@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# On the GPU machine, in the folder scripts/gpu-stage.sh made plus the builds
+# scripts/gpu-stage-variant.sh added (variants/NAME.tar.xz): the CUDA tests of
+# each build, then 7B decode benchmarks with the builds interleaved (so drift
+# of the machine hits all alike), then one table, a column per build ("base":
+# the staged build). For A/B runs of kernel changes in one device call.
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--seqs "1 20 32 48 64"] [--cublas] [--gemv FILTER]
+#   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
+#   --cublas: also the base build with SERVAL_NO_SKINNY_GEMM=1 (cuBLASLt for 17+ rows)
+#   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
+set -u
+cd "$(dirname "$0")"
+HERE=$(pwd)
+OUT_DIR=${OUT:-/tmp/gpu-ab}
+mkdir -p "$OUT_DIR" lib variants
+[ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
+export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export SERVAL_MODELS=$HERE/models
+TESTS=1; SEQS="1 20 32 48 64"; CUBLAS=0; GEMV=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-tests) TESTS=0 ;;
+    --seqs) SEQS=$2; shift ;;
+    --cublas) CUBLAS=1 ;;
+    --gemv) GEMV=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 1 ;;
+  esac
+  shift
+done
+
+NAMES=(base); DIRS=("$HERE"); ENVS=("")
+for v in variants/*.tar.xz; do
+  [ -f "$v" ] || continue
+  tar -xJf "$v" -C variants
+  n=$(basename "$v" .tar.xz)
+  NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); ENVS+=("")
+done
+if [ $CUBLAS = 1 ]; then NAMES+=("base+cuBLASLt"); DIRS+=("$HERE"); ENVS+=("SERVAL_NO_SKINNY_GEMM=1"); fi
+for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: $(cat "${DIRS[$i]}/COMMIT" 2>/dev/null || echo staged build)"; done
+
+M7=${MODEL:-/tmp/llama-2-7b-bf16.gguf}  # written here unless it exists (gpu-check.sh --keep leaves it)
+[ -s $M7 ] || ./serval random-model --like llama-2-7b --dtype bf16 --out $M7 >/dev/null 2>&1 &
+MODEL_PID=$!
+
+declare -A CELL
+ROWS=()
+if [ $TESTS = 1 ]; then
+  ROWS+=("CUDA tests")
+  for i in "${!NAMES[@]}"; do
+    n=${NAMES[$i]}
+    [ -n "${ENVS[$i]}" ] && { CELL["CUDA tests|$n"]="(same binary)"; continue; }
+    log="$OUT_DIR/tests-$n.log"
+    (cd "${DIRS[$i]}" && timeout 420 ./serval_tests --gtest_filter='Cuda*:StoriesGolden*:EngineOnCuda*' >"$log" 2>&1)
+    passed=$(grep -oE "^\[  PASSED  \] [0-9]+" "$log" | grep -oE "[0-9]+$")
+    failed=$(grep -E "^\[  FAILED  \] [A-Z]" "$log" | sed 's/\[  FAILED  \] //' | tr '\n' ' ')
+    skipped=$(grep -oE "^\[  SKIPPED \] [0-9]+" "$log" | grep -oE "[0-9]+$")
+    CELL["CUDA tests|$n"]="${passed:-0} passed${skipped:+, $skipped skipped}${failed:+; FAILED: $failed}"
+    echo "tests $n: ${CELL["CUDA tests|$n"]}"
+  done
+fi
+wait $MODEL_PID 2>/dev/null
+
+for N in $SEQS; do
+  if [ "$N" = 1 ]; then
+    row="batch 1, tg128"; args=(--requests 1 --input-len 1 --output-len 129)
+  else
+    row="$N seqs, 128 + 128"; args=(--requests "$N" --input-len 128 --output-len 128)
+  fi
+  ROWS+=("$row")
+  for i in "${!NAMES[@]}"; do
+    n=${NAMES[$i]}
+    j=$(cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 300 ./serval bench --model $M7 --device cuda --json "${args[@]}" \
+      2>>"$OUT_DIR/bench-err.log" | tail -1)
+    echo "$n | $row | $j" >>"$OUT_DIR/bench.jsonl"
+    CELL["$row|$n"]=$(echo "$j" | python3 -c '
+import json, sys
+try:
+    j = json.load(sys.stdin)
+    print("%.1f tok/s, %.3f ms" % (j["decode_tokens_per_s"], j["decode_step_ms"]))
+except Exception:
+    print("failed")')
+    echo "$row $n: ${CELL["$row|$n"]}"
+  done
+done
+
+if [ -n "$GEMV" ]; then
+  for i in "${!NAMES[@]}"; do
+    n=${NAMES[$i]}
+    [ -x "${DIRS[$i]}/cuda_gemv_bench" ] || continue
+    (cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 200 ./cuda_gemv_bench --benchmark_filter="$GEMV" \
+      --benchmark_min_time=0.01 >"$OUT_DIR/gemv-$n.txt" 2>&1)
+    while read -r name rest; do
+      r="gemv ${name#BM_}"
+      [[ " ${ROWS[*]} " == *" $r "* ]] || ROWS+=("$r")
+      CELL["$r|$n"]=$(echo "$rest" | grep -oE "GB/s=[0-9.]+k?" | head -1)
+    done < <(grep -E "^BM_" "$OUT_DIR/gemv-$n.txt" | sed 's@/manual_time@@; s@/iterations:[0-9]*@@')
+  done
+fi
+
+echo
+echo "== A/B table ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null))"
+header="| measure |"; sep="| --- |"
+for n in "${NAMES[@]}"; do header+=" $n |"; sep+=" --- |"; done
+echo "$header"; echo "$sep"
+for r in "${ROWS[@]}"; do
+  line="| $r |"
+  for n in "${NAMES[@]}"; do line+=" ${CELL["$r|$n"]:-} |"; done
+  echo "$line"
+done
