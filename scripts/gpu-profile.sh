@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: Nsight Compute timing of every kernel of decode steps of
 # the random Llama-2-7B model (batch 1 and 64), summed by kernel name and
-# divided by the steps profiled (LAYERS: the model's layer count, default 32). Eager (--enforce-eager: the same kernels as
-# the graphs replay, one launch each). Run from the folder scripts/gpu-stage.sh
-# made; results also go to $OUT.
+# divided by the steps profiled (LAYERS: the model's layer count, default 32).
+# Eager (--enforce-eager: the same kernels as the graphs replay, one launch
+# each). Run from the folder scripts/gpu-stage.sh made; results also go to $OUT.
 cd "$(dirname "$0")"
 mkdir -p lib && [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$(pwd)/lib:/usr/local/cuda/lib64

@@ -84,10 +84,7 @@ __global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, 
     const int64_t c = threadIdx.x;
     const bool live = c < cols / 8;
     float ws[8] = {}, f[8] = {};
-    if (live) {  // the weight is no kernel's output: read it before waiting
-      const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
-      ws[0] = w0.x, ws[1] = w0.y, ws[2] = w0.z, ws[3] = w0.w, ws[4] = w1.x, ws[5] = w1.y, ws[6] = w1.z, ws[7] = w1.w;
-    }
+    if (live) load8(w, c, ws);  // the weight is no kernel's output: read it before waiting
     // Launched as a programmatic dependent (launch_pdl): wait for the producer
     // of x / delta, and let the next kernel (usually a GEMV that starts
     // streaming its weights before it needs `out`) be scheduled at once.
@@ -125,8 +122,8 @@ __global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, 
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
       float f[8];
       load8(xr, c, f);
-      const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
-      const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+      float ws[8];
+      load8(w, c, ws);
 #pragma unroll
       for (int i = 0; i < 8; ++i) f[i] = ws[i] * (f[i] * r);
       store8(orow, c, f);
