@@ -35,6 +35,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_elem.cuh"
 #include "backend/cuda/cuda_matmul_segments.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
@@ -82,9 +83,6 @@ __device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
       : "r"(int(ok)), "l"(p));
   return v;
 }
-
-__device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
-__device__ __forceinline__ void store_out(bf16* y, int64_t i, float v) { y[i] = __float2bfloat16(v); }
 
 // kHighTokens: tokens 8..15 exist (T > 8), so the lanes also load their rows of
 // x into A's rows 8..15; otherwise those rows are zero registers.
@@ -188,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
         if (j >= rows) continue;
         float v = sum[2 * h + e];
         if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
-        store_out(y, int64_t(t) * rows + j, v);
+        store1(y, int64_t(t) * rows + j, v);
       }
     }
   };

@@ -39,6 +39,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_elem.cuh"
 #include "backend/cuda/cuda_matmul_segments.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
@@ -84,9 +85,6 @@ __device__ __forceinline__ void cp_async_16_evict_first(uint32_t dst, const void
                "r"(live ? 16 : 0), "l"(policy)
                : "memory");
 }
-
-__device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
-__device__ __forceinline__ void store_out(bf16* y, int64_t i, float v) { y[i] = __float2bfloat16(v); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Hopper's warpgroup MMA (sm_90a): 64 W rows x N tokens x 16 columns per
@@ -327,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_gemm_kernel(const __grid_c
       if (base + j + i >= rows) break;
       float o = out[i];
       if constexpr (kGated) o = o / (1.0f + __expf(-o)) * ups[i];
-      store_out(y, int64_t(t) * rows + base + j + i, o);
+      store1(y, int64_t(t) * rows + base + j + i, o);
     }
   }
   cluster.sync();  // no block leaves while another may still read its partial
