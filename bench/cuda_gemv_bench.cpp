@@ -11,6 +11,7 @@
 
 #ifdef SERVAL_WITH_CUDA
 
+#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -234,6 +235,120 @@ void BM_BackendGemm(benchmark::State& state, Launch l) {
 GEMM_SHAPE(l2_q_4096x4096, 4096, 4096);
 GEMM_SHAPE(l2_gate_4096x11008, 4096, 11008);
 GEMM_SHAPE(l2_down_11008x4096, 11008, 4096);
+
+// cuBLASLt alone, bf16 in and out, f32 accumulation: `count` weights of
+// [out, in] at one stride (a strided batch; count 1: a plain GEMM) times the
+// same x [T, in], into `count` outputs at one stride. Every one of the
+// heuristic's first kLtCandidates algorithms is timed over weight copies that
+// L2 cannot hold (as BM_GemvLaunch); the fastest one's GB/s is reported, with
+// its rank ("algo") and how many the heuristic returned. The question it
+// answers: would q/k/v (or gate/up) as one batched call, or more timed
+// candidates than the backend's 8, stream the 17+-token GEMMs faster?
+constexpr int kLtCandidates = 32;
+void lt_ok(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cuda_gemv_bench: cuBLASLt %s: status %d\n", what, int(st));
+    std::abort();
+  }
+}
+void BM_LtGemm(benchmark::State& state, int count, int64_t out, int64_t in) {
+  const int64_t T = state.range(0);
+  const int64_t w_elems = out * in, y_elems = T * out;
+  const int64_t bytes = count * w_elems * 2;
+  const int copies = int(std::max<int64_t>(2, (int64_t(512) << 20) / bytes + 1));
+  std::vector<std::unique_ptr<DevMem>> w;
+  for (int i = 0; i < copies; ++i) w.push_back(std::make_unique<DevMem>(size_t(bytes)));
+  DevMem x(size_t(T * in * 2)), y(size_t(count * y_elems * 2));
+  const size_t ws_bytes = size_t(32) << 20;
+  DevMem ws(ws_bytes);
+  cublasLtHandle_t lt = nullptr;
+  lt_ok(cublasLtCreate(&lt), "create");
+  cublasLtMatmulDesc_t op = nullptr;
+  lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
+  lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  lt_ok(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, uint64_t(in), uint64_t(out), in), "layout a");
+  lt_ok(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, uint64_t(in), uint64_t(T), in), "layout b");
+  lt_ok(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, uint64_t(out), uint64_t(T), out), "layout c");
+  if (count > 1) {
+    const int32_t n = count;
+    const int64_t sa = w_elems, sb = 0, sc = y_elems;
+    for (auto [l, stride] : {std::pair{a, sa}, std::pair{b, sb}, std::pair{c, sc}}) {
+      lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)), "batch");
+      lt_ok(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                             sizeof(stride)),
+            "stride");
+    }
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  lt_ok(cublasLtMatmulPreferenceCreate(&pref), "pref");
+  const uint64_t wsb = ws_bytes;
+  lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)),
+        "pref ws");
+  cublasLtMatmulHeuristicResult_t res[kLtCandidates] = {};
+  int found = 0;
+  lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, kLtCandidates, res, &found), "heuristic");
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  const float one = 1.0f, zero = 0.0f;
+  auto round = [&](const cublasLtMatmulAlgo_t& algo) {
+    bool ok = true;
+    for (const auto& wi : w)
+      ok = ok && cublasLtMatmul(lt, op, &one, wi->p, a, x.p, b, &zero, y.p, c, y.p, c, &algo, ws.p, ws_bytes, s) ==
+                     CUBLAS_STATUS_SUCCESS;
+    return ok;
+  };
+  auto time_round = [&](const cublasLtMatmulAlgo_t& algo) {
+    check(cudaEventRecord(e0, s), "record");
+    const bool ok = round(algo);
+    check(cudaEventRecord(e1, s), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    return ok ? double(ms) / 1e3 : 1e30;
+  };
+  int best = -1;
+  double best_s = 1e30;
+  for (int i = 0; i < found; ++i) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > ws_bytes) continue;
+    if (!round(res[i].algo)) continue;  // warm-up; refuses these operands
+    double t = 1e30;
+    for (int r = 0; r < 3; ++r) t = std::min(t, time_round(res[i].algo));
+    if (t < best_s) best_s = t, best = i;
+  }
+  double total_s = 0;
+  for (auto _ : state) {
+    const double t = best >= 0 ? time_round(res[best].algo) : 1.0;
+    state.SetIterationTime(t);
+    total_s += t;
+  }
+  report(state, bytes * copies, total_s);
+  state.counters["algo"] = best;
+  state.counters["found"] = found;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(c);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+}
+#define LT_SHAPE(name, count, out, in) \
+  BENCHMARK_CAPTURE(BM_LtGemm, name, count, out, in)->Arg(32)->Arg(64)->Arg(128)->UseManualTime()
+LT_SHAPE(l2_q_4096x4096, 1, 4096, 4096);
+LT_SHAPE(l2_qkv_batched_3x4096x4096, 3, 4096, 4096);
+LT_SHAPE(l2_qkv_stacked_12288x4096, 1, 12288, 4096);
+LT_SHAPE(l2_gate_11008x4096, 1, 11008, 4096);
+LT_SHAPE(l2_gate_up_batched_2x11008x4096, 2, 11008, 4096);
+LT_SHAPE(l2_gate_up_stacked_22016x4096, 1, 22016, 4096);
+LT_SHAPE(l2_down_4096x11008, 1, 4096, 11008);
 
 }  // namespace
 }  // namespace serval

@@ -15,7 +15,8 @@
 // Bandwidth: each lane has 8 slots of 16 bytes per weight (a warp: 4 KB of
 // W, 8 KB for gate + up) and refills slot s with the next batch's step s as
 // soon as s has fed its mmas, across a unit's end too, so about a batch stays
-// in flight all the time, the epilogue included. The grid is persistent and
+// in flight all the time, the epilogue included. One weight for up to 8
+// tokens (gemv_deep_kernel) keeps two batches in flight instead. The grid is persistent and
 // balanced: every block gets the same number of units (ceil(units / resident
 // blocks)), so no block runs a last unit alone while the rest of the GPU
 // idles. With programmatic dependent launch the first weight loads are issued
@@ -84,6 +85,69 @@ __device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
   return v;
 }
 
+// Unit i of this block: the W rows lane (g, q) reads (row `base + g` of its
+// segment, or of gate and up) and whether that row exists.
+struct UnitRows {
+  const bf16* w;
+  const bf16* u;
+  bool ok;
+};
+template <bool kGated>
+__device__ __forceinline__ UnitRows unit_rows(const GemvParams& p, int i, int g) {
+  int seg, base;
+  locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
+  const int row = base + g;
+  const bool ok = row < p.rows[seg];
+  const int64_t off = int64_t(ok ? row : 0) * p.in;
+  return {p.w[kGated ? 0 : seg] + off, kGated ? p.w[1] + off : nullptr, ok};
+}
+
+// The end of unit i: the 4 warps' partials are summed in shared memory (warp
+// 0 + 1 + 2 + 3, in that order) and warp 0 writes the unit's outputs (silu(g)
+// * u if gated); the accumulators restart at zero.
+template <typename Out, bool kGated, int kAcc, int kVals>
+__device__ __forceinline__ void finish_unit(const GemvParams& p, float (&partial)[2][kWarps][kVals][32],
+                                            float (&acc)[4], float (&acc_up)[4], int i) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int buf = i & 1;
+#pragma unroll
+  for (int v = 0; v < kAcc; ++v) {
+    partial[buf][warp][v][lane] = acc[v];
+    if constexpr (kGated) partial[buf][warp][kAcc + v][lane] = acc_up[v];
+  }
+#pragma unroll
+  for (int v = 0; v < 4; ++v) acc[v] = acc_up[v] = 0.f;
+  // One barrier per unit: buffer `buf` is written again two units later, after
+  // the next unit's barrier, which warp 0 reaches only once it has read it.
+  __syncthreads();
+  if (warp != 0) return;
+  float sum[kVals];
+#pragma unroll
+  for (int v = 0; v < kVals; ++v) sum[v] = partial[buf][0][v][lane];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w)
+#pragma unroll
+    for (int v = 0; v < kVals; ++v) sum[v] += partial[buf][w][v][lane];
+  int seg, base;
+  locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
+  const int rows = p.rows[seg];
+  Out* y = static_cast<Out*>(p.y[seg]);
+#pragma unroll
+  for (int h = 0; h < kAcc / 2; ++h) {
+    const int t = g + 8 * h;
+    if (t >= p.tokens) continue;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int j = base + 2 * q + e;
+      if (j >= rows) continue;
+      float v = sum[2 * h + e];
+      if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
+      store1(y, int64_t(t) * rows + j, v);
+    }
+  }
+}
+
 // kHighTokens: tokens 8..15 exist (T > 8), so the lanes also load their rows of
 // x into A's rows 8..15; otherwise those rows are zero registers.
 template <typename Out, bool kGated, bool kHighTokens>
@@ -119,13 +183,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   const bf16* u_row = p.w[1];
   bool row_ok = false;
   auto enter_unit = [&](int i) {
-    int seg, base;
-    locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
-    const int row = base + g;
-    row_ok = row < p.rows[seg];
-    const int64_t off = int64_t(row_ok ? row : 0) * p.in;
-    w_row = p.w[kGated ? 0 : seg] + off;
-    if constexpr (kGated) u_row = p.w[1] + off;
+    const UnitRows r = unit_rows<kGated>(p, i, g);
+    w_row = r.w;
+    if constexpr (kGated) u_row = r.u;
+    row_ok = r.ok;
   };
   // Step s of batch `lb` of the load cursor's unit into slot s; `more` false
   // (no batch left) loads nothing.
@@ -152,44 +213,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
       ptx::mma_bf16_16816(acc_up, a_hi, uv[s].z, uv[s].w);
     }
   };
-  auto epilogue = [&](int i) {
-    const int buf = i & 1;
-#pragma unroll
-    for (int v = 0; v < kAcc; ++v) {
-      partial[buf][warp][v][lane] = acc[v];
-      if constexpr (kGated) partial[buf][warp][kAcc + v][lane] = acc_up[v];
-    }
-#pragma unroll
-    for (int v = 0; v < 4; ++v) acc[v] = acc_up[v] = 0.f;
-    // One barrier per unit: buffer `buf` is written again two units later, after
-    // the next unit's barrier, which warp 0 reaches only once it has read it.
-    __syncthreads();
-    if (warp != 0) return;
-    float sum[kVals];
-#pragma unroll
-    for (int v = 0; v < kVals; ++v) sum[v] = partial[buf][0][v][lane];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w)
-#pragma unroll
-      for (int v = 0; v < kVals; ++v) sum[v] += partial[buf][w][v][lane];
-    int seg, base;
-    locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
-    const int rows = p.rows[seg];
-    Out* y = static_cast<Out*>(p.y[seg]);
-#pragma unroll
-    for (int h = 0; h < kAcc / 2; ++h) {
-      const int t = g + 8 * h;
-      if (t >= p.tokens) continue;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = base + 2 * q + e;
-        if (j >= rows) continue;
-        float v = sum[2 * h + e];
-        if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
-        store1(y, int64_t(t) * rows + j, v);
-      }
-    }
-  };
+  auto epilogue = [&](int i) { finish_unit<Out, kGated, kAcc, kVals>(p, partial, acc, acc_up, i); };
   if (total == 0) return;  // no block is launched without a unit; kept for safety
   // Batch 0's weights first; x is the previous kernel's output, so wait for
   // it (and only then may y be written) before loading x.
@@ -233,46 +257,136 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   }
 }
 
-// Resident blocks of one kernel variant on the whole GPU, read once.
-template <typename Out, bool kGated, bool kHighTokens>
+// One weight for up to 8 tokens (every batch-1 decode matmul but gate + up):
+// the same units, k split, mma chain and sums as gemv_kernel (so the same
+// bits), but x is not held in slots. It is an L1 hit (every warp of the SM
+// reads the same x) loaded one step ahead of its mmas, and the registers it
+// freed hold a second batch of weight loads: 2 x 8 slots per lane, 4 blocks
+// of 128 registers per SM, 128 KB of W in flight per SM instead of 80. (For
+// gate + up, and for 9..16 tokens, whose x loads then sit in the mma chain,
+// that measured slower, so they keep gemv_kernel.)
+template <typename Out>
+__global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_constant__ GemvParams p) {
+  constexpr int kDepth = 2;  // batches of weight loads in flight per lane
+  __shared__ float partial[2][kWarps][2][32];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int chunks = p.in >> 3;
+  const int steps = (chunks + kStepChunks - 1) / kStepChunks;
+  const int batches = (steps + kWarps * kSteps - 1) / (kWarps * kSteps);
+  const int my_units = (p.tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;
+  const int total = my_units * batches;
+
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  const bool x_ok = g < p.tokens;
+  const bf16* x_row = p.x + int64_t(g) * p.in;
+
+  uint4 wv[kDepth][kSteps];
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, unused[4] = {0.f, 0.f, 0.f, 0.f};
+
+  // The load cursor (batch lb of unit li) runs kDepth batches ahead of the
+  // computed one (batch cb of unit ci).
+  int li = 0, lb = 0;
+  UnitRows rows = unit_rows<false>(p, 0, g);
+  auto advance_load = [&] {
+    if (++lb == batches) {
+      lb = 0;
+      rows = unit_rows<false>(p, ++li, g);
+    }
+  };
+  auto load_step = [&](int d, int s, bool more) {
+    const int c = ((lb * kWarps + warp) * kSteps + s) * kStepChunks + q;
+    const bool ok = more && rows.ok && c < chunks;
+    wv[d][s] = load_weight(rows.w + (ok ? c * 8 : 0), ok, policy);
+  };
+  auto load_x = [&](int b, int s) {
+    const int c = ((b * kWarps + warp) * kSteps + s) * kStepChunks + q;
+    return load_act(x_row + (c < chunks ? c * 8 : 0), x_ok && c < chunks);
+  };
+
+  if (total == 0) return;
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) {
+    const bool more = d < total;
+    if (d > 0 && more) advance_load();
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) load_step(d, s, more);
+  }
+  pdl_wait();  // x is the previous kernel's output; y may be written only now
+  uint4 x_cur = load_x(0, 0);
+  if (total <= kDepth) pdl_launch_dependents();
+  int ci = 0, cb = 0;
+  for (int first = 0; first < total; first += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int idx = first + d;
+      if (idx >= total) break;
+      const bool more = idx + kDepth < total;  // slot set d is refilled with batch idx + kDepth
+      if (more) advance_load();
+      const int next_b = cb + 1 == batches ? 0 : cb + 1;
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        const uint4 x_next = s + 1 < kSteps ? load_x(cb, s + 1) : load_x(next_b, 0);
+        const uint32_t z = 0;
+        const uint32_t a_lo[4] = {x_cur.x, z, x_cur.y, z}, a_hi[4] = {x_cur.z, z, x_cur.w, z};
+        ptx::mma_bf16_16816(acc, a_lo, wv[d][s].x, wv[d][s].y);
+        ptx::mma_bf16_16816(acc, a_hi, wv[d][s].z, wv[d][s].w);
+        load_step(d, s, more);
+        x_cur = x_next;
+      }
+      if (idx + kDepth + 1 == total) pdl_launch_dependents();  // the last weight loads are out
+      if (++cb == batches) {
+        finish_unit<Out, false, 2, 2>(p, partial, acc, unused, ci++);
+        cb = 0;
+      }
+    }
+  }
+}
+
+// Resident blocks of a kernel on the whole GPU, read once per kernel.
+template <auto kKernel>
 int resident_blocks() {
   static const int blocks = [] {
     int dev = 0, sms = 0, per_sm = 0;
     SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
     SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, gemv_kernel<Out, kGated, kHighTokens>, kThreads, 0));
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0));
     return std::max(per_sm, 1) * sms;
   }();
   return blocks;
 }
 
-template <typename Out, bool kGated, bool kHighTokens>
+template <auto kKernel>
 void launch_as(const GemvParams& p, cudaStream_t stream) {
   // Balanced persistent grid: the fewest units per block that fit the resident
   // blocks, and just enough blocks for that, so every block gets the same
   // count (the last ones one fewer at most). Depends on the shape only.
-  const int per_block = ceil_div(p.tiles, resident_blocks<Out, kGated, kHighTokens>());
+  const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>());
   const int blocks = ceil_div(p.tiles, per_block);
-  launch_pdl(gemv_kernel<Out, kGated, kHighTokens>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+}
+
+template <typename Out, bool kGated>
+void launch_typed(const GemvParams& p, cudaStream_t stream) {
+  if (p.tokens > 8) {
+    launch_as<gemv_kernel<Out, kGated, true>>(p, stream);
+  } else {
+    if constexpr (kGated)
+      launch_as<gemv_kernel<Out, true, false>>(p, stream);
+    else
+      launch_as<gemv_deep_kernel<Out>>(p, stream);
+  }
 }
 
 template <bool kGated>
 void launch(const GemvParams& p, bool f32, cudaStream_t stream) {
-  const bool high = p.tokens > 8;
-  if (f32) {
-    if (high)
-      launch_as<float, kGated, true>(p, stream);
-    else
-      launch_as<float, kGated, false>(p, stream);
-  } else {
-    if (high)
-      launch_as<bf16, kGated, true>(p, stream);
-    else
-      launch_as<bf16, kGated, false>(p, stream);
-  }
+  if (f32)
+    launch_typed<float, kGated>(p, stream);
+  else
+    launch_typed<bf16, kGated>(p, stream);
 }
-
 }  // namespace
 
 bool gemv_fits(const Tensor& x) {
