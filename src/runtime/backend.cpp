@@ -7,6 +7,18 @@
 
 namespace serval {
 
+DeviceBuffer DeviceBuffer::slice(int64_t offset, int64_t bytes) const {
+  SERVAL_CHECK(offset >= 0 && bytes >= 0 && offset + bytes <= bytes_, "device buffer: slice [", offset, ", ",
+               offset + bytes, ") of a buffer of ", bytes_, " bytes");
+  return DeviceBuffer(std::shared_ptr<void>(mem_, static_cast<char*>(mem_.get()) + offset), bytes);
+}
+
+std::vector<std::unique_ptr<DeviceWeight>> Backend::upload_weight_group(const std::vector<TensorView>& views) {
+  std::vector<std::unique_ptr<DeviceWeight>> out;
+  for (const TensorView& v : views) out.push_back(upload_weight(v));
+  return out;
+}
+
 void Backend::copy_rows_to_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
                                   int64_t row_bytes, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r)

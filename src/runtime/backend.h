@@ -40,6 +40,8 @@ class DeviceBuffer {
   DeviceBuffer(std::shared_ptr<void> mem, int64_t bytes) : mem_(std::move(mem)), bytes_(bytes) {}
   void* data() const { return mem_.get(); }
   int64_t bytes() const { return bytes_; }
+  // Bytes [offset, offset + bytes) of this buffer, keeping all of it alive.
+  DeviceBuffer slice(int64_t offset, int64_t bytes) const;
 
  private:
   std::shared_ptr<void> mem_;
@@ -174,6 +176,10 @@ class Backend {
   // ---- weights ----
   // Converts `view` (any DType of core/dtype.h) into the backend's format.
   virtual std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) = 0;
+  // Weights that ops read together (q/k/v, gate/up): a backend may place them
+  // back to back in one allocation, in order, so that one batched matrix
+  // product reads several of them. Default: upload_weight for each.
+  virtual std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views);
   // Allocates one layer's K and V pools.
   virtual KvLayer alloc_kv_layer(const KvGeometry& geom) = 0;
 

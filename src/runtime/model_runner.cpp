@@ -54,6 +54,8 @@ class BackendModelRunner : public ModelRunner {
  private:
   std::unique_ptr<DeviceWeight> upload(const WeightStore& ws, const std::string& name,
                                        const std::vector<int64_t>& shape);
+  std::vector<std::unique_ptr<DeviceWeight>> upload_group(
+      const WeightStore& ws, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors);
   void load_weights(const WeightStore& ws);
   void setup_rope(const WeightStore& ws);
   void plan_kv_cache(const RunnerOptions& opts);
@@ -164,6 +166,16 @@ std::unique_ptr<DeviceWeight> BackendModelRunner::upload(const WeightStore& ws, 
   return backend_->upload_weight(view);
 }
 
+std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_group(
+    const WeightStore& ws, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+  std::vector<TensorView> views;
+  for (const auto& [name, shape] : tensors) {
+    views.push_back(ws.get(name, shape));
+    weight_bytes_ += device_bytes(views.back());
+  }
+  return backend_->upload_weight_group(views);
+}
+
 void BackendModelRunner::load_weights(const WeightStore& ws) {
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Q = cfg_.q_dim(), KV = cfg_.kv_dim();
   tok_embd_ = upload(ws, "token_embd.weight", {cfg_.vocab_size, H});
@@ -174,9 +186,11 @@ void BackendModelRunner::load_weights(const WeightStore& ws) {
     LayerWeights& L = layers_[size_t(l)];
     const std::string p = str_cat("blk.", l, ".");
     L.attn_norm = upload(ws, p + "attn_norm.weight", {H});
-    L.wq = upload(ws, p + "attn_q.weight", {Q, H});
-    L.wk = upload(ws, p + "attn_k.weight", {KV, H});
-    L.wv = upload(ws, p + "attn_v.weight", {KV, H});
+    auto qkv = upload_group(ws, {{p + "attn_q.weight", {Q, H}}, {p + "attn_k.weight", {KV, H}},
+                                 {p + "attn_v.weight", {KV, H}}});
+    L.wq = std::move(qkv[0]);
+    L.wk = std::move(qkv[1]);
+    L.wv = std::move(qkv[2]);
     L.wo = upload(ws, p + "attn_output.weight", {H, Q});
     if (cfg_.attention_bias) {
       L.bq = upload(ws, p + "attn_q.bias", {Q});
@@ -188,8 +202,9 @@ void BackendModelRunner::load_weights(const WeightStore& ws) {
       L.k_norm = upload(ws, p + "attn_k_norm.weight", {cfg_.head_dim});
     }
     L.ffn_norm = upload(ws, p + "ffn_norm.weight", {H});
-    L.gate = upload(ws, p + "ffn_gate.weight", {I, H});
-    L.up = upload(ws, p + "ffn_up.weight", {I, H});
+    auto gate_up = upload_group(ws, {{p + "ffn_gate.weight", {I, H}}, {p + "ffn_up.weight", {I, H}}});
+    L.gate = std::move(gate_up[0]);
+    L.up = std::move(gate_up[1]);
     L.down = upload(ws, p + "ffn_down.weight", {H, I});
   }
 }
@@ -250,13 +265,19 @@ void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {
   };
   ws_.x = buf(T * cfg_.hidden_size, DType::F32);
   ws_.xn = buf(T * cfg_.hidden_size, a);
-  ws_.q = buf(T * cfg_.q_dim(), a);
-  ws_.k = buf(T * cfg_.kv_dim(), a);
-  ws_.v = buf(T * cfg_.kv_dim(), a);
+  // q, k, v back to back, and gate, up: with weights laid out alike
+  // (upload_weight_group) a backend may write several in one batched product.
+  const int64_t q_bytes = dtype_bytes(a, T * cfg_.q_dim()), kv_bytes = dtype_bytes(a, T * cfg_.kv_dim());
+  const DeviceBuffer qkv = buf(T * (cfg_.q_dim() + 2 * cfg_.kv_dim()), a);
+  ws_.q = qkv.slice(0, q_bytes);
+  ws_.k = qkv.slice(q_bytes, kv_bytes);
+  ws_.v = qkv.slice(q_bytes + kv_bytes, kv_bytes);
   ws_.attn = buf(T * cfg_.q_dim(), a);
   ws_.proj = buf(T * cfg_.hidden_size, a);
-  ws_.gate = buf(T * cfg_.intermediate_size, a);
-  ws_.up = buf(T * cfg_.intermediate_size, a);
+  const int64_t ffn_bytes = dtype_bytes(a, T * cfg_.intermediate_size);
+  const DeviceBuffer gate_up = buf(2 * T * cfg_.intermediate_size, a);
+  ws_.gate = gate_up.slice(0, ffn_bytes);
+  ws_.up = gate_up.slice(ffn_bytes, ffn_bytes);
   ws_.rows = buf(R * cfg_.hidden_size, DType::F32);
   // Logits are f32 on every backend: the LM head accumulates in f32 and
   // rounding them to a bf16 activation would only lose precision.

@@ -125,37 +125,73 @@ void CudaBackend::tensor_to_host(const Tensor& t, float* dst) {
   }
 }
 
-std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view) {
+// The backend's dtype of a weight (matrices in the activation dtype, vectors
+// f32) and its element count, after checking the view.
+DType CudaBackend::weight_target(const TensorView& view, int64_t& n) const {
   SERVAL_CHECK(view.shape.size() == 1 || view.shape.size() == 2, "tensor \"", view.name, "\" has ",
                view.shape.size(), " dimensions; the CUDA backend takes vectors and matrices");
-  int64_t n = 1;
+  n = 1;
   for (int64_t d : view.shape) n *= d;
   SERVAL_CHECK(view.data != nullptr || n == 0, "tensor \"", view.name, "\" has no data");
-  const DType target = view.shape.size() == 2 ? act_dtype_ : DType::F32;
-  DeviceBuffer buf = alloc(dtype_bytes(target, n));
+  return view.shape.size() == 2 ? act_dtype_ : DType::F32;
+}
+
+// Writes `view`, converted to `target`, to device memory at dst.
+void CudaBackend::upload_into(const TensorView& view, DType target, int64_t n, void* dst_mem) {
   if (view.dtype == target) {
-    copy_to_device(buf.data(), view.data, dtype_bytes(target, n));
-  } else {
-    // Convert on the host in block-aligned chunks, through f32.
-    const int64_t block = dtype_block_elems(view.dtype);
-    const int64_t chunk = std::max<int64_t>(block, (int64_t(1) << 22) / block * block);
-    std::vector<float> f(size_t(std::min(chunk, n)));
-    std::vector<uint16_t> h(target == DType::BF16 ? f.size() : 0);
-    const auto* src = static_cast<const uint8_t*>(view.data);
-    char* dst = static_cast<char*>(buf.data());
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t len = std::min(chunk, n - start);
-      to_f32(view.dtype, src + dtype_bytes(view.dtype, start), f.data(), len);
-      if (target == DType::BF16) {
+    copy_to_device(dst_mem, view.data, dtype_bytes(target, n));
+    return;
+  }
+  // Convert on the host in block-aligned chunks, through f32.
+  const int64_t block = dtype_block_elems(view.dtype);
+  const int64_t chunk = std::max<int64_t>(block, (int64_t(1) << 22) / block * block);
+  std::vector<float> f(size_t(std::min(chunk, n)));
+  std::vector<uint16_t> h(target == DType::BF16 ? f.size() : 0);
+  const auto* src = static_cast<const uint8_t*>(view.data);
+  char* dst = static_cast<char*>(dst_mem);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    to_f32(view.dtype, src + dtype_bytes(view.dtype, start), f.data(), len);
+    if (target == DType::BF16) {
 #pragma omp parallel for schedule(static) if (len > (1 << 16))
-        for (int64_t i = 0; i < len; ++i) h[size_t(i)] = f32_to_bf16(f[size_t(i)]);
-        copy_to_device(dst + start * 2, h.data(), len * 2);
-      } else {
-        copy_to_device(dst + start * 4, f.data(), len * 4);
-      }
+      for (int64_t i = 0; i < len; ++i) h[size_t(i)] = f32_to_bf16(f[size_t(i)]);
+      copy_to_device(dst + start * 2, h.data(), len * 2);
+    } else {
+      copy_to_device(dst + start * 4, f.data(), len * 4);
     }
   }
+}
+
+std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view) {
+  int64_t n = 0;
+  const DType target = weight_target(view, n);
+  DeviceBuffer buf = alloc(dtype_bytes(target, n));
+  upload_into(view, target, n, buf.data());
   return std::make_unique<CudaWeight>(view.name, view.shape, target, std::move(buf));
+}
+
+// One allocation, each weight at a 256-byte boundary after the one before:
+// weights of one shape then lie at one stride, which matmul_multi reads as a
+// strided batch.
+std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_weight_group(const std::vector<TensorView>& views) {
+  std::vector<int64_t> offsets, counts;
+  std::vector<DType> targets;
+  int64_t total = 0;
+  for (const TensorView& v : views) {
+    int64_t n = 0;
+    targets.push_back(weight_target(v, n));
+    counts.push_back(n);
+    offsets.push_back(total);
+    total += (dtype_bytes(targets.back(), n) + 255) / 256 * 256;
+  }
+  const DeviceBuffer whole = alloc(total);
+  std::vector<std::unique_ptr<DeviceWeight>> out;
+  for (size_t i = 0; i < views.size(); ++i) {
+    DeviceBuffer part = whole.slice(offsets[i], dtype_bytes(targets[i], counts[i]));
+    upload_into(views[i], targets[i], counts[i], part.data());
+    out.push_back(std::make_unique<CudaWeight>(views[i].name, views[i].shape, targets[i], std::move(part)));
+  }
+  return out;
 }
 
 KvLayer CudaBackend::alloc_kv_layer(const KvGeometry& g) {

@@ -57,6 +57,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<DeviceGraph> end_capture() override;
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
+  std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views) override;
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
 
   void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) override;
@@ -81,6 +82,8 @@ class CudaBackend : public Backend {
   void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
 
   cudaStream_t stream() const { return stream_; }
+  // cuBLASLt launches that computed several weights as one strided batch.
+  int64_t batched_gemm_calls() const { return batched_gemm_calls_; }
   int num_sms() const { return num_sms_; }
 
  private:
@@ -90,9 +93,16 @@ class CudaBackend : public Backend {
     cublasLtMatmulAlgo_t algo{};
     bool tuned = false;  // algo chosen by timing (cuda_matmul.cu), not just the heuristic's first
   };
-  MatmulPlan& matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32);
-  void tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bool y_f32, const void* w, const void* x,
-                   void* y);
+  DType weight_target(const TensorView& view, int64_t& n) const;
+  void upload_into(const TensorView& view, DType target, int64_t n, void* dst);
+  // A cuBLASLt plan for y [n, m] = x [n, k] @ W [m, k]^T; with batch > 1,
+  // `batch` weights at stride_w elements and outputs at stride_y elements.
+  MatmulPlan& matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32, int64_t batch = 1, int64_t stride_w = 0,
+                          int64_t stride_y = 0);
+  void tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bool y_f32, int64_t batch, const void* w,
+                   const void* x, void* y);
+  void lt_matmul(const Tensor& x, const CudaWeight& w, Tensor y, int64_t batch = 1, int64_t stride_w = 0,
+                 int64_t stride_y = 0);
   // Device scratch of at least `bytes` (grown, never shrunk; contents not
   // kept) for ops that graphs may record: growing it drops recorded graphs
   // (graph_epoch). host_op_scratch: the same for ops never recorded (sample()).
@@ -105,8 +115,11 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   DeviceBuffer lt_workspace_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, MatmulPlan> plans_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> tuned_algos_;  // by token bucket
+  // Plans by (out, tokens, in (negative: f32 output), batch, strides).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, MatmulPlan> plans_;
+  // Timed algorithms by (out, token bucket, in (signed as above), batch).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> tuned_algos_;
+  int64_t batched_gemm_calls_ = 0;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)

@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#ifdef SERVAL_WITH_CUDA
+#include "backend/cuda/cuda_stats.h"
+#endif
 
 namespace serval::testing {
 namespace {
@@ -240,6 +243,60 @@ TEST(CudaMatmul, MatmulMultiMatchesReferenceWithTwoAndThreeWeights) {
     }
     std::printf("[cuda_matmul] matmul_multi in %ld, %zu weights: worst rel err %.2e\n", long(c.in), c.outs.size(),
                 worst);
+  }
+}
+
+// More than 48 rows go to cuBLASLt. Weights uploaded as a group lie back to
+// back; with outputs that do too, matmul_multi runs each run of equal shapes
+// as one strided-batched GEMM (q/k/v of Llama-2, k/v of Llama-3, gate/up),
+// and the results match the reference whether or not it could batch.
+TEST(CudaMatmul, GroupedWeightsRunAsStridedBatchesAndMatchTheReference) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Case { int64_t in; std::vector<int64_t> outs; int64_t batched; };  // batched: GEMMs that batch
+  for (const Case& c : {Case{1024, {1024, 256, 256}, 1}, Case{1024, {1024, 1024, 1024}, 1},
+                        Case{512, {1408, 1408}, 1}, Case{512, {700, 300}, 0}}) {
+    constexpr int64_t kRows = 100;
+    const auto x = random_bf16(size_t(kRows * c.in), 41);
+    DevTensor xg = upload(*gpu, x, kRows, c.in);
+    std::vector<std::vector<float>> ws;
+    std::vector<TensorView> views;
+    for (size_t i = 0; i < c.outs.size(); ++i) {
+      ws.push_back(random_bf16(size_t(c.outs[i] * c.in), 42 + uint32_t(i), 0.05f));
+      views.push_back(TensorView{"w", DType::F32, {c.outs[i], c.in}, ws.back().data(), int64_t(ws.back().size() * 4)});
+    }
+    const auto group = gpu->upload_weight_group(views);
+    std::vector<const DeviceWeight*> wp;
+    for (const auto& w : group) wp.push_back(w.get());
+    for (int64_t T : {int64_t(49), int64_t(64), kRows}) {
+      // Outputs back to back in one buffer (as the runner's workspace), then each its own.
+      int64_t total = 0;
+      for (int64_t o : c.outs) total += T * o;
+      const DeviceBuffer joint = gpu->alloc(dtype_bytes(gpu->act_dtype(), total));
+      std::vector<Tensor> packed, apart;
+      std::vector<DevTensor> own;
+      int64_t off = 0;
+      for (int64_t o : c.outs) {
+        packed.push_back(Tensor{static_cast<char*>(joint.data()) + dtype_bytes(gpu->act_dtype(), off),
+                                gpu->act_dtype(), T, o});
+        off += T * o;
+        own.push_back(zeros(*gpu, T, o));
+        apart.push_back(own.back().t);
+      }
+#ifdef SERVAL_WITH_CUDA
+      const int64_t before = cuda::batched_gemm_calls(*gpu);
+#endif
+      gpu->matmul_multi(xg.t.rows_view(0, T), wp, packed);
+#ifdef SERVAL_WITH_CUDA
+      EXPECT_EQ(cuda::batched_gemm_calls(*gpu) - before, c.batched)
+          << "in " << c.in << " weights " << c.outs.size() << " T " << T;
+#endif
+      gpu->matmul_multi(xg.t.rows_view(0, T), wp, apart);
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        const auto want = reference(x, T, ws[i], c.outs[i], c.in);
+        EXPECT_LT(rel_err(download(*gpu, packed[i]), want, want.size()), kBf16Tol) << "T " << T << " weight " << i;
+        EXPECT_LT(rel_err(download(*gpu, apart[i]), want, want.size()), kBf16Tol) << "T " << T << " weight " << i;
+      }
+    }
   }
 }
 

@@ -1,0 +1,64 @@
+// The Backend interface's shared parts on the CPU backend: DeviceBuffer
+// slices, and the default upload_weight_group (one upload per weight, same
+// values as upload_weight).
+#include "runtime/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace serval {
+namespace {
+
+TEST(DeviceBuffer, SliceSharesMemoryAndKeepsTheWholeAlive) {
+  auto be = create_backend("cpu", 1);
+  DeviceBuffer part;
+  {
+    const DeviceBuffer whole = be->alloc(64);
+    std::memset(whole.data(), 7, 64);
+    part = whole.slice(16, 32);
+    EXPECT_EQ(part.data(), static_cast<char*>(whole.data()) + 16);
+    EXPECT_EQ(part.bytes(), 32);
+  }
+  // `whole` is gone; the slice still owns the memory.
+  EXPECT_EQ(static_cast<const char*>(part.data())[31], 7);
+}
+
+TEST(DeviceBuffer, SliceOutsideTheBufferFailsWithItsRange) {
+  auto be = create_backend("cpu", 1);
+  const DeviceBuffer whole = be->alloc(64);
+  try {
+    (void)whole.slice(48, 32);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[48, 80) of a buffer of 64 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)whole.slice(-1, 4), Error);
+}
+
+TEST(Backend, UploadWeightGroupKeepsOrderNamesAndValues) {
+  auto be = create_backend("cpu", 1);
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-1, -2, -3};
+  const std::vector<TensorView> views = {TensorView{"a", DType::F32, {2, 3}, a.data(), 24},
+                                         TensorView{"b", DType::F32, {1, 3}, b.data(), 12}};
+  const auto group = be->upload_weight_group(views);
+  ASSERT_EQ(group.size(), 2u);
+  EXPECT_EQ(group[0]->name(), "a");
+  EXPECT_EQ(group[1]->name(), "b");
+  EXPECT_EQ(group[0]->shape(), (std::vector<int64_t>{2, 3}));
+  // Through an op: y = x @ W^T with x = [1, 0, 0] picks W's first column.
+  const float one_hot[3] = {1, 0, 0};
+  DeviceBuffer xb = be->alloc(12), yb = be->alloc(8);
+  be->copy_to_device(xb.data(), one_hot, 12);
+  be->matmul(Tensor{xb.data(), DType::F32, 1, 3}, *group[0], nullptr, Tensor{yb.data(), DType::F32, 1, 2});
+  float y[2] = {0, 0};
+  be->copy_to_host(y, yb.data(), 8);
+  EXPECT_EQ(y[0], 1.0f);
+  EXPECT_EQ(y[1], 4.0f);
+}
+
+}  // namespace
+}  // namespace serval
