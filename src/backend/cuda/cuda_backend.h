@@ -103,6 +103,7 @@ class CudaBackend : public Backend {
                    const void* x, void* y);
   void lt_matmul(const Tensor& x, const CudaWeight& w, Tensor y, int64_t batch = 1, int64_t stride_w = 0,
                  int64_t stride_y = 0);
+  void flush_l2();  // tune_matmul times candidates with a cold L2
   // Device scratch of at least `bytes` (grown, never shrunk; contents not
   // kept) for ops that graphs may record: growing it drops recorded graphs
   // (graph_epoch). host_op_scratch: the same for ops never recorded (sample()).
@@ -115,6 +116,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   DeviceBuffer lt_workspace_;
+  DeviceBuffer l2_flush_;  // flush_l2's, allocated at the first tuning
   // Plans by (out, tokens, in (negative: f32 output), batch, strides).
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, MatmulPlan> plans_;
   // Timed algorithms by (out, token bucket, in (signed as above), batch).
