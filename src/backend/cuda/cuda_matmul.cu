@@ -5,14 +5,12 @@
 // f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
 // CUBLAS_COMPUTE_32F_FAST_TF32). cuBLASLt's algorithm for a shape is chosen at
 // its first use outside a graph capture by timing the heuristic's best
-// candidates and their split-K variants on the real operands, each after an
-// L2 flush; the winner is kept per (out, token bucket, in, out dtype, batch).
-// matmul_multi runs weights laid out back to back (q/k/v, gate/up) as one
-// strided-batched cuBLASLt call.
+// candidates on the real operands, each after an L2 flush; the winner is kept
+// per (out, token bucket, in, out dtype, batch). matmul_multi runs weights laid
+// out back to back (q/k/v, gate/up) as one strided-batched cuBLASLt call.
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
-#include <iterator>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -76,32 +74,6 @@ bool batch_follows(const Tensor& x, const std::vector<const DeviceWeight*>& ws, 
 
 constexpr int kCandidates = 8;  // heuristic results timed per shape (the H200's heuristic returns 8 at most)
 constexpr int kTimedRuns = 3;   // after one warm-up run each
-constexpr int32_t kSplitsK[] = {2, 4};  // split-K variants of each candidate that can split
-
-// `in` with its k dimension split `splits` ways (cuBLASLt sums the partials,
-// in f32 when it can), if the algorithm supports split-K.
-bool with_split_k(const cublasLtMatmulAlgo_t& in, uint32_t splits, cublasLtMatmulAlgo_t& out) {
-  int32_t support = 0;
-  uint32_t mask = 0;
-  size_t n = 0;
-  if (cublasLtMatmulAlgoCapGetAttribute(&in, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof(support), &n) !=
-          CUBLAS_STATUS_SUCCESS ||
-      support == 0 ||
-      cublasLtMatmulAlgoCapGetAttribute(&in, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &mask, sizeof(mask), &n) !=
-          CUBLAS_STATUS_SUCCESS)
-    return false;
-  uint32_t scheme = 0;
-  const uint32_t preferred[3] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE,
-                                 CUBLASLT_REDUCTION_SCHEME_INPLACE};
-  for (uint32_t s : preferred)
-    if (scheme == 0 && (mask & s) != 0) scheme = s;
-  if (scheme == 0) return false;
-  out = in;
-  return cublasLtMatmulAlgoConfigSetAttribute(&out, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) ==
-             CUBLAS_STATUS_SUCCESS &&
-         cublasLtMatmulAlgoConfigSetAttribute(&out, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                              sizeof(scheme)) == CUBLAS_STATUS_SUCCESS;
-}
 
 void lt_check(cublasStatus_t st, const char* what) {
   SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt: ", what, " failed with status ", int(st));
@@ -226,34 +198,18 @@ void CudaBackend::tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bo
     return cublasLtMatmul(lt_, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, lt_workspace_.data(),
                           ws_bytes, stream_);
   };
-  // The candidates, and their split-K variants: the decode GEMMs with 4096
-  // outputs have few output tiles for 132 SMs.
-  cublasLtMatmulAlgo_t candidates[kCandidates * (1 + std::size(kSplitsK))];
-  int count = 0;
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > ws_bytes) continue;
-    candidates[count++] = results[i].algo;
-    for (int32_t splits : kSplitsK) {
-      cublasLtMatmulAlgo_t split{};
-      cublasLtMatmulHeuristicResult_t check{};
-      if (with_split_k(results[i].algo, uint32_t(splits), split) &&
-          cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &split, &check) == CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= ws_bytes)
-        candidates[count++] = split;
-    }
-  }
   EventPair ev;
   float best_ms = FLT_MAX;
   cublasLtMatmulAlgo_t best = p.algo;
-  for (int c = 0; c < count; ++c) {
-    const cublasLtMatmulAlgo_t& algo = candidates[c];
-    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // refuses these operands
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > ws_bytes) continue;
+    if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // refuses these operands
     bool ok = true;
     float ms = 0.0f;
     for (int r = 0; r < kTimedRuns && ok; ++r) {
       flush_l2();
       SERVAL_CUDA_CHECK(cudaEventRecord(ev.start, stream_));
-      ok = run(algo) == CUBLAS_STATUS_SUCCESS;
+      ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
       SERVAL_CUDA_CHECK(cudaEventRecord(ev.stop, stream_));
       SERVAL_CUDA_CHECK(cudaEventSynchronize(ev.stop));
       float run_ms = 0.0f;
@@ -262,7 +218,7 @@ void CudaBackend::tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bo
     }
     if (ok && ms < best_ms) {
       best_ms = ms;
-      best = algo;
+      best = results[i].algo;
     }
   }
   p.algo = best;
