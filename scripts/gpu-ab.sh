@@ -66,6 +66,9 @@ for N in $SEQS; do
   else
     row="$N seqs, 128 + 128"; args=(--requests "$N" --input-len 128 --output-len 128)
   fi
+  # A count given twice (--seqs "64 1 64") gets a row per run: "..., run 2".
+  base_row=$row; k=1
+  while [[ " ${ROWS[*]} " == *" $row "* ]]; do k=$((k + 1)); row="$base_row, run $k"; done
   ROWS+=("$row")
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
