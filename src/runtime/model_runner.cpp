@@ -267,17 +267,20 @@ void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {
   ws_.xn = buf(T * cfg_.hidden_size, a);
   // q, k, v back to back, and gate, up: with weights laid out alike
   // (upload_weight_group) a backend may write several in one batched product.
+  // Each part starts at a 256-byte boundary, as an allocation of its own would
+  // (cuBLASLt assumes that alignment).
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t q_bytes = dtype_bytes(a, T * cfg_.q_dim()), kv_bytes = dtype_bytes(a, T * cfg_.kv_dim());
-  const DeviceBuffer qkv = buf(T * (cfg_.q_dim() + 2 * cfg_.kv_dim()), a);
+  const DeviceBuffer qkv = buf(aligned(q_bytes) + 2 * aligned(kv_bytes), DType::I8);  // I8: a count of bytes
   ws_.q = qkv.slice(0, q_bytes);
-  ws_.k = qkv.slice(q_bytes, kv_bytes);
-  ws_.v = qkv.slice(q_bytes + kv_bytes, kv_bytes);
+  ws_.k = qkv.slice(aligned(q_bytes), kv_bytes);
+  ws_.v = qkv.slice(aligned(q_bytes) + aligned(kv_bytes), kv_bytes);
   ws_.attn = buf(T * cfg_.q_dim(), a);
   ws_.proj = buf(T * cfg_.hidden_size, a);
   const int64_t ffn_bytes = dtype_bytes(a, T * cfg_.intermediate_size);
-  const DeviceBuffer gate_up = buf(2 * T * cfg_.intermediate_size, a);
+  const DeviceBuffer gate_up = buf(2 * aligned(ffn_bytes), DType::I8);
   ws_.gate = gate_up.slice(0, ffn_bytes);
-  ws_.up = gate_up.slice(ffn_bytes, ffn_bytes);
+  ws_.up = gate_up.slice(aligned(ffn_bytes), ffn_bytes);
   ws_.rows = buf(R * cfg_.hidden_size, DType::F32);
   // Logits are f32 on every backend: the LM head accumulates in f32 and
   // rounding them to a bf16 activation would only lose precision.

@@ -63,7 +63,9 @@ bool batch_follows(const Tensor& x, const std::vector<const DeviceWeight*>& ws, 
   const int64_t wb = dtype_bytes(w0.dtype(), 1), yb = dtype_bytes(y0.dtype, 1);
   const int64_t dw = static_cast<const char*>(wj.data()) - static_cast<const char*>(as_cuda(*ws[j - 1]).data());
   const int64_t dy = static_cast<const char*>(yj.data) - static_cast<const char*>(ys[j - 1].data);
-  if (dw % wb != 0 || dy % yb != 0 || dw / wb < w0.rows() * w0.cols() || dy / yb < y0.rows * y0.cols) return false;
+  // cuBLASLt's heuristic assumes 256-byte aligned operands, batch by batch.
+  if (dw % 256 != 0 || dy % 256 != 0 || dw / wb < w0.rows() * w0.cols() || dy / yb < y0.rows * y0.cols)
+    return false;
   if (j == i + 1) {
     stride_w = dw / wb;
     stride_y = dy / yb;
