@@ -4,9 +4,10 @@
 # each build, then 7B decode benchmarks with the builds interleaved (so drift
 # of the machine hits all alike), then one table, a column per build ("base":
 # the staged build). For A/B runs of kernel changes in one device call.
-# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--seqs "1 20 32 48 64"] [--cublas] [--gemv FILTER]
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--seqs "1 20 32 48 64"] [--cublas] [--env VAR=VALUE]... [--gemv FILTER]
 #   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
 #   --cublas: also the base build with SERVAL_NO_SKINNY_GEMM=1 (cuBLASLt for 17+ rows)
+#   --env VAR=VALUE: also the base build with that environment variable (a column "base+VAR=VALUE")
 #   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
 set -u
 cd "$(dirname "$0")"
@@ -16,12 +17,13 @@ mkdir -p "$OUT_DIR" lib variants
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-TESTS=1; SEQS="1 20 32 48 64"; CUBLAS=0; GEMV=""
+TESTS=1; SEQS="1 20 32 48 64"; CUBLAS=0; GEMV=""; EXTRA_ENVS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
     --seqs) SEQS=$2; shift ;;
     --cublas) CUBLAS=1 ;;
+    --env) EXTRA_ENVS+=("$2"); shift ;;
     --gemv) GEMV=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 1 ;;
   esac
@@ -36,6 +38,7 @@ for v in variants/*.tar.xz; do
   NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); ENVS+=("")
 done
 if [ $CUBLAS = 1 ]; then NAMES+=("base+cuBLASLt"); DIRS+=("$HERE"); ENVS+=("SERVAL_NO_SKINNY_GEMM=1"); fi
+for e in "${EXTRA_ENVS[@]}"; do NAMES+=("base+$e"); DIRS+=("$HERE"); ENVS+=("$e"); done
 for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: $(cat "${DIRS[$i]}/COMMIT" 2>/dev/null || echo staged build)"; done
 
 M7=${MODEL:-/tmp/llama-2-7b-bf16.gguf}  # written here unless it exists (gpu-check.sh --keep leaves it)
@@ -91,12 +94,12 @@ if [ -n "$GEMV" ]; then
     n=${NAMES[$i]}
     [ -x "${DIRS[$i]}/cuda_gemv_bench" ] || continue
     (cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 200 ./cuda_gemv_bench --benchmark_filter="$GEMV" \
-      --benchmark_min_time=0.01 >"$OUT_DIR/gemv-$n.txt" 2>&1)
+      --benchmark_min_time=0.01 >"$OUT_DIR/gemv-${n//[^A-Za-z0-9_.-]/_}.txt" 2>&1)
     while read -r name rest; do
       r="gemv ${name#BM_}"
       [[ " ${ROWS[*]} " == *" $r "* ]] || ROWS+=("$r")
       CELL["$r|$n"]=$(echo "$rest" | grep -oE "GB/s=[0-9.]+k?" | head -1)
-    done < <(grep -E "^BM_" "$OUT_DIR/gemv-$n.txt" | sed 's@/manual_time@@; s@/iterations:[0-9]*@@')
+    done < <(grep -E "^BM_" "$OUT_DIR/gemv-${n//[^A-Za-z0-9_.-]/_}.txt" | sed 's@/manual_time@@; s@/iterations:[0-9]*@@')
   done
 fi
 
