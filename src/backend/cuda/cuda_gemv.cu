@@ -15,8 +15,8 @@
 // Bandwidth: each lane has 8 slots of 16 bytes per weight (a warp: 4 KB of
 // W, 8 KB for gate + up) and refills slot s with the next batch's step s as
 // soon as s has fed its mmas, across a unit's end too, so about a batch stays
-// in flight all the time, the epilogue included. One weight for up to 4
-// tokens (gemv_deep_kernel) keeps two batches in flight instead. The grid is persistent and
+// in flight all the time, the epilogue included (one weight for up to 4
+// tokens, gemv_deep_kernel: two batches). The grid is persistent and
 // balanced: every block gets the same number of units (ceil(units / resident
 // blocks)), so no block runs a last unit alone while the rest of the GPU
 // idles. With programmatic dependent launch the first weight loads are issued
@@ -83,6 +83,19 @@ __device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "r"(int(ok)), "l"(p));
   return v;
+}
+
+// This block's share of the launch: x's 16-byte chunks per row, k-step
+// batches per unit (per warp), and batches over all its units.
+struct BlockWork {
+  int chunks, batches, total;
+};
+__device__ __forceinline__ BlockWork block_work(const GemvParams& p) {
+  const int chunks = p.in >> 3;
+  const int steps = (chunks + kStepChunks - 1) / kStepChunks;
+  const int batches = (steps + kWarps * kSteps - 1) / (kWarps * kSteps);
+  const int my_units = (p.tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;  // blockIdx.x < units
+  return {chunks, batches, my_units * batches};
 }
 
 // Unit i of this block: the W rows lane (g, q) reads (row `base + g` of its
@@ -160,11 +173,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;  // mma groupID, threadID_in_group
-  const int chunks = p.in >> 3;
-  const int steps = (chunks + kStepChunks - 1) / kStepChunks;
-  const int batches = (steps + kWarps * kSteps - 1) / (kWarps * kSteps);  // per unit, per warp
-  const int my_units = (p.tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;  // blockIdx.x < units
-  const int total = my_units * batches;
+  const auto [chunks, batches, total] = block_work(p);
 
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -257,10 +266,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   }
 }
 
-// One weight for up to 8 tokens (every batch-1 decode matmul but gate + up;
-// used up to kDeepMaxTokens):
-// the same units, k split, mma chain and sums as gemv_kernel (so the same
-// bits), but x is not held in slots. It is an L1 hit (every warp of the SM
+// One weight for up to 8 tokens (used up to kDeepMaxTokens: every batch-1
+// decode matmul but gate + up): the same units, k split, mma chain and sums
+// as gemv_kernel (so the same bits), but x is not held in slots. It is an L1 hit (every warp of the SM
 // reads the same x) loaded one step ahead of its mmas, and the registers it
 // freed hold a second batch of weight loads: 2 x 8 slots per lane, 4 blocks
 // of 128 registers per SM, 128 KB of W in flight per SM instead of 80. (For
@@ -274,11 +282,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int chunks = p.in >> 3;
-  const int steps = (chunks + kStepChunks - 1) / kStepChunks;
-  const int batches = (steps + kWarps * kSteps - 1) / (kWarps * kSteps);
-  const int my_units = (p.tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;
-  const int total = my_units * batches;
+  const auto [chunks, batches, total] = block_work(p);
 
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
