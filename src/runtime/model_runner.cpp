@@ -259,10 +259,11 @@ void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {
   const DType a = backend_->act_dtype();
   ws_ = Workspace{};  // free the old buffers first
   int64_t bytes = 0;
-  auto buf = [&](int64_t n, DType dt) {
-    bytes += dtype_bytes(dt, n);
-    return backend_->alloc(dtype_bytes(dt, n));
+  auto buf_bytes = [&](int64_t b) {
+    bytes += b;
+    return backend_->alloc(b);
   };
+  auto buf = [&](int64_t n, DType dt) { return buf_bytes(dtype_bytes(dt, n)); };
   ws_.x = buf(T * cfg_.hidden_size, DType::F32);
   ws_.xn = buf(T * cfg_.hidden_size, a);
   // q, k, v back to back, and gate, up: with weights laid out alike
@@ -271,14 +272,14 @@ void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {
   // (cuBLASLt assumes that alignment).
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t q_bytes = dtype_bytes(a, T * cfg_.q_dim()), kv_bytes = dtype_bytes(a, T * cfg_.kv_dim());
-  const DeviceBuffer qkv = buf(aligned(q_bytes) + 2 * aligned(kv_bytes), DType::I8);  // I8: a count of bytes
+  const DeviceBuffer qkv = buf_bytes(aligned(q_bytes) + 2 * aligned(kv_bytes));
   ws_.q = qkv.slice(0, q_bytes);
   ws_.k = qkv.slice(aligned(q_bytes), kv_bytes);
   ws_.v = qkv.slice(aligned(q_bytes) + aligned(kv_bytes), kv_bytes);
   ws_.attn = buf(T * cfg_.q_dim(), a);
   ws_.proj = buf(T * cfg_.hidden_size, a);
   const int64_t ffn_bytes = dtype_bytes(a, T * cfg_.intermediate_size);
-  const DeviceBuffer gate_up = buf(2 * aligned(ffn_bytes), DType::I8);
+  const DeviceBuffer gate_up = buf_bytes(2 * aligned(ffn_bytes));
   ws_.gate = gate_up.slice(0, ffn_bytes);
   ws_.up = gate_up.slice(aligned(ffn_bytes), ffn_bytes);
   ws_.rows = buf(R * cfg_.hidden_size, DType::F32);

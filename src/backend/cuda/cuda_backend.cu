@@ -174,22 +174,26 @@ std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view)
 // weights of one shape then lie at one stride, which matmul_multi reads as a
 // strided batch.
 std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_weight_group(const std::vector<TensorView>& views) {
-  std::vector<int64_t> offsets, counts;
-  std::vector<DType> targets;
+  struct Part {
+    DType target;
+    int64_t n, offset;
+  };
+  std::vector<Part> parts;
   int64_t total = 0;
   for (const TensorView& v : views) {
-    int64_t n = 0;
-    targets.push_back(weight_target(v, n));
-    counts.push_back(n);
-    offsets.push_back(total);
-    total += (dtype_bytes(targets.back(), n) + 255) / 256 * 256;
+    Part part{};
+    part.target = weight_target(v, part.n);
+    part.offset = total;
+    total += (dtype_bytes(part.target, part.n) + 255) / 256 * 256;
+    parts.push_back(part);
   }
   const DeviceBuffer whole = alloc(total);
   std::vector<std::unique_ptr<DeviceWeight>> out;
   for (size_t i = 0; i < views.size(); ++i) {
-    DeviceBuffer part = whole.slice(offsets[i], dtype_bytes(targets[i], counts[i]));
-    upload_into(views[i], targets[i], counts[i], part.data());
-    out.push_back(std::make_unique<CudaWeight>(views[i].name, views[i].shape, targets[i], std::move(part)));
+    const Part& part = parts[i];
+    DeviceBuffer mem = whole.slice(part.offset, dtype_bytes(part.target, part.n));
+    upload_into(views[i], part.target, part.n, mem.data());
+    out.push_back(std::make_unique<CudaWeight>(views[i].name, views[i].shape, part.target, std::move(mem)));
   }
   return out;
 }
