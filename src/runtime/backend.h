@@ -213,6 +213,17 @@ class Backend {
     this->rope(q, k, positions, rope);
     kv_write(k, v, slot_mapping, kv, geom);
   }
+  // q/k/v = x @ wq/wk/wv^T, then rope_kv_write: the attention's input
+  // projections, which a backend may finish in the projection's epilogue
+  // (rotating q and k, writing k and v to their slots). k and v need not hold
+  // anything afterwards; q is rotated. Default: matmul_multi, rope_kv_write.
+  virtual void qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk,
+                                 const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
+                                 const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
+                                 const KvGeometry& geom) {
+    matmul_multi(x, {&wq, &wk, &wv}, {q, k, v});
+    rope_kv_write(q, k, v, positions, rope, slot_mapping, kv, geom);
+  }
   // Copies block `src` of both pools to block `dst`.
   virtual void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) = 0;
   // Writes k, v [T, num_kv_heads * head_dim] to the pools at slot_mapping[t].

@@ -413,18 +413,22 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
   be.rmsnorm(x, *layers_[0].attn_norm, eps, xn);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& L = layers_[l];
-    if (L.bq) {
-      be.matmul(xn, *L.wq, L.bq.get(), q);
-      be.matmul(xn, *L.wk, L.bk.get(), k);
-      be.matmul(xn, *L.wv, L.bv.get(), v);
+    if (L.bq || cfg_.qk_norm) {  // a bias or a per-head norm comes between the projection and rope
+      if (L.bq) {
+        be.matmul(xn, *L.wq, L.bq.get(), q);
+        be.matmul(xn, *L.wk, L.bk.get(), k);
+        be.matmul(xn, *L.wv, L.bv.get(), v);
+      } else {
+        be.matmul_multi(xn, {L.wq.get(), L.wk.get(), L.wv.get()}, {q, k, v});
+      }
+      if (cfg_.qk_norm) {
+        be.rmsnorm(q.reshaped(cfg_.head_dim), *L.q_norm, eps, q.reshaped(cfg_.head_dim));
+        be.rmsnorm(k.reshaped(cfg_.head_dim), *L.k_norm, eps, k.reshaped(cfg_.head_dim));
+      }
+      be.rope_kv_write(q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
     } else {
-      be.matmul_multi(xn, {L.wq.get(), L.wk.get(), L.wv.get()}, {q, k, v});
+      be.qkv_rope_kv_write(xn, *L.wq, *L.wk, *L.wv, q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
     }
-    if (cfg_.qk_norm) {
-      be.rmsnorm(q.reshaped(cfg_.head_dim), *L.q_norm, eps, q.reshaped(cfg_.head_dim));
-      be.rmsnorm(k.reshaped(cfg_.head_dim), *L.k_norm, eps, k.reshaped(cfg_.head_dim));
-    }
-    be.rope_kv_write(q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
     be.paged_attention(q, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale, attn);
     be.matmul(attn, *L.wo, nullptr, proj);
     be.add_rmsnorm(x, proj, *L.ffn_norm, eps, xn);

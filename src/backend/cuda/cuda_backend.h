@@ -62,6 +62,9 @@ class CudaBackend : public Backend {
 
   void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) override;
   void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) override;
+  void qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
+                         Tensor q, Tensor k, Tensor v, const int32_t* positions, const RopeParams& rope,
+                         const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) override;
   void matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
                     const std::vector<Tensor>& ys) override;
   void rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) override;

@@ -12,8 +12,24 @@
 namespace serval::cuda {
 
 bool gemv_fits(const Tensor& x);
-// ys[i] = x @ ws[i]^T for 1..3 weights; the outputs all bf16, or a single f32 one.
-void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
+// The q/k/v GEMV's epilogue for qkv_rope_kv_write: q (output 0) and k
+// (output 1) rotated at positions[t] (interleaved pairs: dims 2i and 2i + 1 of
+// a head turn by positions[t] * inv_freq[i], for dims below rope_dim), then q
+// stored to its output and k, v (output 2) to the pools' rows slots[t] instead
+// of theirs; the values and roundings of the GEMV followed by the rope + KV
+// write kernel. positions == nullptr: a plain GEMV.
+struct GemvRopeKv {
+  const int32_t* positions = nullptr;
+  const int64_t* slots = nullptr;
+  const float* inv_freq = nullptr;
+  __nv_bfloat16* k_pool = nullptr;
+  __nv_bfloat16* v_pool = nullptr;
+  int head_dim = 0, rope_dim = 0;
+};
+// ys[i] = x @ ws[i]^T for 1..3 weights; the outputs all bf16, or a single f32
+// one. With rope.positions: exactly three bf16 outputs, q/k/v (see GemvRopeKv).
+void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
+          const GemvRopeKv& rope = {});
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
 void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
                 cudaStream_t stream);

@@ -33,6 +33,7 @@
 // fused q/k/v launch or a single one). The split (4 warps x 8 steps) is
 // the same in every kernel variant; do not make it depend on T.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_decode_matmul.h"
@@ -118,9 +119,10 @@ __device__ __forceinline__ UnitRows unit_rows(const GemvParams& p, int i, int g)
 // The end of unit i: the 4 warps' partials are summed in shared memory (warp
 // 0 + 1 + 2 + 3, in that order) and warp 0 writes the unit's outputs (silu(g)
 // * u if gated); the accumulators restart at zero.
-template <typename Out, bool kGated, int kAcc, int kVals>
-__device__ __forceinline__ void finish_unit(const GemvParams& p, float (&partial)[2][kWarps][kVals][32],
-                                            float (&acc)[4], float (&acc_up)[4], int i) {
+template <typename Out, bool kGated, int kAcc, int kVals, bool kRope = false>
+__device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeKv& r,
+                                            float (&partial)[2][kWarps][kVals][32], float (&acc)[4],
+                                            float (&acc_up)[4], int i) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int buf = i & 1;
@@ -146,6 +148,31 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, float (&partial
   locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
   const int rows = p.rows[seg];
   Out* y = static_cast<Out*>(p.y[seg]);
+  if constexpr (kRope && !kGated && std::is_same_v<Out, bf16>) {
+    // The pair (j, j + 1) as the GEMV would store it, rotated as the rope
+    // kernel would (same sincosf, same expressions), stored where that
+    // kernel would put it. Rows are whole heads, so both exist.
+    const int j = base + 2 * q;
+#pragma unroll
+    for (int h = 0; h < kAcc / 2; ++h) {
+      const int t = g + 8 * h;
+      if (t >= p.tokens || j >= rows) continue;
+      float a = __bfloat162float(__float2bfloat16(sum[2 * h]));
+      float b = __bfloat162float(__float2bfloat16(sum[2 * h + 1]));
+      const int d = j % r.head_dim;
+      if (seg < 2 && d < r.rope_dim) {
+        float sn, cs;
+        sincosf(float(r.positions[t]) * r.inv_freq[d / 2], &sn, &cs);
+        const float ra = a * cs - b * sn, rb = b * cs + a * sn;
+        a = ra;
+        b = rb;
+      }
+      bf16* dst = seg == 0 ? y + int64_t(t) * rows : (seg == 1 ? r.k_pool : r.v_pool) + r.slots[t] * rows;
+      store1(dst, j, a);
+      store1(dst, j + 1, b);
+    }
+    return;
+  }
 #pragma unroll
   for (int h = 0; h < kAcc / 2; ++h) {
     const int t = g + 8 * h;
@@ -163,8 +190,9 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, float (&partial
 
 // kHighTokens: tokens 8..15 exist (T > 8), so the lanes also load their rows of
 // x into A's rows 8..15; otherwise those rows are zero registers.
-template <typename Out, bool kGated, bool kHighTokens>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvParams p) {
+template <typename Out, bool kGated, bool kHighTokens, bool kRope = false>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvParams p,
+                                                         const __grid_constant__ GemvRopeKv r) {
   // Per lane, the accumulators handed to the reduction: D's (token g, rows 2q,
   // 2q+1), plus (token g+8, ...) with high tokens; for gate and for up if gated.
   constexpr int kAcc = kHighTokens ? 4 : 2;
@@ -222,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
       ptx::mma_bf16_16816(acc_up, a_hi, uv[s].z, uv[s].w);
     }
   };
-  auto epilogue = [&](int i) { finish_unit<Out, kGated, kAcc, kVals>(p, partial, acc, acc_up, i); };
+  auto epilogue = [&](int i) { finish_unit<Out, kGated, kAcc, kVals, kRope>(p, r, partial, acc, acc_up, i); };
   if (total == 0) return;  // no block is launched without a unit; kept for safety
   // Batch 0's weights first; x is the previous kernel's output, so wait for
   // it (and only then may y be written) before loading x.
@@ -275,8 +303,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
 // gate + up, and for 9..16 tokens, whose x loads then sit in the mma chain,
 // that measured slower, so they keep gemv_kernel.)
 constexpr int kDeepMaxTokens = 4;  // the tokens it is used for (it handles up to 8)
-template <typename Out>
-__global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_constant__ GemvParams p) {
+template <typename Out, bool kRope = false>
+__global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_constant__ GemvParams p,
+                                                                const __grid_constant__ GemvRopeKv r) {
   constexpr int kDepth = 2;  // batches of weight loads in flight per lane
   __shared__ float partial[2][kWarps][2][32];
 
@@ -344,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
       }
       if (idx + kDepth + 1 == total) pdl_launch_dependents();  // the last weight loads are out
       if (++cb == batches) {
-        finish_unit<Out, false, 2, 2>(p, partial, acc, unused, ci++);
+        finish_unit<Out, false, 2, 2, kRope>(p, r, partial, acc, unused, ci++);
         cb = 0;
       }
     }
@@ -365,34 +394,41 @@ int resident_blocks() {
 }
 
 template <auto kKernel>
-void launch_as(const GemvParams& p, cudaStream_t stream) {
+void launch_as(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
   // Balanced persistent grid: the fewest units per block that fit the resident
   // blocks, and just enough blocks for that, so every block gets the same
   // count (the last ones one fewer at most). Depends on the shape only.
   const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>());
   const int blocks = ceil_div(p.tiles, per_block);
-  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, r);
 }
 
 template <typename Out, bool kGated>
-void launch_typed(const GemvParams& p, cudaStream_t stream) {
+void launch_typed(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
+  if constexpr (!kGated && std::is_same_v<Out, bf16>) {
+    if (r.positions != nullptr) {  // the rope epilogue: its own variants, the others keep their registers
+      if (p.tokens > 8) return launch_as<gemv_kernel<bf16, false, true, true>>(p, r, stream);
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<bf16, true>>(p, r, stream);
+      return launch_as<gemv_kernel<bf16, false, false, true>>(p, r, stream);
+    }
+  }
   if (p.tokens > 8) {
-    launch_as<gemv_kernel<Out, kGated, true>>(p, stream);
+    launch_as<gemv_kernel<Out, kGated, true>>(p, r, stream);
   } else {
     // The deep kernel up to 4 tokens: at 8 its launches alone are faster too,
     // but 8-sequence decode steps measured 1.4% slower with it.
     if constexpr (!kGated)
-      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<Out>>(p, stream);
-    launch_as<gemv_kernel<Out, kGated, false>>(p, stream);
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<Out>>(p, r, stream);
+    launch_as<gemv_kernel<Out, kGated, false>>(p, r, stream);
   }
 }
 
 template <bool kGated>
-void launch(const GemvParams& p, bool f32, cudaStream_t stream) {
+void launch(const GemvParams& p, bool f32, cudaStream_t stream, const GemvRopeKv& r = {}) {
   if (f32)
-    launch_typed<float, kGated>(p, stream);
+    launch_typed<float, kGated>(p, r, stream);
   else
-    launch_typed<bf16, kGated>(p, stream);
+    launch_typed<bf16, kGated>(p, r, stream);
 }
 }  // namespace
 
@@ -402,10 +438,18 @@ bool gemv_fits(const Tensor& x) {
 }
 
 // ys[i] = x @ ws[i]^T; the outputs are all bf16, or a single f32 one.
-void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
+void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
+          const GemvRopeKv& rope) {
   SERVAL_CHECK(gemv_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const GemvParams p = matmul_segments(x, ws, ys, n, kUnitRows, "gemv");
-  if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, stream);
+  if (rope.positions != nullptr) {
+    const bool whole_heads = rope.head_dim > 0 && rope.head_dim % kUnitRows == 0 && rope.rope_dim % 2 == 0 &&
+                             rope.rope_dim <= rope.head_dim;
+    SERVAL_CHECK(n == 3 && ys[0].dtype == DType::BF16 && whole_heads && p.rows[1] == p.rows[2] &&
+                     p.rows[0] % rope.head_dim == 0 && p.rows[1] % rope.head_dim == 0,
+                 "gemv: rope in the epilogue needs q/k/v outputs of whole heads (head_dim a multiple of 8)");
+  }
+  if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, stream, rope);
 }
 
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].

@@ -311,6 +311,45 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
   }
 }
 
+// Up to 16 rows (the GEMV) with interleaved rope over whole heads: one launch
+// computes q/k/v, rotates q and k and writes k and v to their slots in its
+// epilogue, bit for bit what the GEMV then the rope + KV write kernel store,
+// without that kernel between the projection and attention (one launch fewer
+// per layer at batch 1). Other shapes, NeoX rope, f32: the two ops.
+// SERVAL_NO_ROPE_IN_GEMV=1: always the two ops (to compare).
+void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk,
+                                    const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
+                                    const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
+                                    const KvGeometry& geom) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("SERVAL_NO_ROPE_IN_GEMV");
+    return e == nullptr || std::string(e) != "1";
+  }();
+  const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
+  const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
+  const bool fits = enabled && act_dtype_ == DType::BF16 && gemv_fits(x) && rope.style == RopeStyle::Interleaved &&
+                    rope.head_dim == geom.head_dim && rope.head_dim % 8 == 0 && rope.rope_dim % 2 == 0 &&
+                    rope.rope_dim > 0 && rope.rope_dim <= rope.head_dim && rope.inv_freq != nullptr &&
+                    cq.dtype() == DType::BF16 && ck.dtype() == DType::BF16 && cv.dtype() == DType::BF16 &&
+                    cq.cols() == x.cols && ck.cols() == x.cols && cv.cols() == x.cols && q.dtype == DType::BF16 &&
+                    q.rows == x.rows && q.cols == cq.rows() && q.cols % rope.head_dim == 0 &&
+                    ck.rows() == kv_row && cv.rows() == kv_row && k.rows == x.rows && k.cols == kv_row &&
+                    v.rows == x.rows && v.cols == kv_row;
+  if (!fits) return Backend::qkv_rope_kv_write(x, wq, wk, wv, q, k, v, positions, rope, slot_mapping, kv, geom);
+  const bf16* w_ptrs[3] = {static_cast<const bf16*>(cq.data()), static_cast<const bf16*>(ck.data()),
+                           static_cast<const bf16*>(cv.data())};
+  const Tensor ys[3] = {q, k, v};
+  GemvRopeKv r;
+  r.positions = positions;
+  r.slots = slot_mapping;
+  r.inv_freq = rope.inv_freq;
+  r.k_pool = static_cast<bf16*>(kv.k.data());
+  r.v_pool = static_cast<bf16*>(kv.v.data());
+  r.head_dim = rope.head_dim;
+  r.rope_dim = rope.rope_dim;
+  gemv(x, w_ptrs, ys, 3, stream_, r);
+}
+
 // Decode batches of up to 48 rows: one launch (GEMV or skinny GEMM) reads gate
 // row j and up row j together and writes silu(g) * u, so neither projection
 // goes through memory. Larger batches, and f32 activations: two GEMMs into the

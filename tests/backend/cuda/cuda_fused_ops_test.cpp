@@ -82,6 +82,70 @@ TEST(CudaFusedOps, F32ResidualStreamOpsMatchCpu) {
   std::printf("[f32 residual ops] worst relative difference vs CPU %.2e\n", worst);
 }
 
+// qkv_rope_kv_write on the CUDA backend (up to 16 rows and interleaved rope:
+// the GEMV rotates q and k and writes the pools in its epilogue) against the
+// Backend default it replaces (matmul_multi, then rope_kv_write): q and both
+// pools bitwise equal, for 1..16 rows (all three GEMV kernels), full and
+// partial rotary dims, MHA and GQA; NeoX rope and 20 rows take the default.
+TEST(CudaFusedOps, QkvRopeKvWriteEqualsProjectionThenRopeKvWrite) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; int64_t hidden; };
+  int cases = 0;
+  for (const Case& c : {Case{RopeStyle::Interleaved, 128, 128, 8, 8, 1024}, Case{RopeStyle::Interleaved, 64, 32, 8, 2, 512},
+                        Case{RopeStyle::Interleaved, 8, 8, 6, 2, 256}, Case{RopeStyle::Neox, 64, 64, 4, 4, 256}}) {
+    ModelConfig cfg;
+    cfg.head_dim = c.head_dim;
+    cfg.rope_dim = c.rope_dim;
+    cfg.rope_theta = 10000;
+    const std::vector<float> inv = rope_inv_freq(cfg, {});
+    DeviceBuffer f = gpu->alloc(int64_t(inv.size() * 4));
+    gpu->copy_to_device(f.data(), inv.data(), int64_t(inv.size() * 4));
+    const RopeParams rp{c.style, c.head_dim, c.rope_dim, static_cast<const float*>(f.data())};
+    const int64_t qw = int64_t(c.q_heads) * c.head_dim, kw = int64_t(c.kv_heads) * c.head_dim;
+    const auto wq = random_bf16(size_t(qw * c.hidden), 71, 0.05f), wk = random_bf16(size_t(kw * c.hidden), 72, 0.05f),
+               wv = random_bf16(size_t(kw * c.hidden), 73, 0.05f);
+    auto gq = weight(*gpu, "wq", {qw, c.hidden}, wq), gk = weight(*gpu, "wk", {kw, c.hidden}, wk),
+         gv = weight(*gpu, "wv", {kw, c.hidden}, wv);
+    for (int64_t T : {int64_t(1), int64_t(3), int64_t(4), int64_t(5), int64_t(8), int64_t(9), int64_t(16),
+                      int64_t(20)}) {
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      std::vector<int64_t> slots(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {
+        pos[size_t(t)] = int32_t((t * 977) % 9001);
+        slots[size_t(t)] = (t * 37 + 5) % 64;  // distinct for T <= 64
+      }
+      const auto x = random_bf16(size_t(T * c.hidden), 74 + uint32_t(T));
+      DeviceBuffer p = upload_ints(*gpu, pos), s = upload_ints(*gpu, slots);
+      const KvGeometry g{4, 16, c.kv_heads, c.head_dim};
+      DevTensor xt = upload(*gpu, x, T, c.hidden);
+      std::vector<float> q_out[2];
+      std::vector<uint16_t> pools[2][2];
+      for (int fused = 0; fused < 2; ++fused) {
+        KvLayer kv = gpu->alloc_kv_layer(g);
+        DevTensor qt = zeros(*gpu, T, qw), kt = zeros(*gpu, T, kw), vt = zeros(*gpu, T, kw);
+        const auto* pp = static_cast<const int32_t*>(p.data());
+        const auto* sp = static_cast<const int64_t*>(s.data());
+        if (fused)
+          gpu->qkv_rope_kv_write(xt.t, *gq, *gk, *gv, qt.t, kt.t, vt.t, pp, rp, sp, kv, g);
+        else
+          gpu->Backend::qkv_rope_kv_write(xt.t, *gq, *gk, *gv, qt.t, kt.t, vt.t, pp, rp, sp, kv, g);
+        q_out[fused] = download(*gpu, qt.t);
+        const int64_t elems = g.num_blocks * g.block_size * kw;
+        for (int i = 0; i < 2; ++i) {
+          pools[fused][i].resize(size_t(elems));
+          gpu->copy_to_host(pools[fused][i].data(), (i == 0 ? kv.k : kv.v).data(), elems * 2);
+        }
+      }
+      EXPECT_EQ(q_out[1], q_out[0]) << "q, head_dim " << c.head_dim << " rope_dim " << c.rope_dim << " T " << T;
+      EXPECT_EQ(pools[1][0], pools[0][0]) << "K pool, head_dim " << c.head_dim << " rope_dim " << c.rope_dim
+                                          << " T " << T;
+      EXPECT_EQ(pools[1][1], pools[0][1]) << "V pool, head_dim " << c.head_dim << " T " << T;
+      ++cases;
+    }
+  }
+  std::printf("[qkv_rope_kv_write] %d cases bitwise equal to matmul_multi + rope_kv_write\n", cases);
+}
+
 TEST(CudaFusedOps, RopeKvWriteEqualsRopeThenKvWrite) {
   SERVAL_CUDA_OR_SKIP(gpu);
   struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; };
