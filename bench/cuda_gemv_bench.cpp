@@ -4,7 +4,7 @@
 // so none comes from L2; 1..16 tokens through the GEMV kernel, 17..48 through
 // the skinny GEMM), all launches of one decode step in sequence (the number a
 // decode step's matrix time follows from), and the backend's matmul at 17 to
-// 256 tokens (SERVAL_NO_SKINNY_GEMM=1: cuBLASLt from 17 tokens). Counters: GB/s of weight bytes, and
+// 256 tokens (cuBLASLt from 17 tokens; SERVAL_SKINNY_GEMM=1: the skinny GEMM to 48). Counters: GB/s of weight bytes, and
 // the fraction of the 4261 GB/s copy bandwidth measured on the H200.
 // Run: build/bench/cuda_gemv_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>

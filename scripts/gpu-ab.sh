@@ -4,9 +4,9 @@
 # each build, then 7B decode benchmarks with the builds interleaved (so drift
 # of the machine hits all alike), then one table, a column per build ("base":
 # the staged build). For A/B runs of kernel changes in one device call.
-# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--seqs "1 20 32 48 64"] [--cublas] [--env VAR=VALUE]... [--gemv FILTER]
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--seqs "1 20 32 48 64"] [--skinny] [--env VAR=VALUE]... [--gemv FILTER]
 #   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
-#   --cublas: also the base build with SERVAL_NO_SKINNY_GEMM=1 (cuBLASLt for 17+ rows)
+#   --skinny: also the base build with SERVAL_SKINNY_GEMM=1 (the skinny GEMM for 17..48 rows)
 #   --env VAR=VALUE: also the base build with that environment variable (a column "base+VAR=VALUE")
 #   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
 set -u
@@ -17,12 +17,12 @@ mkdir -p "$OUT_DIR" lib variants
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-TESTS=1; SEQS="1 20 32 48 64"; CUBLAS=0; GEMV=""; EXTRA_ENVS=()
+TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; EXTRA_ENVS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
     --seqs) SEQS=$2; shift ;;
-    --cublas) CUBLAS=1 ;;
+    --skinny) SKINNY=1 ;;
     --env) EXTRA_ENVS+=("$2"); shift ;;
     --gemv) GEMV=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 1 ;;
@@ -37,7 +37,7 @@ for v in variants/*.tar.xz; do
   n=$(basename "$v" .tar.xz)
   NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); ENVS+=("")
 done
-if [ $CUBLAS = 1 ]; then NAMES+=("base+cuBLASLt"); DIRS+=("$HERE"); ENVS+=("SERVAL_NO_SKINNY_GEMM=1"); fi
+if [ $SKINNY = 1 ]; then NAMES+=("base+skinny"); DIRS+=("$HERE"); ENVS+=("SERVAL_SKINNY_GEMM=1"); fi
 for e in "${EXTRA_ENVS[@]}"; do NAMES+=("base+$e"); DIRS+=("$HERE"); ENVS+=("$e"); done
 for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: $(cat "${DIRS[$i]}/COMMIT" 2>/dev/null || echo staged build)"; done
 

@@ -111,10 +111,10 @@ bench "7B prefill 512" $M7 --requests 1 --input-len 512 --output-len 2
 if [ $QUICK = 0 ]; then
   bench "7B 64 x (128 in, 128 out)" $M7 --requests 64 --input-len 128 --output-len 128
   bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128
-  # 17..48-row decode steps: the skinny GEMM, and cuBLASLt for comparison.
+  # 17..48-row decode steps: cuBLASLt, and the skinny GEMM for comparison.
   for N in 20 32 48; do
     bench "7B $N x (128 in, 128 out)" $M7 --requests $N --input-len 128 --output-len 128
-    BENCH_ENV=SERVAL_NO_SKINNY_GEMM=1 bench "7B $N x (128 in, 128 out), cuBLASLt" $M7 --requests $N --input-len 128 --output-len 128
+    BENCH_ENV=SERVAL_SKINNY_GEMM=1 bench "7B $N x (128 in, 128 out), skinny GEMM" $M7 --requests $N --input-len 128 --output-len 128
   done
 fi
 [ $KEEP = 1 ] || rm -f $M7

@@ -31,6 +31,7 @@ class CudaWeight : public DeviceWeight {
 };
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
+bool skinny_gemm_from_env();  // cuda_matmul.cu
 
 class CudaBackend : public Backend {
  public:
@@ -87,6 +88,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   // cuBLASLt launches that computed several weights as one strided batch.
   int64_t batched_gemm_calls() const { return batched_gemm_calls_; }
+  void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
   int num_sms() const { return num_sms_; }
 
  private:
@@ -107,6 +109,7 @@ class CudaBackend : public Backend {
   void lt_matmul(const Tensor& x, const CudaWeight& w, Tensor y, int64_t batch = 1, int64_t stride_w = 0,
                  int64_t stride_y = 0);
   void flush_l2();  // tune_matmul times candidates with a cold L2
+  bool own_kernel_fits(const Tensor& x) const;
   // Device scratch of at least `bytes` (grown, never shrunk; contents not
   // kept) for ops that graphs may record: growing it drops recorded graphs
   // (graph_epoch). host_op_scratch: the same for ops never recorded (sample()).
@@ -125,6 +128,7 @@ class CudaBackend : public Backend {
   // Timed algorithms by (out, token bucket, in (signed as above), batch).
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
+  bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)

@@ -37,18 +37,6 @@ void decode_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tens
 
 namespace {
 
-// SERVAL_NO_SKINNY_GEMM=1 sends 17..48 rows to cuBLASLt (to compare the two).
-bool skinny_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SERVAL_NO_SKINNY_GEMM");
-    return v == nullptr || std::string(v) != "1";
-  }();
-  return on;
-}
-
-// Rows our own kernels take: the GEMV's 1..16 or the skinny GEMM's 17..48.
-bool own_kernel_fits(const Tensor& x) { return gemv_fits(x) || (skinny_enabled() && skinny_gemm_fits(x)); }
-
 // Whether ws[j] / ys[j] continue the strided batch that starts at i: the same
 // shape and dtype as ws[i] / ys[i], at the stride (elements) the first step
 // of the run sets, with no overlap.
@@ -256,6 +244,27 @@ int64_t batched_gemm_calls(const Backend& be) {
   const auto* cuda = dynamic_cast<const CudaBackend*>(&be);
   SERVAL_CHECK(cuda != nullptr, "batched_gemm_calls: the ", be.name(), " backend is not the CUDA backend");
   return cuda->batched_gemm_calls();
+}
+
+// 17..48 rows go to cuBLASLt: since q/k/v and gate/up run there as strided
+// batches, it beats the skinny GEMM at 20, 32 and 48 sequences (H200, 7B:
+// 4,281 / 6,336 / 8,799 tok/s vs 4,082 / 6,134 / 8,261; docs/BENCHMARKS.md).
+// SERVAL_SKINNY_GEMM=1 (or use_skinny_gemm) sends them to the skinny GEMM.
+bool skinny_gemm_from_env() {
+  const char* v = std::getenv("SERVAL_SKINNY_GEMM");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Rows our own kernels take: the GEMV's 1..16, and the skinny GEMM's 17..48
+// when it is on.
+bool CudaBackend::own_kernel_fits(const Tensor& x) const {
+  return gemv_fits(x) || (skinny_gemm_ && skinny_gemm_fits(x));
+}
+
+void use_skinny_gemm(Backend& be, bool on) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&be);
+  SERVAL_CHECK(cuda != nullptr, "use_skinny_gemm: the ", be.name(), " backend is not the CUDA backend");
+  cuda->set_skinny_gemm(on);
 }
 
 void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {

@@ -5,7 +5,9 @@
 // more rows (timed algorithm choice, and a first use inside a graph capture).
 // Also checks batch invariance: a row's output is bitwise the same alone or
 // in a batch of 1..16 (GEMV), and the same in any batch of 17..48 (skinny
-// GEMM). Skips without a GPU.
+// GEMM, which the backend uses for those rows only when asked: by default
+// they go to cuBLASLt, checked here against the reference). Skips without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +24,15 @@
 
 namespace serval::testing {
 namespace {
+
+// 17..48 rows go to cuBLASLt unless the skinny GEMM is asked for.
+void use_skinny_gemm(Backend& be) {
+#ifdef SERVAL_WITH_CUDA
+  cuda::use_skinny_gemm(be, true);
+#else
+  (void)be;
+#endif
+}
 
 std::unique_ptr<DeviceWeight> weight(Backend& be, const std::string& name, int64_t rows, int64_t cols,
                                      const std::vector<float>& v) {
@@ -155,6 +166,7 @@ TEST(CudaMatmul, GemvRowsAreBitwiseTheSameAloneAndInABatch) {
 // 17..48: every row is bitwise the same in all those batch sizes.
 TEST(CudaMatmul, SkinnyGemmMatchesReferenceAndIsBatchInvariantFrom17To48Rows) {
   SERVAL_CUDA_OR_SKIP(gpu);
+  use_skinny_gemm(*gpu);
   struct Case { int64_t in; std::vector<int64_t> outs; bool f32; };
   for (const Case& c : {Case{4096, {4096}, false}, Case{11008, {4096}, false}, Case{14336, {4096}, false},
                         Case{4096, {4096, 1024, 1024}, false}, Case{4096, {4096, 4096, 4096}, false},
@@ -302,6 +314,7 @@ TEST(CudaMatmul, GroupedWeightsRunAsStridedBatchesAndMatchTheReference) {
 
 TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
   SERVAL_CUDA_OR_SKIP(gpu);
+  use_skinny_gemm(*gpu);
   struct Case { int64_t hidden, ffn; std::vector<int64_t> rows; double tol; };
   // Up to 48 rows: the fused GEMV or skinny GEMM (one rounding, of the
   // product). 96 rows: the fallback (two GEMMs rounding gate and up to bf16,
@@ -345,7 +358,9 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
 TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
   SERVAL_CUDA_OR_SKIP(gpu);
   struct Shape { int64_t T, in, out; bool f32; };
-  for (const Shape& s : {Shape{65, 4096, 4096, false}, Shape{96, 4096, 11008, false}, Shape{128, 11008, 4096, false},
+  // 17..48 rows too: cuBLASLt's by default.
+  for (const Shape& s : {Shape{20, 4096, 4096, false}, Shape{48, 4096, 11008, false}, Shape{33, 4096, 32000, true},
+                         Shape{65, 4096, 4096, false}, Shape{96, 4096, 11008, false}, Shape{128, 11008, 4096, false},
                          Shape{300, 4096, 1000, false}, Shape{300, 1024, 4096, false}, Shape{80, 4096, 3000, true},
                          Shape{97, 512, 77, false}}) {
     const auto x = random_bf16(size_t(s.T * s.in), 41);
@@ -374,7 +389,7 @@ TEST(CudaMatmul, FirstUseInsideAGraphCaptureWorks) {
   const int64_t in = 768, out = 1536;
   const auto w = random_bf16(size_t(out * in), 51, 0.05f), wu = random_bf16(size_t(out * in), 52, 0.05f);
   auto wg = weight(*gpu, "w", out, in, w), wug = weight(*gpu, "u", out, in, wu);
-  // 3 rows: the GEMV; 23: the skinny GEMM; 70: a token count no other test
+  // 3 rows: the GEMV; 23: cuBLASLt (17..48 rows, unless the skinny GEMM is asked for); 70: a token count no other test
   // uses, so its cuBLASLt plan is new here.
   for (int64_t T : {3, 23, 70}) {
     const auto x = random_bf16(size_t(T * in), 53);
