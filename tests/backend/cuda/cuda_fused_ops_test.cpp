@@ -26,6 +26,24 @@ DevTensor upload_f32(Backend& be, const std::vector<float>& values, int64_t rows
   return d;
 }
 
+// Rope frequencies (theta 10000) in device memory, and the RopeParams that use them.
+struct DeviceRope {
+  DeviceBuffer freq;
+  RopeParams params;
+};
+DeviceRope device_rope(Backend& be, RopeStyle style, int32_t head_dim, int32_t rope_dim) {
+  ModelConfig cfg;
+  cfg.head_dim = head_dim;
+  cfg.rope_dim = rope_dim;
+  cfg.rope_theta = 10000;
+  const std::vector<float> inv = rope_inv_freq(cfg, {});
+  DeviceRope r;
+  r.freq = be.alloc(int64_t(inv.size() * 4));
+  be.copy_to_device(r.freq.data(), inv.data(), int64_t(inv.size() * 4));
+  r.params = RopeParams{style, head_dim, rope_dim, static_cast<const float*>(r.freq.data())};
+  return r;
+}
+
 TEST(CudaFusedOps, F32ResidualStreamOpsMatchCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
   auto cpu = create_backend("cpu", 0);
@@ -93,14 +111,8 @@ TEST(CudaFusedOps, QkvRopeKvWriteEqualsProjectionThenRopeKvWrite) {
   int cases = 0;
   for (const Case& c : {Case{RopeStyle::Interleaved, 128, 128, 8, 8, 1024}, Case{RopeStyle::Interleaved, 64, 32, 8, 2, 512},
                         Case{RopeStyle::Interleaved, 8, 8, 6, 2, 256}, Case{RopeStyle::Neox, 64, 64, 4, 4, 256}}) {
-    ModelConfig cfg;
-    cfg.head_dim = c.head_dim;
-    cfg.rope_dim = c.rope_dim;
-    cfg.rope_theta = 10000;
-    const std::vector<float> inv = rope_inv_freq(cfg, {});
-    DeviceBuffer f = gpu->alloc(int64_t(inv.size() * 4));
-    gpu->copy_to_device(f.data(), inv.data(), int64_t(inv.size() * 4));
-    const RopeParams rp{c.style, c.head_dim, c.rope_dim, static_cast<const float*>(f.data())};
+    const DeviceRope rope = device_rope(*gpu, c.style, c.head_dim, c.rope_dim);
+    const RopeParams& rp = rope.params;
     const int64_t qw = int64_t(c.q_heads) * c.head_dim, kw = int64_t(c.kv_heads) * c.head_dim;
     const auto wq = random_bf16(size_t(qw * c.hidden), 71, 0.05f), wk = random_bf16(size_t(kw * c.hidden), 72, 0.05f),
                wv = random_bf16(size_t(kw * c.hidden), 73, 0.05f);
@@ -153,14 +165,8 @@ TEST(CudaFusedOps, RopeKvWriteEqualsRopeThenKvWrite) {
   for (const Case& c : {Case{RopeStyle::Neox, 128, 128, 32, 8}, Case{RopeStyle::Interleaved, 128, 128, 8, 8},
                         Case{RopeStyle::Neox, 64, 32, 12, 4}, Case{RopeStyle::Interleaved, 8, 8, 6, 2},
                         Case{RopeStyle::Neox, 6, 4, 3, 1}}) {
-    ModelConfig cfg;
-    cfg.head_dim = c.head_dim;
-    cfg.rope_dim = c.rope_dim;
-    cfg.rope_theta = 10000;
-    const std::vector<float> inv = rope_inv_freq(cfg, {});
-    DeviceBuffer f = gpu->alloc(int64_t(inv.size() * 4));
-    gpu->copy_to_device(f.data(), inv.data(), int64_t(inv.size() * 4));
-    const RopeParams rp{c.style, c.head_dim, c.rope_dim, static_cast<const float*>(f.data())};
+    const DeviceRope rope = device_rope(*gpu, c.style, c.head_dim, c.rope_dim);
+    const RopeParams& rp = rope.params;
     const int64_t T = 7, qw = int64_t(c.q_heads) * c.head_dim, kw = int64_t(c.kv_heads) * c.head_dim;
     const std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 17, 9000};
     const std::vector<int64_t> slots = {5, 0, 63, 17, 30, 31, 2};
