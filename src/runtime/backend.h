@@ -201,6 +201,16 @@ class Backend {
   // residual += delta; then out = rmsnorm(residual) * w.
   virtual void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps,
                            Tensor out) = 0;
+  // residual += x @ w^T (rounded to the activation dtype, as matmul's y);
+  // then out = rmsnorm(residual) * norm: a projection back into the residual
+  // stream and the norm after it, which a backend may fuse (e.g. split the
+  // product's k and sum the parts in the norm). `proj` is scratch of
+  // [x.rows, w.rows] in the activation dtype. Default: matmul, add_rmsnorm.
+  virtual void matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
+                                  const DeviceWeight& norm, float eps, Tensor out) {
+    matmul(x, w, nullptr, proj);
+    add_rmsnorm(residual, proj, norm, eps, out);
+  }
   // x += delta.
   virtual void add(Tensor x, const Tensor& delta) = 0;
   // Rotates q [T, num_heads * head_dim] and k [T, num_kv_heads * head_dim] in place

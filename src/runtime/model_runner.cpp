@@ -430,14 +430,13 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
       be.qkv_rope_kv_write(xn, *L.wq, *L.wk, *L.wv, q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
     }
     be.paged_attention(q, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale, attn);
-    be.matmul(attn, *L.wo, nullptr, proj);
-    be.add_rmsnorm(x, proj, *L.ffn_norm, eps, xn);
+    be.matmul_add_rmsnorm(attn, *L.wo, proj, x, *L.ffn_norm, eps, xn);
 
     be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate
-    be.matmul(gate, *L.down, nullptr, proj);
     if (l + 1 < layers_.size()) {
-      be.add_rmsnorm(x, proj, *layers_[l + 1].attn_norm, eps, xn);
+      be.matmul_add_rmsnorm(gate, *L.down, proj, x, *layers_[l + 1].attn_norm, eps, xn);
     } else {
+      be.matmul(gate, *L.down, nullptr, proj);
       be.add(x, proj);
     }
   }

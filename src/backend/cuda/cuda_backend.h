@@ -70,6 +70,8 @@ class CudaBackend : public Backend {
                     const std::vector<Tensor>& ys) override;
   void rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) override;
   void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) override;
+  void matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
+                          const DeviceWeight& norm, float eps, Tensor out) override;
   void add(Tensor x, const Tensor& delta) override;
   void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) override;
   void rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32_t* positions, const RopeParams& rope,
@@ -100,14 +102,20 @@ class CudaBackend : public Backend {
   };
   DType weight_target(const TensorView& view, int64_t& n) const;
   void upload_into(const TensorView& view, DType target, int64_t n, void* dst);
-  // A cuBLASLt plan for y [n, m] = x [n, k] @ W [m, k]^T; with batch > 1,
-  // `batch` weights at stride_w elements and outputs at stride_y elements.
-  MatmulPlan& matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32, int64_t batch = 1, int64_t stride_w = 0,
-                          int64_t stride_y = 0);
-  void tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bool y_f32, int64_t batch, const void* w,
-                   const void* x, void* y);
-  void lt_matmul(const Tensor& x, const CudaWeight& w, Tensor y, int64_t batch = 1, int64_t stride_w = 0,
-                 int64_t stride_y = 0);
+  // One cuBLASLt product: y [n, m] = x [n, k] @ W [m, k]^T, W's and x's rows
+  // ld_k long (0: k; more when k is a split of them); with batch > 1, `batch`
+  // of them, W, x and y stride_w / stride_x / stride_y elements apart.
+  struct GemmShape {
+    int64_t m = 0, n = 0, k = 0;
+    bool y_f32 = false;
+    int64_t batch = 1, stride_w = 0, stride_x = 0, stride_y = 0, ld_k = 0;
+    int64_t ld() const { return ld_k > 0 ? ld_k : k; }
+    using Key = std::tuple<int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t, int64_t, int64_t>;
+    Key key() const { return {m, n, k, y_f32, batch, stride_w, stride_x, stride_y, ld()}; }
+  };
+  MatmulPlan& matmul_plan(const GemmShape& s);
+  void tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, const void* x, void* y);
+  void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
   void flush_l2();  // tune_matmul times candidates with a cold L2
   bool own_kernel_fits(const Tensor& x) const;
   // Device scratch of at least `bytes` (grown, never shrunk; contents not
@@ -123,12 +131,12 @@ class CudaBackend : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   DeviceBuffer lt_workspace_;
   DeviceBuffer l2_flush_;  // flush_l2's, allocated at the first tuning
-  // Plans by (out, tokens, in (negative: f32 output), batch, strides).
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, MatmulPlan> plans_;
-  // Timed algorithms by (out, token bucket, in (signed as above), batch).
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> tuned_algos_;
+  std::map<GemmShape::Key, MatmulPlan> plans_;  // by shape
+  // Timed algorithms by the shape with the token count's bucket for n.
+  std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
+  DeviceBuffer split_k_partials_;  // matmul_add_rmsnorm's two f32 halves
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)

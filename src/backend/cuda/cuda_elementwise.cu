@@ -45,11 +45,39 @@ __device__ __forceinline__ float rms_scale(float sum_squares, int64_t cols, floa
 __device__ __forceinline__ float as_stored(float v, const float*) { return v; }
 __device__ __forceinline__ float as_stored(float v, const bf16*) { return __bfloat162float(__float2bfloat16(v)); }
 
+// A delta given as two f32 partial sums of a split-k product, `stride` floats
+// apart (matmul_add_rmsnorm); read as their sum rounded to the activation
+// dtype O, the value the unsplit product would have stored.
+using cuda::load1;  // the overloads below must not hide cuda_elem.cuh's
+using cuda::load8;
+template <typename O>
+struct SplitDelta {
+  const float* p = nullptr;
+  int64_t stride = 0;
+};
+template <typename O>
+__device__ __forceinline__ SplitDelta<O> operator+(SplitDelta<O> d, int64_t off) {
+  return {d.p + off, d.stride};
+}
+template <typename O>
+__device__ __forceinline__ void load8(SplitDelta<O> d, int64_t c, float* f) {
+  float a[8], b[8];
+  load8(d.p, c, a);
+  load8(d.p + d.stride, c, b);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = as_stored(a[i] + b[i], static_cast<const O*>(nullptr));
+}
+template <typename O>
+__device__ __forceinline__ float load1(SplitDelta<O> d, int64_t i) {
+  return as_stored(d.p[i] + d.p[d.stride + i], static_cast<const O*>(nullptr));
+}
+
 // Chunk c of row xr into f, with delta's chunk added and the sum stored back
 // first when kAdd (f then holds the values as stored); returns ss plus the
-// squares of the 8 values, added in order.
-template <bool kAdd, typename X, typename O>
-__device__ __forceinline__ float residual_chunk(X* xr, const O* dr, int64_t c, float (&f)[8], float ss) {
+// squares of the 8 values, added in order. D: a pointer of the activation
+// dtype, or SplitDelta.
+template <bool kAdd, typename X, typename D>
+__device__ __forceinline__ float residual_chunk(X* xr, D dr, int64_t c, float (&f)[8], float ss) {
   load8(xr, c, f);
   if constexpr (kAdd) {
     float d[8];
@@ -73,11 +101,11 @@ __device__ __forceinline__ float residual_chunk(X* xr, const O* dr, int64_t c, f
 // re-reads the row. O is the activation dtype (delta's and out's); out may
 // alias x when X == O (each thread rewrites only what it read). Both paths sum
 // the squares in the same order (a thread's chunks in turn, then block_sum).
-template <bool kAdd, typename X, typename O>
-__global__ void rmsnorm_kernel(X* x, const O* delta, const float* w, float eps, O* out, int64_t cols) {
+template <bool kAdd, typename X, typename O, typename D = const O*>
+__global__ void rmsnorm_kernel(X* x, D delta, const float* w, float eps, O* out, int64_t cols) {
   __shared__ float scratch[32];
   X* xr = x + int64_t(blockIdx.x) * cols;
-  const O* dr = kAdd ? delta + int64_t(blockIdx.x) * cols : nullptr;
+  const D dr = kAdd ? delta + int64_t(blockIdx.x) * cols : D{};
   O* orow = out + int64_t(blockIdx.x) * cols;
   const bool vec = cols % 8 == 0;
   if (vec && cols / 8 <= blockDim.x) {
@@ -326,6 +354,16 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor out) {
 }
 
 // Used by matmul for biased projections (qwen2); y is bf16 or f32.
+// residual (f32) += the sum of two f32 partials (`stride` floats apart, each
+// [rows, cols]) rounded to bf16; out (bf16) = rmsnorm(residual) * w.
+void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
+                              float eps, const Tensor& out, cudaStream_t stream) {
+  const dim3 grid(unsigned(residual.rows)), block(unsigned(row_threads(residual.cols)));
+  launch_pdl(rmsnorm_kernel<true, float, bf16, SplitDelta<bf16>>, grid, block, 0, stream, f32(residual),
+             SplitDelta<bf16>{partials, stride}, w, eps, bf(out), residual.cols);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias) {
   const int64_t n = y.numel();
   if (n == 0) return;

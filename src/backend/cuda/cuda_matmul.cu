@@ -20,6 +20,8 @@
 namespace serval::cuda {
 
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias);  // cuda_elementwise.cu
+void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
+                              float eps, const Tensor& out, cudaStream_t stream);  // cuda_elementwise.cu
 
 void decode_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
   if (gemv_fits(x))
@@ -99,9 +101,10 @@ struct EventPair {
 // LM head's logits (y_f32). The backend has one activation dtype, so the key
 // need not hold it. The algorithm is the heuristic's first until
 // tune_matmul() has timed the candidates.
-CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t k, bool y_f32, int64_t batch,
-                                                  int64_t stride_w, int64_t stride_y) {
-  const auto key = std::make_tuple(m, n, y_f32 ? -k : k, batch, stride_w, stride_y);
+CudaBackend::MatmulPlan& CudaBackend::matmul_plan(const GemmShape& s) {
+  const int64_t m = s.m, n = s.n, k = s.k, ld = s.ld();
+  const bool y_f32 = s.y_f32;
+  const auto key = s.key();
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   MatmulPlan p;
@@ -110,12 +113,12 @@ CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t 
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
   const cudaDataType_t ab = act_dtype_ == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
-  lt_check(cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(k), uint64_t(m), k), "layout A");
-  lt_check(cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(k), uint64_t(n), k), "layout B");
+  lt_check(cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(k), uint64_t(m), ld), "layout A");
+  lt_check(cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(k), uint64_t(n), ld), "layout B");
   lt_check(cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : ab, uint64_t(m), uint64_t(n), m), "layout C");
-  if (batch > 1) {  // x is shared: stride 0
-    const int32_t count = int32_t(batch);
-    const int64_t strides[3] = {stride_w, 0, stride_y};
+  if (s.batch > 1) {
+    const int32_t count = int32_t(s.batch);
+    const int64_t strides[3] = {s.stride_w, s.stride_x, s.stride_y};
     const cublasLtMatrixLayout_t layouts[3] = {p.a, p.b, p.c};
     for (int i = 0; i < 3; ++i) {
       lt_check(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
@@ -154,14 +157,15 @@ CudaBackend::MatmulPlan& CudaBackend::matmul_plan(int64_t m, int64_t n, int64_t 
 // hundreds of times L2), but a 4096 x 4096 bf16 weight (32 MB) run again and
 // again stays in the H200's 50 MB L2, and warm timing ranks the candidates by
 // L2 bandwidth instead.
-void CudaBackend::tune_matmul(MatmulPlan& p, int64_t m, int64_t n, int64_t k, bool y_f32, int64_t batch,
-                              const void* w, const void* x, void* y) {
+void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, const void* x, void* y) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SERVAL_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (capture != cudaStreamCaptureStatusNone) return;
   p.tuned = true;
   const size_t ws_bytes = size_t(lt_workspace_.bytes());
-  const auto key = std::make_tuple(m, token_bucket(n), y_f32 ? -k : k, batch);
+  GemmShape bucket = s;
+  bucket.n = token_bucket(s.n);
+  const auto key = bucket.key();
   if (auto it = tuned_algos_.find(key); it != tuned_algos_.end()) {
     cublasLtMatmulHeuristicResult_t check{};
     if (cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
@@ -226,17 +230,14 @@ void CudaBackend::flush_l2() {
   SERVAL_CUDA_CHECK(cudaMemsetAsync(l2_flush_.data(), 1, size_t(l2_flush_.bytes()), stream_));
 }
 
-// y = x @ w^T through cuBLASLt; with batch > 1 also the next batch - 1
-// weights (stride_w elements apart, from w) into the outputs stride_y apart.
-void CudaBackend::lt_matmul(const Tensor& x, const CudaWeight& w, Tensor y, int64_t batch, int64_t stride_w,
-                            int64_t stride_y) {
-  const bool f32 = y.dtype == DType::F32;
-  MatmulPlan& p = matmul_plan(w.rows(), x.rows, x.cols, f32, batch, stride_w, stride_y);
-  if (!p.tuned) tune_matmul(p, w.rows(), x.rows, x.cols, f32, batch, w.data(), x.data, y.data);
-  if (batch > 1) ++batched_gemm_calls_;
+// The product `s` through cuBLASLt, W at w, x at x, y at y.
+void CudaBackend::lt_matmul(const GemmShape& s, const void* w, const void* x, void* y) {
+  MatmulPlan& p = matmul_plan(s);
+  if (!p.tuned) tune_matmul(p, s, w, x, y);
+  if (s.batch > 1) ++batched_gemm_calls_;
   const float one = 1.0f, zero = 0.0f;
-  lt_check(cublasLtMatmul(lt_, p.op, &one, w.data(), p.a, x.data, p.b, &zero, y.data, p.c, y.data, p.c, &p.algo,
-                          lt_workspace_.data(), size_t(lt_workspace_.bytes()), stream_),
+  lt_check(cublasLtMatmul(lt_, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo, lt_workspace_.data(),
+                          size_t(lt_workspace_.bytes()), stream_),
            "Matmul");
 }
 
@@ -281,7 +282,7 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
     decode_matmul(x, &w_ptr, &y, 1, stream_);
   } else {
-    lt_matmul(x, cw, y);
+    lt_matmul({cw.rows(), x.rows, x.cols, y.dtype == DType::F32}, cw.data(), x.data, y.data);
   }
   if (bias != nullptr) {
     const CudaWeight& b = as_cuda(*bias);
@@ -315,7 +316,9 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
     if (j - i == 1)
       matmul(x, *ws[i], nullptr, ys[i]);
     else
-      lt_matmul(x, as_cuda(*ws[i]), ys[i], int64_t(j - i), stride_w, stride_y);
+      lt_matmul({.m = ws[i]->rows(), .n = x.rows, .k = x.cols, .y_f32 = ys[i].dtype == DType::F32,
+                 .batch = int64_t(j - i), .stride_w = stride_w, .stride_y = stride_y},
+                as_cuda(*ws[i]).data(), x.data, ys[i].data);
     i = j;
   }
 }
@@ -357,6 +360,38 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
   r.head_dim = rope.head_dim;
   r.rope_dim = rope.rope_dim;
   gemv(x, w_ptrs, ys, 3, stream_, r);
+}
+
+// More than 128 rows of bf16 (cuBLASLt) with rows of a multiple of 256
+// values: the product's k is split in two halves, computed as one strided
+// batch of 2 into f32 partials, which the add + RMSNorm kernel sums (and
+// rounds to bf16, as matmul's y) on its way into the residual. A 4096-output
+// weight thus gets twice the output tiles (one 4096 x 4096 GEMM streams at
+// ~2.5 TB/s at 64 tokens, three in one batch at 3.35), with no reduction
+// kernel. Both halves and both partials start 256-byte aligned (k a multiple
+// of 256, out of 64), as cuBLASLt's heuristic assumes. From 129 rows only:
+// 256 sequences gained 2.5% on the H200, 64 lost 0.8-1.3%.
+// SERVAL_NO_SPLIT_K=1: matmul then add_rmsnorm (to compare).
+void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
+                                     const DeviceWeight& norm, float eps, Tensor out) {
+  static const bool split_k = [] {
+    const char* v = std::getenv("SERVAL_NO_SPLIT_K");
+    return v == nullptr || std::string(v) != "1";
+  }();
+  const CudaWeight& cw = as_cuda(w);
+  const CudaWeight& nw = as_cuda(norm);
+  const bool fits = split_k && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 128 &&
+                    cw.dtype() == DType::BF16 && cw.cols() == x.cols && x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
+                    residual.dtype == DType::F32 && residual.rows == x.rows && residual.cols == cw.rows() &&
+                    residual.cols % 8 == 0 && out.dtype == DType::BF16 && out.rows == x.rows &&
+                    out.cols == residual.cols && nw.dtype() == DType::F32 && nw.cols() == residual.cols;
+  if (!fits) return Backend::matmul_add_rmsnorm(x, w, proj, residual, norm, eps, out);
+  const int64_t T = x.rows, m = cw.rows(), half = x.cols / 2;
+  float* parts = static_cast<float*>(scratch(split_k_partials_, 2 * T * m * int64_t(sizeof(float))));
+  lt_matmul({.m = m, .n = T, .k = half, .y_f32 = true, .batch = 2, .stride_w = half, .stride_x = half,
+             .stride_y = T * m, .ld_k = x.cols},
+            cw.data(), x.data, parts);
+  launch_split_add_rmsnorm(residual, parts, T * m, static_cast<const float*>(nw.data()), eps, out, stream_);
 }
 
 // Decode batches of up to 48 rows: one launch (GEMV or skinny GEMM) reads gate

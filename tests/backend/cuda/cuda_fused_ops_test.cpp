@@ -158,6 +158,42 @@ TEST(CudaFusedOps, QkvRopeKvWriteEqualsProjectionThenRopeKvWrite) {
   std::printf("[qkv_rope_kv_write] %d cases bitwise equal to matmul_multi + rope_kv_write\n", cases);
 }
 
+// residual += x @ W^T; out = rmsnorm(residual) * w, against the CPU backend's
+// matmul then add_rmsnorm. 129+ rows with 256-multiple k: the CUDA backend splits
+// k in two halves (a batched cuBLASLt call into f32 partials, summed in the
+// norm kernel); fewer rows, or other k: its plain path.
+TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  auto cpu = create_backend("cpu", 0);
+  struct Case { int64_t rows, in, out; };
+  for (const Case& c : {Case{160, 1024, 512}, Case{200, 2816, 256}, Case{129, 512, 1024}, Case{128, 1024, 512},
+                        Case{64, 1024, 512}, Case{16, 1024, 512}, Case{160, 1000, 512}}) {
+    std::vector<float> x0(size_t(c.rows * c.out));
+    std::mt19937 rng{uint32_t(c.in)};
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    for (float& f : x0) f = dist(rng);
+    const auto a = random_bf16(size_t(c.rows * c.in), 61), wm = random_bf16(size_t(c.out * c.in), 62, 0.05f);
+    const auto wn = random_bf16(size_t(c.out), 63);
+    auto m_c = weight(*cpu, "w", {c.out, c.in}, wm), m_g = weight(*gpu, "w", {c.out, c.in}, wm);
+    auto n_c = weight(*cpu, "norm", {c.out}, wn), n_g = weight(*gpu, "norm", {c.out}, wn);
+    DevTensor a_c = upload(*cpu, a, c.rows, c.in), a_g = upload(*gpu, a, c.rows, c.in);
+    DevTensor r_c = upload_f32(*cpu, x0, c.rows, c.out), r_g = upload_f32(*gpu, x0, c.rows, c.out);
+    DevTensor p_c = zeros(*cpu, c.rows, c.out), p_g = zeros(*gpu, c.rows, c.out);
+    DevTensor o_c = zeros(*cpu, c.rows, c.out), o_g = zeros(*gpu, c.rows, c.out);
+    cpu->matmul(a_c.t, *m_c, nullptr, p_c.t);
+    cpu->add_rmsnorm(r_c.t, p_c.t, *n_c, 1e-5f, o_c.t);
+    gpu->matmul_add_rmsnorm(a_g.t, *m_g, p_g.t, r_g.t, *n_g, 1e-5f, o_g.t);
+    // The product is rounded to bf16 on both sides before the add: the residual
+    // differs by a bf16 rounding of the product at most.
+    const double res = max_rel_diff(download(*gpu, r_g.t), download(*cpu, r_c.t));
+    const double out = max_rel_diff(download(*gpu, o_g.t), download(*cpu, o_c.t));
+    EXPECT_LT(res, 5e-3) << "residual, rows " << c.rows << " in " << c.in;
+    EXPECT_LT(out, 1e-2) << "normalized output, rows " << c.rows << " in " << c.in;
+    std::printf("[matmul_add_rmsnorm] rows %ld in %ld out %ld: residual %.2e, output %.2e\n", long(c.rows),
+                long(c.in), long(c.out), res, out);
+  }
+}
+
 TEST(CudaFusedOps, RopeKvWriteEqualsRopeThenKvWrite) {
   SERVAL_CUDA_OR_SKIP(gpu);
   struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; };
