@@ -353,7 +353,6 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor out) {
     launch_silu_mul<bf16>(gate, up, out, num_sms_, stream_);
 }
 
-// Used by matmul for biased projections (qwen2); y is bf16 or f32.
 // residual (f32) += the sum of two f32 partials (`stride` floats apart, each
 // [rows, cols]) rounded to bf16; out (bf16) = rmsnorm(residual) * w.
 void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
@@ -364,6 +363,7 @@ void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
+// Used by matmul for biased projections (qwen2); y is bf16 or f32.
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias) {
   const int64_t n = y.numel();
   if (n == 0) return;

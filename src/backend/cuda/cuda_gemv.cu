@@ -171,19 +171,19 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
       store1(dst, j, a);
       store1(dst, j + 1, b);
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int h = 0; h < kAcc / 2; ++h) {
-    const int t = g + 8 * h;
-    if (t >= p.tokens) continue;
+    for (int h = 0; h < kAcc / 2; ++h) {
+      const int t = g + 8 * h;
+      if (t >= p.tokens) continue;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int j = base + 2 * q + e;
-      if (j >= rows) continue;
-      float v = sum[2 * h + e];
-      if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
-      store1(y, int64_t(t) * rows + j, v);
+      for (int e = 0; e < 2; ++e) {
+        const int j = base + 2 * q + e;
+        if (j >= rows) continue;
+        float v = sum[2 * h + e];
+        if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
+        store1(y, int64_t(t) * rows + j, v);
+      }
     }
   }
 }
@@ -296,9 +296,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
 
 // One weight for up to 8 tokens (used up to kDeepMaxTokens: every batch-1
 // decode matmul but gate + up): the same units, k split, mma chain and sums
-// as gemv_kernel (so the same bits), but x is not held in slots. It is an L1 hit (every warp of the SM
-// reads the same x) loaded one step ahead of its mmas, and the registers it
-// freed hold a second batch of weight loads: 2 x 8 slots per lane, 4 blocks
+// as gemv_kernel (so the same bits), but x is not held in slots. It is an L1
+// hit (every warp of the SM reads the same x) loaded one step ahead of its
+// mmas, and the registers it freed hold a second batch of weight loads: 2 x 8 slots per lane, 4 blocks
 // of 128 registers per SM, 128 KB of W in flight per SM instead of 80. (For
 // gate + up, and for 9..16 tokens, whose x loads then sit in the mma chain,
 // that measured slower, so they keep gemv_kernel.)

@@ -39,6 +39,12 @@ void decode_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tens
 
 namespace {
 
+// The A/B switches of this file: the variable set to "1".
+bool env_is_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
 // Whether ws[j] / ys[j] continue the strided batch that starts at i: the same
 // shape and dtype as ws[i] / ys[i], at the stride (elements) the first step
 // of the run sets, with no overlap.
@@ -251,10 +257,7 @@ int64_t batched_gemm_calls(const Backend& be) {
 // batches, it beats the skinny GEMM at 20, 32 and 48 sequences (H200, 7B:
 // 4,281 / 6,336 / 8,799 tok/s vs 4,082 / 6,134 / 8,261; docs/BENCHMARKS.md).
 // SERVAL_SKINNY_GEMM=1 (or use_skinny_gemm) sends them to the skinny GEMM.
-bool skinny_gemm_from_env() {
-  const char* v = std::getenv("SERVAL_SKINNY_GEMM");
-  return v != nullptr && std::string(v) == "1";
-}
+bool skinny_gemm_from_env() { return env_is_one("SERVAL_SKINNY_GEMM"); }
 
 // Rows our own kernels take: the GEMV's 1..16, and the skinny GEMM's 17..48
 // when it is on.
@@ -333,10 +336,7 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
                                     const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
                                     const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
                                     const KvGeometry& geom) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("SERVAL_NO_ROPE_IN_GEMV");
-    return e == nullptr || std::string(e) != "1";
-  }();
+  static const bool enabled = !env_is_one("SERVAL_NO_ROPE_IN_GEMV");
   const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
   const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
   const bool fits = enabled && act_dtype_ == DType::BF16 && gemv_fits(x) && rope.style == RopeStyle::Interleaved &&
@@ -374,10 +374,7 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
 // SERVAL_NO_SPLIT_K=1: matmul then add_rmsnorm (to compare).
 void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
                                      const DeviceWeight& norm, float eps, Tensor out) {
-  static const bool split_k = [] {
-    const char* v = std::getenv("SERVAL_NO_SPLIT_K");
-    return v == nullptr || std::string(v) != "1";
-  }();
+  static const bool split_k = !env_is_one("SERVAL_NO_SPLIT_K");
   const CudaWeight& cw = as_cuda(w);
   const CudaWeight& nw = as_cuda(norm);
   const bool fits = split_k && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 128 &&
