@@ -55,6 +55,8 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   }
 
   AttnParams p = attn_params<bf16>(q, kv, g, b, num_heads, scale, out);
+  static const bool direct = !env_is_one("SERVAL_NO_DIRECT_SPLIT");
+  p.whole_split_direct = direct;
   // b.max_context_len may be an upper bound (CUDA graphs): the split count and
   // the partials' size follow from it and the shape only, so the eager step
   // that precedes a capture sizes the scratch for every replay.

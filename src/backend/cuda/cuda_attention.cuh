@@ -35,6 +35,9 @@ struct AttnParamsT {
   int num_splits = 1;
   float* part_out = nullptr;  // [S, kv_heads, splits, group, D]
   float* part_ml = nullptr;   // [S, kv_heads, splits, group, 2]
+  // A sequence whose context the first split holds whole gets its output from
+  // that split, and the merge skips it (SERVAL_NO_DIRECT_SPLIT=1: merged too).
+  bool whole_split_direct = true;
 };
 using AttnParams = AttnParamsT<bf16>;
 

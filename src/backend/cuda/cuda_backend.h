@@ -32,6 +32,8 @@ class CudaWeight : public DeviceWeight {
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
 bool skinny_gemm_from_env();  // cuda_matmul.cu
+// The backend's A/B switches: whether environment variable `name` is "1".
+bool env_is_one(const char* name);  // cuda_matmul.cu
 
 class CudaBackend : public Backend {
  public:

@@ -37,13 +37,12 @@ void decode_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tens
     skinny_gemm_gated(x, gate, up, out, stream);
 }
 
-namespace {
-
-// The A/B switches of this file: the variable set to "1".
 bool env_is_one(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::string(v) == "1";
 }
+
+namespace {
 
 // Whether ws[j] / ys[j] continue the strided batch that starts at i: the same
 // shape and dtype as ws[i] / ys[i], at the stride (elements) the first step

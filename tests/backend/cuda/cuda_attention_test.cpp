@@ -276,6 +276,27 @@ TEST(CudaAttention, UpperBoundContextLength) {
   expect_matches_cpu(*gpu, cases, 600);
 }
 
+// Contexts the first split holds whole (up to 8 tiles of 16 keys) under a
+// bound that plans many splits: that split writes the output itself and the
+// merge skips the sequence; the result must be bitwise what one split gives
+// (the same tiles in the same warps), next to longer contexts that merge.
+TEST(CudaAttention, ContextsOneSplitHoldsEqualOneSplitBitwise) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  for (int32_t group : {1, 4}) {
+    const AttnCase c{"whole_split_gqa" + std::to_string(group), 8 / group, group, 128, 16,
+                     decodes({1, 2, 15, 16, 17, 100, 127, 128})};
+    const std::vector<float> one = run_on(*gpu, c, 650, 0), planned = run_on(*gpu, c, 650, 131072);
+    EXPECT_EQ(planned, one) << c.name;
+    // With a long context in the batch, the others still merge or not, per sequence.
+    AttnCase mixed = c;
+    mixed.seqs.push_back({5000, 1});
+    const std::vector<float> m1 = run_on(*gpu, mixed, 651, 0), m2 = run_on(*gpu, mixed, 651, 131072);
+    const int64_t short_vals = int64_t(c.seqs.size()) * 8 * 128;  // the short sequences' rows come first
+    EXPECT_TRUE(std::equal(m1.begin(), m1.begin() + short_vals, m2.begin())) << mixed.name;
+    EXPECT_LT(worst_head_error(m2, m1, 128), 1e-2) << mixed.name << ": the merged sequence";
+  }
+}
+
 // A graph captured once (with the bound as max_context_len) and replayed while
 // the contexts grow and shrink: the launch depends on nothing that changes.
 TEST(CudaAttention, GraphReplayFollowsChangingContexts) {
