@@ -34,11 +34,20 @@ for r in rows:
 layers = int(sys.argv[3])
 attn = sum(c for k, c in cnt.items() if "attn_decode_kernel" in k)
 steps = attn / layers if attn else 1.0
+if any("attn_prefill" in k for k in cnt):
+    print(f"!! {sys.argv[2]}: the window holds prefill kernels; the per-step figures mix prefill and decode")
 print(f"== {sys.argv[2]}: {len(rows)} kernels over {steps:.2f} steps ({attn} decode attention launches / {layers} layers), "
       f"{sum(tot.values()) / steps:.0f} us of kernel time per step")
 for k, v in sorted(tot.items(), key=lambda x: -x[1])[:14]:
     print(f"{v / steps:9.1f} us/step {cnt[k] / steps:6.1f}x {v / cnt[k]:7.2f} us each  {k}")
 PY
 }
-prof b1 3000 1200 --requests 1 --input-len 1 --output-len 12
-prof b64 3000 1200 --requests 64 --input-len 128 --output-len 12
+# PROFILES: which of them (default both); LABEL_SUFFIX tells runs with other
+# settings apart. 40 output tokens: launch 3000 falls in the first pass's
+# decode steps (with 12, the 64-sequence window took in prefill steps).
+for p in ${PROFILES:-b1 b64}; do
+  case $p in
+    b1) prof b1${LABEL_SUFFIX:-} 3000 1200 --requests 1 --input-len 1 --output-len 40 ;;
+    b64) prof b64${LABEL_SUFFIX:-} 3000 1200 --requests 64 --input-len 128 --output-len 40 ;;
+  esac
+done
