@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, in the folder scripts/gpu-stage.sh made plus the builds
 # scripts/gpu-stage-variant.sh added (variants/NAME.tar.xz): the CUDA tests of
-# each build, then 7B decode benchmarks with the builds interleaved (so drift
+# each build, then decode benchmarks (7B; 8B with --8b) with the builds interleaved (so drift
 # of the machine hits all alike), then one table, a column per build ("base":
 # the staged build). For A/B runs of kernel changes in one device call.
-# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--seqs "1 20 32 48 64"] [--skinny] [--env VAR=VALUE]... [--gemv FILTER]
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--skinny] [--env VAR=VALUE]... [--gemv FILTER]
+#   --8b: the benchmarks on a random Llama-3.1-8B-shape model (GQA 32/8) instead of Llama-2-7B
 #   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
 #   --skinny: also the base build with SERVAL_SKINNY_GEMM=1 (the skinny GEMM for 17..48 rows)
 #   --env VAR=VALUE: also the base build with that environment variable (a column "base+VAR=VALUE")
@@ -17,10 +18,11 @@ mkdir -p "$OUT_DIR" lib variants
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; EXTRA_ENVS=()
+TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; EXTRA_ENVS=(); LIKE=llama-2-7b
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
+    --8b) LIKE=llama-3.1-8b ;;
     --seqs) SEQS=$2; shift ;;
     --skinny) SKINNY=1 ;;
     --env) EXTRA_ENVS+=("$2"); shift ;;
@@ -41,8 +43,8 @@ if [ $SKINNY = 1 ]; then NAMES+=("base+skinny"); DIRS+=("$HERE"); ENVS+=("SERVAL
 for e in "${EXTRA_ENVS[@]}"; do NAMES+=("base+$e"); DIRS+=("$HERE"); ENVS+=("$e"); done
 for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: $(cat "${DIRS[$i]}/COMMIT" 2>/dev/null || echo staged build)"; done
 
-M7=${MODEL:-/tmp/llama-2-7b-bf16.gguf}  # written here unless it exists (gpu-check.sh --keep leaves it)
-[ -s $M7 ] || ./serval random-model --like llama-2-7b --dtype bf16 --out $M7 >/dev/null 2>&1 &
+M7=${MODEL:-/tmp/$LIKE-bf16.gguf}  # written here unless it exists (gpu-check.sh --keep leaves it)
+[ -s $M7 ] || ./serval random-model --like $LIKE --dtype bf16 --out $M7 >/dev/null 2>&1 &
 MODEL_PID=$!
 
 declare -A CELL
