@@ -48,6 +48,13 @@ __device__ __forceinline__ int split_tiles(int n_tiles, int num_splits) {
   return max(kMinSplitTiles, (n_tiles + num_splits - 1) / num_splits);
 }
 
+// Whether the first split holds a sequence's whole context of n_tiles tiles
+// (a short one, under a split count planned for the longest): that split then
+// writes the output itself, and the merge skips the sequence.
+__device__ __forceinline__ bool first_split_holds_all(const AttnParams& p, int n_tiles) {
+  return p.whole_split_direct && split_tiles(n_tiles, p.num_splits) >= n_tiles;
+}
+
 // Shared memory of the decode kernel for head_dim D.
 template <int D>
 struct DecodeSmem {
@@ -120,9 +127,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   for (int st = 0; st < kStages; ++st) first[st] = key_offset(st);  // the table loads overlap
   pdl_wait();
   if (!decode) return;
-  // The first split holds the whole context (a short one, under a split count
-  // planned for the longest): it writes the output, and the merge skips it.
-  const bool whole = p.whole_split_direct && tps >= n_tiles;
+  const bool whole = first_split_holds_all(p, n_tiles);
   if (tile0 >= n_tiles) {  // past this sequence's context: weigh nothing in the merge
     if (p.num_splits > 1 && !whole)
       for (int h = tid; h < GL; h += kThreads) {
@@ -340,9 +345,7 @@ __global__ void __launch_bounds__(128) attn_merge_kernel(AttnParams p) {
   const int head = blockIdx.x, s = blockIdx.y;
   const int q0 = p.query_start[s];
   if (p.query_start[s + 1] - q0 != 1) return;
-  // One split held the whole context and wrote the output (the decode kernel's `whole`).
-  const int n_tiles = (p.positions[q0] + kDecodeKeyTile) / kDecodeKeyTile;
-  if (p.whole_split_direct && split_tiles(n_tiles, p.num_splits) >= n_tiles) return;
+  if (first_split_holds_all(p, (p.positions[q0] + kTile) / kTile)) return;  // the decode kernel wrote it
   const int G = p.group, kvh = head / G, h = head % G, D = p.head_dim, S = p.num_splits;
   const int64_t row0 = (int64_t(s) * p.kv_heads + kvh) * S;  // split i: partial row (row0 + i) * G + h
   if (threadIdx.x < 32) {
