@@ -225,6 +225,9 @@ TEST(Metrics, ConcurrentUpdatesAndScrapesNeverTear) {
       if (thread.joinable()) thread.join();
     }
   } join_on_exit{stop, writer};
+  // On a loaded 2-core machine the writer may not have run yet; scraping only zeros would test
+  // nothing (and CI once failed on exactly that).
+  while (updates == 0) std::this_thread::yield();
   double last_counter = 0, last_count = 0;
   for (int scrape = 0; scrape < kScrapes; ++scrape) {
     const std::string text = r.expose();
