@@ -9,8 +9,9 @@
 
 namespace serval::cuda {
 
-CudaWeight::CudaWeight(std::string name, std::vector<int64_t> shape, DType dtype, DeviceBuffer buf)
-    : dtype_(dtype), buf_(std::move(buf)) {
+CudaWeight::CudaWeight(std::string name, std::vector<int64_t> shape, DType dtype, DeviceBuffer buf,
+                       const void* group)
+    : dtype_(dtype), buf_(std::move(buf)), group_(group) {
   name_ = std::move(name);
   shape_ = std::move(shape);
 }
@@ -193,7 +194,8 @@ std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_weight_group(cons
     const Part& part = parts[i];
     DeviceBuffer mem = whole.slice(part.offset, dtype_bytes(part.target, part.n));
     upload_into(views[i], part.target, part.n, mem.data());
-    out.push_back(std::make_unique<CudaWeight>(views[i].name, views[i].shape, part.target, std::move(mem)));
+    out.push_back(
+        std::make_unique<CudaWeight>(views[i].name, views[i].shape, part.target, std::move(mem), whole.data()));
   }
   return out;
 }

@@ -21,13 +21,16 @@ namespace serval::cuda {
 // A weight on the GPU: matrices in the backend's activation dtype, vectors f32.
 class CudaWeight : public DeviceWeight {
  public:
-  CudaWeight(std::string name, std::vector<int64_t> shape, DType dtype, DeviceBuffer buf);
+  CudaWeight(std::string name, std::vector<int64_t> shape, DType dtype, DeviceBuffer buf, const void* group = nullptr);
   DType dtype() const { return dtype_; }
   const void* data() const { return buf_.data(); }
+  // The allocation upload_weight_group laid this weight out in (null: its own).
+  const void* group() const { return group_; }
 
  private:
   DType dtype_;
   DeviceBuffer buf_;
+  const void* group_;
 };
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
@@ -92,6 +95,8 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   // cuBLASLt launches that computed several weights as one strided batch.
   int64_t batched_gemm_calls() const { return batched_gemm_calls_; }
+  // q/k/v projections computed as one stacked cuBLASLt GEMM (qkv_rope_kv_write).
+  int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
   int num_sms() const { return num_sms_; }
 
@@ -120,6 +125,17 @@ class CudaBackend : public Backend {
   void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
   void flush_l2();  // tune_matmul times candidates with a cold L2
   bool own_kernel_fits(const Tensor& x) const;
+  // qkv_rope_kv_write as one GEMM of the stacked q/k/v weights (cuda_matmul.cu).
+  bool stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv,
+                        const Tensor& q, const RopeParams& rope, const KvGeometry& geom) const;
+  void stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv,
+                                 Tensor q, const int32_t* positions, const RopeParams& rope,
+                                 const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom);
+  // rope_kv_write whose q, k and v rows come from one stacked [T, row] product
+  // (q at column 0, k at k_col, v at v_col; bf16); rotated q goes to q.
+  void rope_kv_write_from_stacked(const void* qkv, int64_t row, int64_t k_col, int64_t v_col, Tensor q,
+                                  int64_t kv_cols, const int32_t* positions, const RopeParams& rope,
+                                  const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom);
   // Device scratch of at least `bytes` (grown, never shrunk; contents not
   // kept) for ops that graphs may record: growing it drops recorded graphs
   // (graph_epoch). host_op_scratch: the same for ops never recorded (sample()).
@@ -139,6 +155,8 @@ class CudaBackend : public Backend {
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   DeviceBuffer split_k_partials_;  // matmul_add_rmsnorm's two f32 halves
+  DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product
+  int64_t stacked_qkv_calls_ = 0;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)

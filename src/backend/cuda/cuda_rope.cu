@@ -35,17 +35,28 @@ __global__ void rope_kernel(T* q, T* k, const int32_t* positions, const float* i
   }
 }
 
-// Grid (token, group of kHeadsPerBlock heads): q pairs rotated in place; k
-// pairs rotated into the token's slot of the K pool (dimensions past rope_dim
-// copied); v copied to the V pool, each block taking a share of the row. The
-// pools' rows are [kv_heads * head_dim], like k's and v's. cos/sin of the
+// Where the kernel reads each token's q, k and v: three tensors (q rotated in
+// place), or one stacked q/k/v product row per token.
+template <typename T>
+struct RopeKvInput {
+  const T* q;
+  const T* k;
+  const T* v;
+  int64_t q_stride, kv_stride;  // elements from one token's row to the next
+};
+
+// Grid (token, group of kHeadsPerBlock heads): q pairs rotated into q_out
+// ([T, q_heads * head_dim]; it may be in.q); k pairs rotated into the token's
+// slot of the K pool (dimensions past rope_dim copied); v copied to the V
+// pool, each block taking a share of the row. The pools' rows are
+// [kv_heads * head_dim]. cos/sin of the
 // token's rope_dim / 2 angles are computed once per block, not once per head:
 // a decode step has one token, and sincosf per element made this kernel
 // latency-bound.
 constexpr int kHeadsPerBlock = 8;
 
 template <typename T>
-__global__ void rope_kv_write_kernel(T* q, const T* k, const T* v, const int32_t* positions, const int64_t* slots,
+__global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t* positions, const int64_t* slots,
                                      const float* inv_freq, T* K, T* V, int q_heads, int k_heads, int head_dim,
                                      int rope_dim, bool neox) {
   extern __shared__ float cs_s[];  // [half] cos, then [half] sin
@@ -59,7 +70,7 @@ __global__ void rope_kv_write_kernel(T* q, const T* k, const T* v, const int32_t
   pdl_launch_dependents();
   __syncthreads();
   const int64_t kv_row = int64_t(k_heads) * head_dim;
-  const T* kt = k + int64_t(t) * kv_row;
+  const T* kt = in.k + int64_t(t) * in.kv_stride;
   T* Kt = K + slots[t] * kv_row;
   const int head0 = blockIdx.y * kHeadsPerBlock;
   const int heads = min(kHeadsPerBlock, q_heads + k_heads - head0);
@@ -68,10 +79,11 @@ __global__ void rope_kv_write_kernel(T* q, const T* k, const T* v, const int32_t
     const float cs = cs_s[i], sn = cs_s[half + i];
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
     if (head < q_heads) {
-      T* h = q + (int64_t(t) * q_heads + head) * head_dim;
+      const T* h = in.q + int64_t(t) * in.q_stride + int64_t(head) * head_dim;
+      T* o = q_out + (int64_t(t) * q_heads + head) * head_dim;
       const float a = load1(h, ia), b = load1(h, ib);
-      store1(h, ia, a * cs - b * sn);
-      store1(h, ib, b * cs + a * sn);
+      store1(o, ia, a * cs - b * sn);
+      store1(o, ib, b * cs + a * sn);
     } else {
       const int64_t off = int64_t(head - q_heads) * head_dim;
       const float a = load1(kt, off + ia), b = load1(kt, off + ib);
@@ -82,14 +94,20 @@ __global__ void rope_kv_write_kernel(T* q, const T* k, const T* v, const int32_t
   const int pass = head_dim - rope_dim;  // partial rotary: the rest of each k head
   for (int e = threadIdx.x; e < heads * pass; e += blockDim.x) {
     const int head = head0 + e / pass;
-    if (head < q_heads) continue;  // q's pass-through dims stay where they are
+    if (head < q_heads) {  // q's pass-through dims: copied unless q is rotated in place
+      if (in.q != q_out) {
+        const int64_t d = int64_t(head) * head_dim + rope_dim + e % pass;
+        q_out[int64_t(t) * q_heads * head_dim + d] = in.q[int64_t(t) * in.q_stride + d];
+      }
+      continue;
+    }
     const int64_t off = int64_t(head - q_heads) * head_dim + rope_dim + e % pass;
     Kt[off] = kt[off];
   }
   // This block's share of the v row.
-  const T* vt = v + int64_t(t) * kv_row;
+  const T* vt = in.v + int64_t(t) * in.kv_stride;
   T* Vt = V + slots[t] * kv_row;
-  if (kv_row % 8 == 0) {
+  if (kv_row % 8 == 0 && in.kv_stride % 8 == 0 && reinterpret_cast<uintptr_t>(in.v) % 16 == 0) {
     const int64_t n8 = kv_row / 8, per = (n8 + gridDim.y - 1) / gridDim.y;
     const int64_t c1 = min(n8, per * (blockIdx.y + 1));
     for (int64_t c = per * blockIdx.y + threadIdx.x; c < c1; c += blockDim.x)
@@ -98,6 +116,21 @@ __global__ void rope_kv_write_kernel(T* q, const T* k, const T* v, const int32_t
     const int64_t per = (kv_row + gridDim.y - 1) / gridDim.y, c1 = min(kv_row, per * (blockIdx.y + 1));
     for (int64_t c = per * blockIdx.y + threadIdx.x; c < c1; c += blockDim.x) Vt[c] = vt[c];
   }
+}
+
+// q_out: where rotated q goes ([T, q_heads * head_dim]); `in` may point into it.
+template <typename T>
+void launch_rope_kv_write(const RopeKvInput<T>& in, const Tensor& q_out, int k_heads, const int32_t* positions,
+                          const RopeParams& p, const int64_t* slot_mapping, const KvLayer& kv, cudaStream_t stream) {
+  const int q_heads = int(q_out.cols / p.head_dim);
+  const int pairs = kHeadsPerBlock * (p.rope_dim / 2);
+  const int threads = std::min(512, (pairs + 31) / 32 * 32);
+  const dim3 grid(unsigned(q_out.rows), unsigned(ceil_div(q_heads + k_heads, kHeadsPerBlock)));
+  const size_t smem = size_t(p.rope_dim) * sizeof(float);
+  launch_pdl(rope_kv_write_kernel<T>, grid, dim3(unsigned(threads)), smem, stream, in, static_cast<T*>(q_out.data),
+             positions, slot_mapping, p.inv_freq, static_cast<T*>(kv.k.data()), static_cast<T*>(kv.v.data()), q_heads,
+             k_heads, p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
+  SERVAL_CUDA_LAUNCH_CHECK();
 }
 
 void check_rope(const Tensor& q, const Tensor& k, const RopeParams& p, DType act) {
@@ -118,23 +151,29 @@ void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32
                "rope_kv_write: k and v must be ", dtype_name(act_dtype_), " of width ", row, ", got ", k.cols, " and ",
                v.cols);
   if (q.rows == 0) return;
-  const int q_heads = int(q.cols / p.head_dim), k_heads = int(k.cols / p.head_dim);
-  const int pairs = kHeadsPerBlock * (p.rope_dim / 2);
-  const int threads = std::min(512, (pairs + 31) / 32 * 32);
-  const dim3 grid(unsigned(q.rows), unsigned(ceil_div(q_heads + k_heads, kHeadsPerBlock)));
-  const size_t smem = size_t(p.rope_dim) * sizeof(float);
-  const bool neox = p.style == RopeStyle::Neox;
+  const int k_heads = int(k.cols / p.head_dim);
   if (act_dtype_ == DType::F32)
-    launch_pdl(rope_kv_write_kernel<float>, grid, dim3(unsigned(threads)), smem, stream_,
-               static_cast<float*>(q.data), static_cast<const float*>(k.data), static_cast<const float*>(v.data),
-               positions, slot_mapping, p.inv_freq, static_cast<float*>(kv.k.data()), static_cast<float*>(kv.v.data()),
-               q_heads, k_heads, p.head_dim, p.rope_dim, neox);
+    launch_rope_kv_write<float>({static_cast<const float*>(q.data), static_cast<const float*>(k.data),
+                                 static_cast<const float*>(v.data), q.cols, k.cols},
+                                q, k_heads, positions, p, slot_mapping, kv, stream_);
   else
-    launch_pdl(rope_kv_write_kernel<bf16>, grid, dim3(unsigned(threads)), smem, stream_, bf(q),
-               static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), positions, slot_mapping,
-               p.inv_freq, static_cast<bf16*>(kv.k.data()), static_cast<bf16*>(kv.v.data()), q_heads, k_heads,
-               p.head_dim, p.rope_dim, neox);
-  SERVAL_CUDA_LAUNCH_CHECK();
+    launch_rope_kv_write<bf16>(
+        {bf(q), static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), q.cols, k.cols}, q, k_heads,
+        positions, p, slot_mapping, kv, stream_);
+}
+
+void CudaBackend::rope_kv_write_from_stacked(const void* qkv, int64_t row, int64_t k_col, int64_t v_col, Tensor q,
+                                             int64_t kv_cols, const int32_t* positions, const RopeParams& p,
+                                             const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& g) {
+  check_rope(q, q, p, act_dtype_);
+  SERVAL_CHECK(act_dtype_ == DType::BF16 && kv_cols == int64_t(g.num_kv_heads) * g.head_dim &&
+                   g.head_dim == p.head_dim && k_col >= q.cols && v_col >= k_col + kv_cols && row >= v_col + kv_cols,
+               "rope_kv_write_from_stacked: q [", q.rows, ", ", q.cols, "], k at ", k_col, ", v at ", v_col,
+               " do not fit a stacked row of ", row);
+  if (q.rows == 0) return;
+  const bf16* base = static_cast<const bf16*>(qkv);
+  launch_rope_kv_write<bf16>({base, base + k_col, base + v_col, row, row}, q, int(kv_cols / p.head_dim), positions, p,
+                             slot_mapping, kv, stream_);
 }
 
 void CudaBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& p) {

@@ -7,6 +7,10 @@
 #include <cstring>
 
 #include "cuda_test_util.h"
+#include "core/dtype.h"
+#ifdef SERVAL_WITH_CUDA
+#include "backend/cuda/cuda_stats.h"
+#endif
 #include "runtime/rope.h"
 
 namespace serval::testing {
@@ -156,6 +160,78 @@ TEST(CudaFusedOps, QkvRopeKvWriteEqualsProjectionThenRopeKvWrite) {
     }
   }
   std::printf("[qkv_rope_kv_write] %d cases bitwise equal to matmul_multi + rope_kv_write\n", cases);
+}
+
+// qkv_rope_kv_write at 17..256 rows with the q/k/v weights uploaded as one
+// group (back to back): the CUDA backend computes one GEMM of the stacked
+// weights and the rope + KV write kernel reads its rows. Against the Backend
+// default (separate products, then rope_kv_write): q and both pools within
+// bf16 rounding (the products' sums may be ordered differently), for GQA, MHA
+// and partial NeoX rope; 257 rows take the default. The stacked GEMMs are
+// counted, so a silent fallback fails.
+TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; int64_t hidden; };
+  double worst = 0;
+  for (const Case& c : {Case{RopeStyle::Neox, 128, 128, 8, 2, 1024}, Case{RopeStyle::Interleaved, 128, 128, 4, 4, 512},
+                        Case{RopeStyle::Neox, 64, 32, 8, 2, 512}}) {
+    const DeviceRope rope = device_rope(*gpu, c.style, c.head_dim, c.rope_dim);
+    const int64_t qw = int64_t(c.q_heads) * c.head_dim, kw = int64_t(c.kv_heads) * c.head_dim;
+    const auto wq = random_bf16(size_t(qw * c.hidden), 81, 0.05f), wk = random_bf16(size_t(kw * c.hidden), 82, 0.05f),
+               wv = random_bf16(size_t(kw * c.hidden), 83, 0.05f);
+    const auto group = gpu->upload_weight_group(
+        {TensorView{"wq", DType::F32, {qw, c.hidden}, wq.data(), int64_t(wq.size() * 4)},
+         TensorView{"wk", DType::F32, {kw, c.hidden}, wk.data(), int64_t(wk.size() * 4)},
+         TensorView{"wv", DType::F32, {kw, c.hidden}, wv.data(), int64_t(wv.size() * 4)}});
+    for (int64_t T : {int64_t(17), int64_t(20), int64_t(33), int64_t(64), int64_t(200), int64_t(256), int64_t(257)}) {
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      std::vector<int64_t> slots(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {
+        pos[size_t(t)] = int32_t((t * 977) % 9001);
+        slots[size_t(t)] = (t * 37 + 5) % 512;  // distinct for T <= 512
+      }
+      const auto x = random_bf16(size_t(T * c.hidden), 84 + uint32_t(T));
+      DeviceBuffer p = upload_ints(*gpu, pos), s = upload_ints(*gpu, slots);
+      const KvGeometry g{32, 16, c.kv_heads, c.head_dim};
+      DevTensor xt = upload(*gpu, x, T, c.hidden);
+      std::vector<float> q_out[2], pools[2][2];
+      int64_t stacked = 0;
+      for (int mine = 0; mine < 2; ++mine) {
+        KvLayer kv = gpu->alloc_kv_layer(g);
+        DevTensor qt = zeros(*gpu, T, qw), kt = zeros(*gpu, T, kw), vt = zeros(*gpu, T, kw);
+        const auto* pp = static_cast<const int32_t*>(p.data());
+        const auto* sp = static_cast<const int64_t*>(s.data());
+#ifdef SERVAL_WITH_CUDA
+        const int64_t before = cuda::stacked_qkv_calls(*gpu);
+#endif
+        if (mine)
+          gpu->qkv_rope_kv_write(xt.t, *group[0], *group[1], *group[2], qt.t, kt.t, vt.t, pp, rope.params, sp, kv, g);
+        else
+          gpu->Backend::qkv_rope_kv_write(xt.t, *group[0], *group[1], *group[2], qt.t, kt.t, vt.t, pp, rope.params,
+                                          sp, kv, g);
+#ifdef SERVAL_WITH_CUDA
+        if (mine) stacked = cuda::stacked_qkv_calls(*gpu) - before;
+#endif
+        q_out[mine] = download(*gpu, qt.t);
+        const int64_t elems = g.num_blocks * g.block_size * kw;
+        for (int i = 0; i < 2; ++i) {
+          std::vector<uint16_t> bits(static_cast<size_t>(elems));
+          gpu->copy_to_host(bits.data(), (i == 0 ? kv.k : kv.v).data(), elems * 2);
+          for (uint16_t b : bits) pools[mine][i].push_back(bf16_to_f32(b));
+        }
+      }
+      const double eq = max_rel_diff(q_out[1], q_out[0]), ek = max_rel_diff(pools[1][0], pools[0][0]),
+                   ev = max_rel_diff(pools[1][1], pools[0][1]);
+      EXPECT_LT(eq, 1e-2) << "q, head_dim " << c.head_dim << " kv_heads " << c.kv_heads << " T " << T;
+      EXPECT_LT(ek, 1e-2) << "K pool, head_dim " << c.head_dim << " kv_heads " << c.kv_heads << " T " << T;
+      EXPECT_LT(ev, 1e-2) << "V pool, head_dim " << c.head_dim << " kv_heads " << c.kv_heads << " T " << T;
+#ifdef SERVAL_WITH_CUDA
+      EXPECT_EQ(stacked, T <= 256 ? 1 : 0) << "stacked GEMMs at T " << T;
+#endif
+      worst = std::max({worst, eq, ek, ev});
+    }
+  }
+  std::printf("[stacked q/k/v] worst relative difference vs separate products %.2e\n", worst);
 }
 
 // residual += x @ W^T; out = rmsnorm(residual) * w, against the CPU backend's
