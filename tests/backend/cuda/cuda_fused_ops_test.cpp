@@ -48,6 +48,21 @@ DeviceRope device_rope(Backend& be, RopeStyle style, int32_t head_dim, int32_t r
   return r;
 }
 
+// Positions spread over 9001 and slots distinct for T <= slot_count (37 is
+// prime to the power-of-two counts used), in device memory.
+struct TokenRows {
+  DeviceBuffer positions, slots;
+};
+TokenRows token_rows(Backend& be, int64_t T, int64_t slot_count) {
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::vector<int64_t> slots(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    pos[size_t(t)] = int32_t((t * 977) % 9001);
+    slots[size_t(t)] = (t * 37 + 5) % slot_count;
+  }
+  return {upload_ints(be, pos), upload_ints(be, slots)};
+}
+
 TEST(CudaFusedOps, F32ResidualStreamOpsMatchCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
   auto cpu = create_backend("cpu", 0);
@@ -124,14 +139,9 @@ TEST(CudaFusedOps, QkvRopeKvWriteEqualsProjectionThenRopeKvWrite) {
          gv = weight(*gpu, "wv", {kw, c.hidden}, wv);
     for (int64_t T : {int64_t(1), int64_t(3), int64_t(4), int64_t(5), int64_t(8), int64_t(9), int64_t(16),
                       int64_t(20)}) {
-      std::vector<int32_t> pos(static_cast<size_t>(T));
-      std::vector<int64_t> slots(static_cast<size_t>(T));
-      for (int64_t t = 0; t < T; ++t) {
-        pos[size_t(t)] = int32_t((t * 977) % 9001);
-        slots[size_t(t)] = (t * 37 + 5) % 64;  // distinct for T <= 64
-      }
       const auto x = random_bf16(size_t(T * c.hidden), 74 + uint32_t(T));
-      DeviceBuffer p = upload_ints(*gpu, pos), s = upload_ints(*gpu, slots);
+      const TokenRows rows = token_rows(*gpu, T, 64);
+      const DeviceBuffer &p = rows.positions, &s = rows.slots;
       const KvGeometry g{4, 16, c.kv_heads, c.head_dim};
       DevTensor xt = upload(*gpu, x, T, c.hidden);
       std::vector<float> q_out[2];
@@ -184,14 +194,9 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
          TensorView{"wk", DType::F32, {kw, c.hidden}, wk.data(), int64_t(wk.size() * 4)},
          TensorView{"wv", DType::F32, {kw, c.hidden}, wv.data(), int64_t(wv.size() * 4)}});
     for (int64_t T : {int64_t(17), int64_t(20), int64_t(33), int64_t(64), int64_t(200), int64_t(256), int64_t(257)}) {
-      std::vector<int32_t> pos(static_cast<size_t>(T));
-      std::vector<int64_t> slots(static_cast<size_t>(T));
-      for (int64_t t = 0; t < T; ++t) {
-        pos[size_t(t)] = int32_t((t * 977) % 9001);
-        slots[size_t(t)] = (t * 37 + 5) % 512;  // distinct for T <= 512
-      }
       const auto x = random_bf16(size_t(T * c.hidden), 84 + uint32_t(T));
-      DeviceBuffer p = upload_ints(*gpu, pos), s = upload_ints(*gpu, slots);
+      const TokenRows rows = token_rows(*gpu, T, 512);
+      const DeviceBuffer &p = rows.positions, &s = rows.slots;
       const KvGeometry g{32, 16, c.kv_heads, c.head_dim};
       DevTensor xt = upload(*gpu, x, T, c.hidden);
       std::vector<float> q_out[2], pools[2][2];
