@@ -12,6 +12,7 @@
 #include <cfloat>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_decode_matmul.h"
@@ -246,16 +247,23 @@ void CudaBackend::lt_matmul(const GemmShape& s, const void* w, const void* x, vo
            "Matmul");
 }
 
+namespace {
+// The backend of cuda_stats.h's functions, which must be the CUDA one.
+template <typename B>
+auto& cuda_backend_of(B& be, const char* caller) {
+  using Cuda = std::conditional_t<std::is_const_v<B>, const CudaBackend, CudaBackend>;
+  auto* cuda = dynamic_cast<Cuda*>(&be);
+  SERVAL_CHECK(cuda != nullptr, caller, ": the ", be.name(), " backend is not the CUDA backend");
+  return *cuda;
+}
+}  // namespace
+
 int64_t stacked_qkv_calls(const Backend& be) {
-  const auto* cuda = dynamic_cast<const CudaBackend*>(&be);
-  SERVAL_CHECK(cuda != nullptr, "stacked_qkv_calls: the ", be.name(), " backend is not the CUDA backend");
-  return cuda->stacked_qkv_calls();
+  return cuda_backend_of(be, "stacked_qkv_calls").stacked_qkv_calls();
 }
 
 int64_t batched_gemm_calls(const Backend& be) {
-  const auto* cuda = dynamic_cast<const CudaBackend*>(&be);
-  SERVAL_CHECK(cuda != nullptr, "batched_gemm_calls: the ", be.name(), " backend is not the CUDA backend");
-  return cuda->batched_gemm_calls();
+  return cuda_backend_of(be, "batched_gemm_calls").batched_gemm_calls();
 }
 
 // 17..48 rows go to cuBLASLt: since q/k/v and gate/up run there as strided
@@ -270,11 +278,7 @@ bool CudaBackend::own_kernel_fits(const Tensor& x) const {
   return gemv_fits(x) || (skinny_gemm_ && skinny_gemm_fits(x));
 }
 
-void use_skinny_gemm(Backend& be, bool on) {
-  auto* cuda = dynamic_cast<CudaBackend*>(&be);
-  SERVAL_CHECK(cuda != nullptr, "use_skinny_gemm: the ", be.name(), " backend is not the CUDA backend");
-  cuda->set_skinny_gemm(on);
-}
+void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
 void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
   const CudaWeight& cw = as_cuda(w);
