@@ -61,22 +61,24 @@ class ExpressionParser : TokenCursor {
     return b;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr l = parse_and();
-    while (is_name("or")) {
+  // One left-associative level: `operand`s joined while `at_op` sees one of
+  // the level's operators (its token's text names the operation).
+  template <typename Operand, typename AtOp>
+  ExprPtr left_assoc(Operand operand, AtOp at_op) {
+    ExprPtr l = operand();
+    while (at_op()) {
       const Token& at = next();
-      l = binary(at, "or", std::move(l), parse_and());
+      l = binary(at, at.text, std::move(l), operand());
     }
     return l;
   }
 
+  ExprPtr parse_or() {
+    return left_assoc([&] { return parse_and(); }, [&] { return is_name("or"); });
+  }
+
   ExprPtr parse_and() {
-    ExprPtr l = parse_not();
-    while (is_name("and")) {
-      const Token& at = next();
-      l = binary(at, "and", std::move(l), parse_not());
-    }
-    return l;
+    return left_assoc([&] { return parse_not(); }, [&] { return is_name("and"); });
   }
 
   ExprPtr parse_not() {
@@ -112,39 +114,20 @@ class ExpressionParser : TokenCursor {
   }
 
   ExprPtr parse_math1() {
-    ExprPtr l = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      const Token& at = next();
-      l = binary(at, at.text, std::move(l), parse_concat());
-    }
-    return l;
+    return left_assoc([&] { return parse_concat(); }, [&] { return is_op("+") || is_op("-"); });
   }
 
   ExprPtr parse_concat() {
-    ExprPtr l = parse_math2();
-    while (is_op("~")) {
-      const Token& at = next();
-      l = binary(at, "~", std::move(l), parse_math2());
-    }
-    return l;
+    return left_assoc([&] { return parse_math2(); }, [&] { return is_op("~"); });
   }
 
   ExprPtr parse_math2() {
-    ExprPtr l = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const Token& at = next();
-      l = binary(at, at.text, std::move(l), parse_pow());
-    }
-    return l;
+    return left_assoc([&] { return parse_pow(); },
+                      [&] { return is_op("*") || is_op("/") || is_op("//") || is_op("%"); });
   }
 
   ExprPtr parse_pow() {
-    ExprPtr l = parse_unary(true);
-    while (is_op("**")) {
-      const Token& at = next();
-      l = binary(at, "**", std::move(l), parse_unary(true));
-    }
-    return l;
+    return left_assoc([&] { return parse_unary(true); }, [&] { return is_op("**"); });
   }
 
   ExprPtr parse_unary(bool with_filter) {
