@@ -37,6 +37,14 @@ AttnParamsT<T> attn_params(const Tensor& q, const KvLayer& kv, const KvGeometry&
 
 }  // namespace
 
+AttentionStream attention_stream_from_env() {
+  return env_is_one("SERVAL_NO_ATTN_STREAM") ? AttentionStream::kOff : AttentionStream::kAuto;
+}
+
+void use_attention_stream(Backend& be, AttentionStream mode) {
+  cuda_backend_of(be, "use_attention_stream").set_attention_stream(mode);
+}
+
 void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
                                   int32_t num_heads, float scale, Tensor out) {
   SERVAL_CHECK(q.dtype == act_dtype_ && out.dtype == act_dtype_, "paged_attention: expects ", dtype_name(act_dtype_),
@@ -61,17 +69,25 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   // the partials' size follow from it and the shape only, so the eager step
   // that precedes a capture sizes the scratch for every replay.
   p.num_splits = attention_decode_splits(p, b.max_context_len, num_sms_);
-  if (p.num_splits > 1) {
-    const int64_t floats = attention_decode_partial_floats(p);
-    const int64_t rows = floats / (p.head_dim + 2);
+  if (attention_stream_ == AttentionStream::kAlways ||
+      (attention_stream_ == AttentionStream::kAuto && attention_decode_stream_preferred(p, num_sms_)))
+    p.stream_blocks = attention_decode_stream_blocks(p, num_sms_);
+  if (p.stream_blocks > 0) {
+    p.num_splits = 1;
+    p.item_tiles = static_cast<int*>(scratch(attn_item_tiles_, attention_decode_stream_items(p) * 4));
+  }
+  const int64_t floats = p.stream_blocks > 0  ? attention_decode_stream_partial_floats(p)
+                         : p.num_splits > 1 ? attention_decode_partial_floats(p)
+                                            : 0;
+  if (floats > 0) {
     float* part = static_cast<float*>(scratch(attn_partials_, floats * 4));
     p.part_out = part;
-    p.part_ml = part + rows * p.head_dim;
+    p.part_ml = part + floats / (p.head_dim + 2) * p.head_dim;
   }
 
   bool ok = true;
   if (b.max_query_len > 1) ok = launch_attention_prefill(p, b.max_query_len, stream_);
-  if (ok) ok = launch_attention_decode(p, stream_);
+  if (ok) ok = p.stream_blocks > 0 ? launch_attention_decode_stream(p, stream_) : launch_attention_decode(p, stream_);
   SERVAL_CHECK(ok, "paged_attention: head_dim ", p.head_dim,
                " has no CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
 }

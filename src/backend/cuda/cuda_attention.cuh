@@ -13,6 +13,8 @@ namespace serval::cuda {
 // (16: one tensor-core MMA's worth of keys per warp and step).
 constexpr int kAttnKeyTile = 64;
 constexpr int kDecodeKeyTile = 16;
+// Most sequences a stream decode launch takes (its blocks scan them all).
+constexpr int kAttnStreamMaxSeqs = 256;
 
 // Elem: the element type of q, out and the pools (the activation dtype).
 template <typename Elem>
@@ -38,6 +40,12 @@ struct AttnParamsT {
   // A sequence whose context the first split holds whole gets its output from
   // that split, and the merge skips it (SERVAL_NO_DIRECT_SPLIT=1: merged too).
   bool whole_split_direct = true;
+  // Stream decode (cuda_attention_decode_stream.cu), when stream_blocks > 0:
+  // that many blocks share the batch's tiles; the partials hold two pieces per
+  // warp ([blocks x warps x 2, min(group, 16), D] and [..., 2]) and item_tiles
+  // one counter per (sequence, KV head, head block), zero between launches.
+  int stream_blocks = 0;
+  int* item_tiles = nullptr;
 };
 using AttnParams = AttnParamsT<bf16>;
 
@@ -59,5 +67,16 @@ bool launch_attention_decode(const AttnParams& p, cudaStream_t stream);
 int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms);
 // Floats of partials that a launch with p.num_splits > 1 needs.
 int64_t attention_decode_partial_floats(const AttnParams& p);
+
+// The stream decode kernel: its grid for this launch shape (0 where it does
+// not apply: too many sequences, or no kernel for head_dim), the partials and
+// counters a launch with p.stream_blocks needs, and the launch (decode rows
+// only; it returns false if head_dim has no compiled kernel).
+int attention_decode_stream_blocks(const AttnParams& p, int num_sms);
+// Whether the stream kernel should serve this launch shape.
+bool attention_decode_stream_preferred(const AttnParams& p, int num_sms);
+int64_t attention_decode_stream_partial_floats(const AttnParams& p);
+int64_t attention_decode_stream_items(const AttnParams& p);
+bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream);
 
 }  // namespace serval::cuda

@@ -23,23 +23,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_attention_decode_tile.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
 namespace serval::cuda {
 
 namespace {
 
-constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr int kTile = kDecodeKeyTile;  // keys per warp step: the MMA's n (2 x 8) and k (16)
-constexpr int kStages = 2;             // tiles per warp ring: one computing, one in flight
-constexpr int kMinSplitTiles = 8;      // no split shorter than this (2 tiles per warp)
+using namespace decode;
+constexpr int kMinSplitTiles = 8;  // no split shorter than this (2 tiles per warp)
 constexpr int kMaxSplits = 128;
-constexpr int kHeadsPerBlock = 16;     // the MMA's m: query heads of one block
-
-__host__ __device__ constexpr int head_blocks(int group) { return (group + kHeadsPerBlock - 1) / kHeadsPerBlock; }
 
 // Tiles of each split for a sequence of n_tiles tiles: its context spread
 // evenly, but no split shorter than kMinSplitTiles (a short context leaves the
@@ -55,19 +50,14 @@ __device__ __forceinline__ bool first_split_holds_all(const AttnParams& p, int n
   return p.whole_split_direct && split_tiles(n_tiles, p.num_splits) >= n_tiles;
 }
 
-// Shared memory of the decode kernel for head_dim D.
+// Shared memory of the split kernel for head_dim D: the warps' rings, with the
+// combine buffer over them once they are drained.
 template <int D>
-struct DecodeSmem {
-  static constexpr int DP = (D + 15) / 16 * 16;  // head_dim padded to the MMA's k (only D = 8 pads)
-  // Row stride in elements: an odd number of 16-byte units, so that the eight
-  // rows one ldmatrix reads fall in different banks.
-  static constexpr int RS = (DP / 8) % 2 ? DP : DP + 8;
-  static constexpr int TILE_ELEMS = kTile * RS;             // one K or V tile
-  static constexpr int STAGE_BYTES = 2 * TILE_ELEMS * 2;    // K then V
-  static constexpr int RING_BYTES = kWarps * kStages * STAGE_BYTES;
-  static constexpr int CS = DP + 4;                          // f32 stride of the combine rows (conflict-free)
+struct SplitSmem : DecodeSmem<D> {
+  using Base = DecodeSmem<D>;
+  static constexpr int CS = Base::DP + 4;  // f32 stride of the combine rows (conflict-free)
   static constexpr int COMBINE_BYTES = kWarps * kHeadsPerBlock * CS * 4;
-  static constexpr int MAIN_BYTES = RING_BYTES > COMBINE_BYTES ? RING_BYTES : COMBINE_BYTES;
+  static constexpr int MAIN_BYTES = Base::RING_BYTES > COMBINE_BYTES ? Base::RING_BYTES : COMBINE_BYTES;
   // After the rings (or the combine buffer over them): (m, l) per warp and
   // head, then the block's (M, L) per head.
   static constexpr int BYTES = MAIN_BYTES + (kWarps + 1) * kHeadsPerBlock * 2 * 4;
@@ -81,16 +71,11 @@ using namespace ptx;
 // on the whole chain having finished); only the host-written metadata is read
 // before it.
 
-// Fragment layouts (PTX m16n8k16; lane = 4 g + t): A regs {row g, k 2t}, {row
-// g+8, k 2t}, {row g, k 2t+8}, {row g+8, k 2t+8}; B regs {k 2t, n g}, {k 2t+8,
-// n g}; C {row g, n 2t, 2t+1}, {row g+8, n 2t, 2t+1}. S = Q K^T puts heads on
-// rows and keys on n, which is exactly the B layout of P^T in O^T = V^T P^T
-// (d on rows, heads on n); NH = 2 uses rows g+8 (heads 8-15) as a second n tile.
+// Fragment layouts: cuda_attention_decode_tile.cuh.
 template <int D, int NH>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel(AttnParams p) {
-  using Sm = DecodeSmem<D>;
-  constexpr int DP = Sm::DP, RS = Sm::RS, KC = DP / 16, MT = DP / 16, NCH = D / 8;
-  constexpr int CPL = (kTile * NCH + 31) / 32;  // 16-byte chunks per lane per tile, of K and of V
+  using Sm = SplitSmem<D>;
+  constexpr int DP = Sm::DP, MT = DP / 16;
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int hb_count = head_blocks(p.group);
@@ -103,8 +88,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   // read, and the first tiles' keys located, while the kernel before us (the
   // rope + KV write) drains. q and the K/V pools only after pdl_wait().
   const int q0 = p.query_start[s];
-  const bool decode = p.query_start[s + 1] - q0 == 1;  // else the prefill kernel serves it
-  const int n_ctx = decode ? p.positions[q0] + 1 : 0;
+  const bool is_decode = p.query_start[s + 1] - q0 == 1;  // else the prefill kernel serves it
+  const int n_ctx = is_decode ? p.positions[q0] + 1 : 0;
   const int n_tiles = (n_ctx + kTile - 1) / kTile;
   const int tps = split_tiles(n_tiles, p.num_splits);
   const int tile0 = split * tps, tile_end = min(n_tiles, tile0 + tps);
@@ -126,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
 #pragma unroll
   for (int st = 0; st < kStages; ++st) first[st] = key_offset(st);  // the table loads overlap
   pdl_wait();
-  if (!decode) return;
+  if (!is_decode) return;
   const bool whole = first_split_holds_all(p, n_tiles);
   if (tile0 >= n_tiles) {  // past this sequence's context: weigh nothing in the merge
     if (p.num_splits > 1 && !whole)
@@ -136,139 +121,45 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
       }
     return;
   }
-  // Q as MMA A fragments (rows = heads, k = d); rows past the block's heads are 0.
-  const bf16* qbase = p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D;
-  uint32_t qa[KC][4];
-#pragma unroll
-  for (int kk = 0; kk < KC; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = g + 8 * (i & 1), d = 16 * kk + 8 * (i >> 1) + 2 * t;
-      qa[kk][i] = (i & 1) < NH && row < GL && d < D ? *reinterpret_cast<const uint32_t*>(qbase + row * D + d) : 0u;
-    }
+  uint32_t qa[DP / 16][4];
+  load_q<D, NH>(qa, p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D, GL, g, t);
 
-  unsigned char* ring = smem + warp * kStages * Sm::STAGE_BYTES;
-  if constexpr (DP != D) {  // D = 8: zero the padding columns once; cp.async never writes them
-    for (int r = lane; r < kStages * 2 * kTile; r += 32)
-      *reinterpret_cast<uint4*>(ring + (r * RS + D) * 2) = make_uint4(0, 0, 0, 0);
-  }
-  const uint32_t ring_s = smem_u32(ring);
-
-  // Consecutive lanes copy consecutive 16-byte chunks of a key row.
-  auto issue = [&](int i, int64_t off) {
-    const uint32_t ks = ring_s + (i % kStages) * Sm::STAGE_BYTES, vs = ks + Sm::TILE_ELEMS * 2;
-#pragma unroll
-    for (int u = 0; u < CPL; ++u) {
-      const int c = lane + 32 * u, key = c / NCH, ch = c % NCH;
-      const int64_t o = __shfl_sync(0xffffffffu, off, key & 31);
-      if ((kTile * NCH) % 32 == 0 || c < kTile * NCH) {
-        const int bytes = o >= 0 ? 16 : 0;  // zeros past the context: P there is 0, and 0 * V must be 0
-        const int64_t src = o >= 0 ? o + ch * 8 : 0;
-        const uint32_t dst = uint32_t(key * RS + ch * 8) * 2;
-        cp_async_16_l2_128(ks + dst, p.k_pool + src, bytes);
-        cp_async_16_l2_128(vs + dst, p.v_pool + src, bytes);
-      }
-    }
-  };
+  unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
+  const WarpRing<D> ring{smem_u32(ring_p)};
+  ring.zero_padding(ring_p, lane);
 
 #pragma unroll
   for (int st = 0; st < kStages; ++st) {
-    if (st < nt) issue(st, first[st]);
+    if (st < nt) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
     cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
   }
   int64_t pending = key_offset(kStages);  // the next tile's offsets, loaded one tile ahead
 
-  float m[NH], l[NH], acc[NH][MT][4];
-#pragma unroll
-  for (int r = 0; r < NH; ++r) {
-    m[r] = -CUDART_INF_F;
-    l[r] = 0.0f;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[r][mt][c] = 0.0f;
-  }
-  // ldmatrix row addresses: lanes 8m..8m+7 give the rows of matrix m = (keys
-  // 0-7 | 8-15) x (d 0-7 | 8-15) of a 16 x 16 block, in the order the
-  // fragments want (the same order serves K and, transposed, V).
-  const uint32_t lds_off = uint32_t(((lane & 7) + ((lane >> 4) << 3)) * RS + ((lane >> 3) & 1) * 8) * 2;
-
+  WarpState<D, NH> st;
+  st.reset();
+  const uint32_t lds_off = ldmatrix_offset<D>(lane);
   for (int i = 0; i < nt; ++i) {
     cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
     __syncwarp();                  // ... and every lane's
-    const uint32_t ks = ring_s + (i % kStages) * Sm::STAGE_BYTES + lds_off, vs = ks + Sm::TILE_ELEMS * 2;
-
-    float sc[2][4] = {};  // S for keys 0-7 and 8-15 of the tile
-#pragma unroll
-    for (int kk = 0; kk < KC; ++kk) {
-      uint32_t b[4];
-      ldmatrix_x4(b, ks + kk * 32);
-      mma_bf16_16816(sc[0], qa[kk], b[0], b[1]);
-      mma_bf16_16816(sc[1], qa[kk], b[2], b[3]);
-    }
-
-    // Online softmax of heads g (+8): this lane has keys 2t, 2t+1, 8+2t, 9+2t;
-    // the quad (lanes 4g..4g+3) has the tile's 16. Every tile has a live key.
-    const int key0 = (tile0 + warp + i * kWarps) * kTile;
-    uint32_t pb[NH][2];
-    float alpha[NH];
-#pragma unroll
-    for (int r = 0; r < NH; ++r) {
-      float x[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + (e >> 1) * 8 + 2 * t + (e & 1);
-        x[e] = key < n_ctx ? sc[e >> 1][2 * r + (e & 1)] * p.scale_log2 : -CUDART_INF_F;
-      }
-      float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[r], mx);
-      alpha[r] = exp2f(m[r] - m_new);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = exp2f(x[e] - m_new);
-      l[r] = l[r] * alpha[r] + ((x[0] + x[1]) + (x[2] + x[3]));  // this lane's part; the quad sums at the end
-      m[r] = m_new;
-      pb[r][0] = pack_bf16x2(x[0], x[1]);
-      pb[r][1] = pack_bf16x2(x[2], x[3]);
-    }
-    // The accumulators' columns are heads 2t, 2t+1 (+8): their alphas live in lanes 8t and 8t + 4.
-#pragma unroll
-    for (int r = 0; r < NH; ++r) {
-      const float a_even = __shfl_sync(0xffffffffu, alpha[r], 8 * t);
-      const float a_odd = __shfl_sync(0xffffffffu, alpha[r], 8 * t + 4);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        acc[r][mt][0] *= a_even;
-        acc[r][mt][1] *= a_odd;
-        acc[r][mt][2] *= a_even;
-        acc[r][mt][3] *= a_odd;
-      }
-    }
-
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, vs + mt * 32);
-#pragma unroll
-      for (int r = 0; r < NH; ++r) mma_bf16_16816(acc[r][mt], a, pb[r][0], pb[r][1]);
-    }
-
+    const uint32_t ks = ring.base + (i % kStages) * Sm::STAGE_BYTES + lds_off;
+    st.step(qa, ks, ks + Sm::TILE_ELEMS * 2, (tile0 + warp + i * kWarps) * kTile, n_ctx, p.scale_log2, t);
     __syncwarp();  // every lane is done with this stage before it is refilled
-    if (i + kStages < nt) issue(i + kStages, pending);
+    if (i + kStages < nt) ring.issue(i % kStages, pending, lane, p.k_pool, p.v_pool);
     cp_async_commit();
     pending = key_offset(i + kStages + 1);
   }
   cp_async_wait<0>();
+  float(&m)[NH] = st.m;
+  float(&l)[NH] = st.l;
+  float(&acc)[NH][MT][4] = st.acc;
 
   // Combine the warps: each scales its accumulators to the block's max per
   // head and leaves them in shared memory (over the rings); then the block sums.
   float* ml_s = reinterpret_cast<float*>(smem + Sm::MAIN_BYTES);  // [warp][head] (m, l)
   float* fin_s = ml_s + kWarps * kHeadsPerBlock * 2;              // [head] (M, L)
+  st.reduce_l();
 #pragma unroll
   for (int r = 0; r < NH; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     if (t == 0) {
       ml_s[(warp * kHeadsPerBlock + g + 8 * r) * 2] = m[r];
       ml_s[(warp * kHeadsPerBlock + g + 8 * r) * 2 + 1] = l[r];
@@ -383,29 +274,13 @@ __global__ void __launch_bounds__(128) attn_merge_kernel(AttnParams p) {
   }
 }
 
-// Calls f(std::integral_constant<int, D>) for a compiled head_dim.
-template <typename F>
-bool with_head_dim(int head_dim, F&& f) {
-  switch (head_dim) {
-    case 8: f(std::integral_constant<int, 8>{}); return true;
-    case 16: f(std::integral_constant<int, 16>{}); return true;
-    case 32: f(std::integral_constant<int, 32>{}); return true;
-    case 64: f(std::integral_constant<int, 64>{}); return true;
-    case 80: f(std::integral_constant<int, 80>{}); return true;
-    case 96: f(std::integral_constant<int, 96>{}); return true;
-    case 128: f(std::integral_constant<int, 128>{}); return true;
-    case 256: f(std::integral_constant<int, 256>{}); return true;
-    default: return false;
-  }
-}
-
 // Blocks of one instantiation that an SM holds at once (set up once, so that
 // calls under stream capture touch nothing but the launch).
 template <int D, int NH>
 int resident_blocks() {
   static int per_sm = 0;
   if (per_sm == 0) {
-    constexpr int smem = DecodeSmem<D>::BYTES;
+    constexpr int smem = SplitSmem<D>::BYTES;
     if (smem > 48 * 1024)
       SERVAL_CUDA_CHECK(
           cudaFuncSetAttribute(attn_decode_kernel<D, NH>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -425,13 +300,11 @@ void launch_decode(const AttnParams& p, cudaStream_t stream) {
   const dim3 grid(unsigned(p.kv_heads * head_blocks(p.group)), unsigned(p.num_seqs), unsigned(p.num_splits));
   // Programmatic dependent launches: the kernels wait for the previous one
   // (griddepcontrol.wait) first thing.
-  launch_pdl(attn_decode_kernel<D, NH>, grid, dim3(kThreads), size_t(DecodeSmem<D>::BYTES), stream, p);
+  launch_pdl(attn_decode_kernel<D, NH>, grid, dim3(kThreads), size_t(SplitSmem<D>::BYTES), stream, p);
   if (p.num_splits > 1)
     launch_pdl(attn_merge_kernel, dim3(unsigned(p.num_heads), unsigned(p.num_seqs)),
                dim3(unsigned(std::clamp(D, 32, 128))), 0, stream, p);
 }
-
-bool two_head_tiles(int group) { return std::min(group, kHeadsPerBlock) > 8; }
 
 }  // namespace
 

@@ -11,9 +11,11 @@
 
 #include <map>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_stats.h"
 #include "runtime/backend.h"
 
 namespace serval::cuda {
@@ -35,6 +37,7 @@ class CudaWeight : public DeviceWeight {
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
 bool skinny_gemm_from_env();  // cuda_matmul.cu
+AttentionStream attention_stream_from_env();  // cuda_attention.cu
 // The backend's A/B switches: whether environment variable `name` is "1".
 bool env_is_one(const char* name);  // cuda_matmul.cu
 
@@ -98,6 +101,7 @@ class CudaBackend : public Backend {
   // q/k/v projections computed as one stacked cuBLASLt GEMM (qkv_rope_kv_write).
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
+  void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
   int num_sms() const { return num_sms_; }
 
  private:
@@ -158,6 +162,8 @@ class CudaBackend : public Backend {
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product
   int64_t stacked_qkv_calls_ = 0;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
+  DeviceBuffer attn_item_tiles_;  // stream decode: per-item counters, zero between launches
+  AttentionStream attention_stream_ = attention_stream_from_env();
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)
   void* host_staging_ = nullptr;  // pinned, for tensor_to_host
@@ -166,5 +172,14 @@ class CudaBackend : public Backend {
 };
 
 inline bf16* bf(const Tensor& t) { return static_cast<bf16*>(t.data); }
+
+// The backend of cuda_stats.h's functions, which must be the CUDA one.
+template <typename B>
+auto& cuda_backend_of(B& be, const char* caller) {
+  using Cuda = std::conditional_t<std::is_const_v<B>, const CudaBackend, CudaBackend>;
+  auto* cuda = dynamic_cast<Cuda*>(&be);
+  SERVAL_CHECK(cuda != nullptr, caller, ": the ", be.name(), " backend is not the CUDA backend");
+  return *cuda;
+}
 
 }  // namespace serval::cuda

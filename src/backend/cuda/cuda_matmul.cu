@@ -247,17 +247,6 @@ void CudaBackend::lt_matmul(const GemmShape& s, const void* w, const void* x, vo
            "Matmul");
 }
 
-namespace {
-// The backend of cuda_stats.h's functions, which must be the CUDA one.
-template <typename B>
-auto& cuda_backend_of(B& be, const char* caller) {
-  using Cuda = std::conditional_t<std::is_const_v<B>, const CudaBackend, CudaBackend>;
-  auto* cuda = dynamic_cast<Cuda*>(&be);
-  SERVAL_CHECK(cuda != nullptr, caller, ": the ", be.name(), " backend is not the CUDA backend");
-  return *cuda;
-}
-}  // namespace
-
 int64_t stacked_qkv_calls(const Backend& be) {
   return cuda_backend_of(be, "stacked_qkv_calls").stacked_qkv_calls();
 }

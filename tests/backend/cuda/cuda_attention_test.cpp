@@ -16,9 +16,25 @@
 #include <string>
 
 #include "cuda_test_util.h"
+#ifdef SERVAL_WITH_CUDA
+#include "backend/cuda/cuda_stats.h"
+#endif
 
 namespace serval::testing {
 namespace {
+
+// Which decode kernel serves the launches: the split-KV kernel only (off), the
+// stream kernel wherever it can run (always), or the backend's choice (auto).
+enum class Stream { kAuto, kOff, kAlways };
+void use_stream(Backend& be, Stream mode) {
+#ifdef SERVAL_WITH_CUDA
+  cuda::use_attention_stream(be, mode == Stream::kOff      ? cuda::AttentionStream::kOff
+                                 : mode == Stream::kAlways ? cuda::AttentionStream::kAlways
+                                                           : cuda::AttentionStream::kAuto);
+#else
+  (void)be, (void)mode;
+#endif
+}
 
 struct SeqSpec {
   int32_t context;       // tokens in the cache after the step
@@ -183,8 +199,7 @@ std::vector<SeqSpec> concat(std::vector<SeqSpec> a, const std::vector<SeqSpec>& 
 
 const std::vector<int32_t> kEdgeContexts = {1, 2, 15, 16, 17, 31, 33, 100, 127, 129, 257, 1000, 4097};
 
-TEST(CudaAttention, GqaHeadDimAndBlockSizeSweep) {
-  SERVAL_CUDA_OR_SKIP(gpu);
+std::vector<AttnCase> sweep_cases() {
   std::vector<AttnCase> cases;
   for (int32_t group : {1, 4, 6, 8})
     for (int32_t d : {64, 128})
@@ -193,11 +208,15 @@ TEST(CudaAttention, GqaHeadDimAndBlockSizeSweep) {
         cases.push_back({"sweep_gqa" + std::to_string(group) + "_d" + std::to_string(d) + "_bs" + std::to_string(bs),
                          2, group, d, bs, seqs});
       }
-  expect_matches_cpu(*gpu, cases, 100);
+  return cases;
 }
 
-TEST(CudaAttention, SmallAndLargeHeadDimsAndGroups) {
+TEST(CudaAttention, GqaHeadDimAndBlockSizeSweep) {
   SERVAL_CUDA_OR_SKIP(gpu);
+  expect_matches_cpu(*gpu, sweep_cases(), 100);
+}
+
+std::vector<AttnCase> dim_cases() {
   const std::vector<SeqSpec> seqs = concat(decodes({1, 2, 17, 500, 1500}), {{130, 1}, {60, 3}, {5, 5}});
   const std::vector<AttnCase> cases = {
       {"stories_shape_gqa2_d8", 4, 2, 8, 16, seqs},
@@ -214,12 +233,16 @@ TEST(CudaAttention, SmallAndLargeHeadDimsAndGroups) {
       {"gqa20_d64_two_head_blocks", 1, 20, 64, 16, decodes({1, 2, 17, 500, 1500, 130})},
       {"mqa32_d128_two_head_blocks", 1, 32, 128, 16, decodes({1, 2, 17, 500, 1500, 130})},
   };
-  expect_matches_cpu(*gpu, cases, 200);
+  return cases;
 }
 
-TEST(CudaAttention, LongContexts) {
+TEST(CudaAttention, SmallAndLargeHeadDimsAndGroups) {
   SERVAL_CUDA_OR_SKIP(gpu);
-  const std::vector<AttnCase> cases = {
+  expect_matches_cpu(*gpu, dim_cases(), 200);
+}
+
+std::vector<AttnCase> long_cases() {
+  return {
       {"b1_32k_gqa8_d128", 4, 8, 128, 16, {{32768, 1}}},
       {"b1_32k_gqa1_d64_bs32", 4, 1, 64, 32, {{32768, 1}}},
       {"b1_4097_gqa4_d128", 8, 4, 128, 16, {{4097, 1}}},
@@ -228,24 +251,30 @@ TEST(CudaAttention, LongContexts) {
       {"b4_gqa1_d64_long", 4, 1, 64, 16, random_decodes(4, 1, 4096, 2)},
       {"b3_gqa8_d128_bs32", 2, 8, 128, 32, random_decodes(3, 1, 3000, 3)},
   };
-  expect_matches_cpu(*gpu, cases, 300);
 }
 
-TEST(CudaAttention, LargeBatches) {
+TEST(CudaAttention, LongContexts) {
   SERVAL_CUDA_OR_SKIP(gpu);
-  const std::vector<AttnCase> cases = {
+  expect_matches_cpu(*gpu, long_cases(), 300);
+}
+
+std::vector<AttnCase> large_batch_cases() {
+  return {
       {"b256_short_gqa1_d128", 8, 1, 128, 16, random_decodes(256, 1, 300, 4)},
       {"b256_short_gqa4_d128_bs32", 2, 4, 128, 32, random_decodes(256, 1, 300, 5)},
       {"b64_2k_gqa4_d128", 2, 4, 128, 16, random_decodes(64, 1900, 2100, 6)},
       {"b64_gqa4_d128_to2000", 2, 4, 128, 16, random_decodes(64, 1, 2000, 1)},
       {"b128_gqa8_d64_bs8", 1, 8, 64, 8, random_decodes(128, 1, 700, 7)},
   };
-  expect_matches_cpu(*gpu, cases, 400);
 }
 
-TEST(CudaAttention, MixedPrefillAndDecode) {
+TEST(CudaAttention, LargeBatches) {
   SERVAL_CUDA_OR_SKIP(gpu);
-  const std::vector<AttnCase> cases = {
+  expect_matches_cpu(*gpu, large_batch_cases(), 400);
+}
+
+std::vector<AttnCase> mixed_cases() {
+  return {
       {"mixed_gqa4_d128", 2, 4, 128, 16, {{1, 1}, {300, 300}, {1000, 37}, {77, 1}, {200, 129}, {2500, 1}}},
       {"prefill_prefix_gqa1_d64", 4, 1, 64, 16, {{1129, 129}, {64, 64}}},
       {"mixed_gqa8_d128_small_blocks", 1, 8, 128, 8, {{513, 17}, {9, 1}, {40, 40}}},
@@ -254,16 +283,19 @@ TEST(CudaAttention, MixedPrefillAndDecode) {
        concat(random_decodes(32, 1, 3000, 8), {{700, 200}, {64, 64}, {5, 5}, {2000, 17}, {129, 2}, {4097, 3}})},
       {"mixed_b20_gqa1_d128", 4, 1, 128, 16, concat({{33, 33}, {1, 1}}, random_decodes(18, 1, 1000, 9))},
   };
-  expect_matches_cpu(*gpu, cases, 500);
+}
+
+TEST(CudaAttention, MixedPrefillAndDecode) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  expect_matches_cpu(*gpu, mixed_cases(), 500);
 }
 
 // Under CUDA graphs max_context_len is the model's maximum while the real
 // contexts are short: the split count follows the bound, most splits are
 // empty, and the merge must ignore them. The table stride is the bound's too.
-TEST(CudaAttention, UpperBoundContextLength) {
-  SERVAL_CUDA_OR_SKIP(gpu);
+std::vector<AttnCase> bound_cases() {
   const int32_t kBound = 131072;
-  const std::vector<AttnCase> cases = {
+  return {
       {"bound_b1_ctx100_gqa4_d128", 8, 4, 128, 16, {{100, 1}}, kBound},
       {"bound_b1_ctx1_gqa4_d128", 8, 4, 128, 16, {{1, 1}}, kBound},
       {"bound_b1_ctx4097_gqa8_d128", 4, 8, 128, 16, {{4097, 1}}, kBound},
@@ -273,7 +305,11 @@ TEST(CudaAttention, UpperBoundContextLength) {
       {"bound_b64_mixed_lengths_gqa8_d64", 1, 8, 64, 16, random_decodes(64, 1, 5000, 12), kBound},
       {"bound_mixed_prefill_gqa4_d128", 2, 4, 128, 16, {{300, 30}, {1, 1}, {999, 1}}, kBound},
   };
-  expect_matches_cpu(*gpu, cases, 600);
+}
+
+TEST(CudaAttention, UpperBoundContextLength) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  expect_matches_cpu(*gpu, bound_cases(), 600);
 }
 
 // Contexts the first split holds whole (up to 8 tiles of 16 keys) under a
@@ -282,6 +318,7 @@ TEST(CudaAttention, UpperBoundContextLength) {
 // (the same tiles in the same warps), next to longer contexts that merge.
 TEST(CudaAttention, ContextsOneSplitHoldsEqualOneSplitBitwise) {
   SERVAL_CUDA_OR_SKIP(gpu);
+  use_stream(*gpu, Stream::kOff);  // the split kernel's own property
   for (int32_t group : {1, 4}) {
     const AttnCase c{"whole_split_gqa" + std::to_string(group), 8 / group, group, 128, 16,
                      decodes({1, 2, 15, 16, 17, 100, 127, 128})};
@@ -299,34 +336,35 @@ TEST(CudaAttention, ContextsOneSplitHoldsEqualOneSplitBitwise) {
 
 // A graph captured once (with the bound as max_context_len) and replayed while
 // the contexts grow and shrink: the launch depends on nothing that changes.
-TEST(CudaAttention, GraphReplayFollowsChangingContexts) {
-  SERVAL_CUDA_OR_SKIP(gpu);
+void expect_graph_replay_follows_contexts(Backend& gpu, Stream mode) {
+  use_stream(gpu, mode);
   auto cpu = create_backend("cpu", 0);
   const int32_t kBound = 131072, kCap = 2600, S = 24;
   AttnCase c{"graph", 2, 4, 128, 16, {}, kBound};
   for (int32_t s = 0; s < S; ++s) c.seqs.push_back({1, 1, kCap});
-  AttnWorld g = make_world(*gpu, c, 700);
+  AttnWorld g = make_world(gpu, c, 700);
   const std::vector<std::vector<SeqSpec>> steps = {
       random_decodes(S, 1, 300, 20), random_decodes(S, 1, kCap, 21), decodes(std::vector<int32_t>(size_t(S), 1)),
       random_decodes(S, 2000, kCap, 22)};
-  set_step(*gpu, g, steps[0], kBound);
-  enqueue_attention(*gpu, g);  // eager: sizes the partials the graph will use
-  gpu->synchronize();
-  gpu->begin_capture();
-  enqueue_attention(*gpu, g);
-  std::unique_ptr<DeviceGraph> graph = gpu->end_capture();
+  set_step(gpu, g, steps[0], kBound);
+  enqueue_attention(gpu, g);  // eager: sizes the partials the graph will use
+  gpu.synchronize();
+  gpu.begin_capture();
+  enqueue_attention(gpu, g);
+  std::unique_ptr<DeviceGraph> graph = gpu.end_capture();
   for (size_t i = 0; i < steps.size(); ++i) {
     std::vector<SeqSpec> seqs = steps[i];
     for (SeqSpec& s : seqs) s.capacity = kCap;
-    set_step(*gpu, g, seqs, kBound);
-    poison(*gpu, g.out.t);
+    set_step(gpu, g, seqs, kBound);
+    poison(gpu, g.out.t);
     graph->replay();
-    const std::vector<float> got = download(*gpu, g.out.t);
+    const std::vector<float> got = download(gpu, g.out.t);
     AttnCase ref = c;
     ref.seqs = seqs;
     const std::vector<float> want = run_on(*cpu, ref, 700, 0);
     const double err = worst_head_error(got, want, c.head_dim);
-    std::printf("[attn] graph replay step %zu (%d seqs, contexts up to %d, bound %d): worst head rel err %.2e\n", i, S,
+    std::printf("[attn] graph replay (%s) step %zu (%d seqs, contexts up to %d, bound %d): worst head rel err %.2e\n",
+                mode == Stream::kAlways ? "stream kernel" : "auto", i, S,
                 std::max_element(seqs.begin(), seqs.end(),
                                  [](const SeqSpec& a, const SeqSpec& b) { return a.context < b.context; })
                     ->context,
@@ -335,8 +373,28 @@ TEST(CudaAttention, GraphReplayFollowsChangingContexts) {
   }
 }
 
+TEST(CudaAttention, GraphReplayFollowsChangingContexts) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  expect_graph_replay_follows_contexts(*gpu, Stream::kAuto);
+}
+
+// The stream kernel wherever it can run, even where the backend would pick
+// the split kernel: short items cut into pieces of one tile, items spread over
+// hundreds of warps (32k contexts), prefill rows it must skip, groups of two
+// head tiles, every head_dim; then replayed from a graph, which reuses the
+// per-item counters the merging warps reset.
+TEST(CudaAttention, StreamKernelOnEveryCase) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  use_stream(*gpu, Stream::kAlways);
+  uint32_t seed = 900;
+  for (const auto& cases : {sweep_cases(), dim_cases(), long_cases(), large_batch_cases(), mixed_cases(), bound_cases()})
+    expect_matches_cpu(*gpu, cases, seed += 1000);
+  expect_graph_replay_follows_contexts(*gpu, Stream::kAlways);
+}
+
 // Decode attention alone, as a captured graph of 10 launches replayed: time
-// per launch and K/V bytes read per second. Pools are zeros (alloc), which
+// per launch and K/V bytes read per second, by the split kernel and by the
+// stream kernel. Pools are zeros (alloc), which
 // costs the kernels the same as real data. Prints; asserts nothing about speed.
 TEST(CudaAttentionBench, DecodeBandwidth) {
   SERVAL_CUDA_OR_SKIP(gpu);
@@ -346,6 +404,10 @@ TEST(CudaAttentionBench, DecodeBandwidth) {
   };
   const std::vector<Shape> shapes = {
       {"llama2-7b b1 ctx 128-256", 32, 1, 1, 200, 200, 0},
+      {"llama2-7b b16 ctx 128-256", 32, 1, 16, 128, 256, 0},
+      {"llama2-7b b64 ctx 128", 32, 1, 64, 128, 128, 0},
+      {"llama2-7b b64 ctx 192", 32, 1, 64, 192, 192, 0},
+      {"llama2-7b b64 ctx 256", 32, 1, 64, 256, 256, 0},
       {"llama2-7b b64 ctx 128-256", 32, 1, 64, 128, 256, 0},
       {"llama2-7b b256 ctx 128-256", 32, 1, 256, 128, 256, 0},
       {"llama2-7b b64 ctx 128-256 bound 4096", 32, 1, 64, 128, 256, 4096},
@@ -361,33 +423,36 @@ TEST(CudaAttentionBench, DecodeBandwidth) {
       {"llama3-8b b64 ctx 1k-4k bound 131072", 8, 4, 64, 1024, 4096, 131072},
   };
   constexpr int kLaunches = 10, kD = 128;
-  for (const Shape& sh : shapes) {
-    AttnCase c{sh.name, sh.kv_heads, sh.group, kD, 16, random_decodes(sh.batch, sh.ctx_lo, sh.ctx_hi, 30), sh.bound};
-    AttnWorld w = make_world(*gpu, c, 800, /*fill=*/false);
-    set_step(*gpu, w, c.seqs, sh.bound);
-    int64_t keys = 0;
-    for (const SeqSpec& s : c.seqs) keys += s.context;
-    const double bytes = double(keys) * sh.kv_heads * kD * 2 * 2;  // bf16 K and V
-    enqueue_attention(*gpu, w);
-    gpu->synchronize();
-    gpu->begin_capture();
-    for (int i = 0; i < kLaunches; ++i) enqueue_attention(*gpu, w);
-    std::unique_ptr<DeviceGraph> graph = gpu->end_capture();
-    graph->replay();
-    gpu->synchronize();
-    using clock = std::chrono::steady_clock;
-    auto t0 = clock::now();
-    graph->replay();
-    gpu->synchronize();
-    const double once = std::chrono::duration<double>(clock::now() - t0).count();
-    const int reps = std::clamp(int(0.05 / std::max(once, 1e-7)), 2, 200);
-    t0 = clock::now();
-    for (int r = 0; r < reps; ++r) graph->replay();
-    gpu->synchronize();
-    const double per_launch = std::chrono::duration<double>(clock::now() - t0).count() / (reps * kLaunches);
-    std::printf("[attn-bw] %-40s %8.1f us/launch  %6.2f TB/s of K+V (%.1f MB)\n", sh.name.c_str(), per_launch * 1e6,
-                bytes / per_launch / 1e12, bytes / 1e6);
-  }
+  for (const Stream mode : {Stream::kOff, Stream::kAlways})
+    for (const Shape& sh : shapes) {
+      use_stream(*gpu, mode);
+      AttnCase c{sh.name, sh.kv_heads, sh.group, kD, 16, random_decodes(sh.batch, sh.ctx_lo, sh.ctx_hi, 30), sh.bound};
+      AttnWorld w = make_world(*gpu, c, 800, /*fill=*/false);
+      set_step(*gpu, w, c.seqs, sh.bound);
+      int64_t keys = 0;
+      for (const SeqSpec& s : c.seqs) keys += s.context;
+      const double bytes = double(keys) * sh.kv_heads * kD * 2 * 2;  // bf16 K and V
+      enqueue_attention(*gpu, w);
+      gpu->synchronize();
+      gpu->begin_capture();
+      for (int i = 0; i < kLaunches; ++i) enqueue_attention(*gpu, w);
+      std::unique_ptr<DeviceGraph> graph = gpu->end_capture();
+      graph->replay();
+      gpu->synchronize();
+      using clock = std::chrono::steady_clock;
+      auto t0 = clock::now();
+      graph->replay();
+      gpu->synchronize();
+      const double once = std::chrono::duration<double>(clock::now() - t0).count();
+      const int reps = std::clamp(int(0.05 / std::max(once, 1e-7)), 2, 200);
+      t0 = clock::now();
+      for (int r = 0; r < reps; ++r) graph->replay();
+      gpu->synchronize();
+      const double per_launch = std::chrono::duration<double>(clock::now() - t0).count() / (reps * kLaunches);
+      std::printf("[attn-bw] %-6s %-40s %8.1f us/launch  %6.2f TB/s of K+V (%.1f MB)\n",
+                  mode == Stream::kOff ? "split" : "stream", sh.name.c_str(), per_launch * 1e6,
+                  bytes / per_launch / 1e12, bytes / 1e6);
+    }
 }
 
 }  // namespace

@@ -1,0 +1,367 @@
+// Decode attention as one stream of tiles ("stream-K" over the KV): for
+// batches with many (sequence, KV head) items, where the split-KV kernel runs
+// one short block per item in several waves and each wave starts and drains
+// its loads together.
+//
+// The grid is exactly resident (blocks per SM x SMs), and the batch's 16-key
+// tiles, item after item, are cut into one equal run per warp. A warp streams
+// its run through its own ring without stopping at item boundaries: while it
+// finishes one item, the next item's first tiles are already in flight. An
+// item inside one warp's run is written by that warp; an item cut between
+// runs leaves each piece's (max, sum, output) in the partials, and the warp
+// that completes its tile count (an atomic counter per item) merges them and
+// resets the counter, so no second kernel runs.
+//
+// CUDA graphs: the grid depends only on the GPU and the launch shape; the
+// runs follow the contexts of each replay (every block scans them first).
+#include <math_constants.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_attention_decode_tile.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
+
+namespace serval::cuda {
+
+namespace {
+
+using namespace decode;
+using namespace ptx;
+
+// Shared memory: the warps' rings, then per sequence its first tile in the
+// batch's order (the prefix of tiles x items, one entry past the last), its
+// context and its query row.
+template <int D>
+struct StreamSmem : DecodeSmem<D> {
+  static constexpr int SCAN_BYTES = (3 * kAttnStreamMaxSeqs + 1) * 4;
+  static constexpr int BYTES = DecodeSmem<D>::RING_BYTES + SCAN_BYTES;
+};
+
+// Where a warp is in the batch's tiles: sequence s, item it (KV head x head
+// block) of that sequence, tile j of the item.
+struct Cursor {
+  int s, it, j, n_ctx, n_tiles;
+};
+
+struct Scan {
+  const int* pre;  // [S + 1] first tile of each sequence
+  const int* ctx;  // [S] context (0: not a decode row)
+  const int* q0;   // [S] query row
+  int S, items;    // sequences, items per sequence
+
+  __device__ __forceinline__ Cursor locate(int64_t tile) const {
+    int lo = 0, hi = S;  // pre[lo] <= tile < pre[hi]
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      (pre[mid] <= tile ? lo : hi) = mid;
+    }
+    Cursor c;
+    c.s = lo;
+    c.n_ctx = ctx[lo];
+    c.n_tiles = (c.n_ctx + kTile - 1) / kTile;
+    const int r = int(tile - pre[lo]);
+    c.it = r / c.n_tiles;
+    c.j = r % c.n_tiles;
+    return c;
+  }
+
+  // The next tile in the batch's order (past the last: s == S).
+  __device__ __forceinline__ void advance(Cursor& c) const {
+    if (++c.j < c.n_tiles) return;
+    c.j = 0;
+    if (++c.it < items) return;
+    c.it = 0;
+    do ++c.s;
+    while (c.s < S && ctx[c.s] == 0);
+    c.n_ctx = c.s < S ? ctx[c.s] : 0;
+    c.n_tiles = (c.n_ctx + kTile - 1) / kTile;
+  }
+};
+
+// The warps' runs: [begin(w), begin(w + 1)) of T tiles.
+struct Runs {
+  int64_t T, W;
+  __device__ __forceinline__ int64_t begin(int64_t w) const { return w * T / W; }
+  __device__ __forceinline__ int64_t owner(int64_t tile) const { return ((tile + 1) * W - 1) / T; }
+};
+
+template <int D, int NH>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream_kernel(AttnParams p) {
+  using Sm = StreamSmem<D>;
+  constexpr int DP = Sm::DP, MT = DP / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  int* pre = reinterpret_cast<int*>(smem + Sm::RING_BYTES);
+  int* ctx = pre + kAttnStreamMaxSeqs + 1;
+  int* q0s = ctx + kAttnStreamMaxSeqs;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int S = p.num_seqs, G = p.group, hbc = head_blocks(G), items = p.kv_heads * hbc;
+  const int SH = min(G, kHeadsPerBlock);  // partial rows per slot
+
+  // Every block scans the batch's contexts (host-written metadata: read while
+  // the kernel before us drains). Thread i takes sequences 2i and 2i + 1.
+  {
+    int n[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int s = 2 * tid + k;
+      n[k] = 0;
+      if (s < S) {
+        const int q = p.query_start[s];
+        const int c = p.query_start[s + 1] - q == 1 ? p.positions[q] + 1 : 0;  // else the prefill kernel serves it
+        ctx[s] = c;
+        q0s[s] = q;
+        n[k] = (c + kTile - 1) / kTile * items;
+      }
+    }
+    int incl = n[0] + n[1];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) pre[kAttnStreamMaxSeqs - kWarps + warp] = incl;  // warp totals, in a slot no sequence uses yet
+    __syncthreads();
+    int base = 0;
+    for (int w = 0; w < warp; ++w) base += pre[kAttnStreamMaxSeqs - kWarps + w];
+    __syncthreads();
+    const int excl = base + incl - n[0] - n[1];
+    if (2 * tid < S) pre[2 * tid + 1] = excl + n[0];
+    if (2 * tid + 1 < S) pre[2 * tid + 2] = excl + n[0] + n[1];
+    if (tid == 0) pre[0] = 0;
+    __syncthreads();
+  }
+  const Scan scan{pre, ctx, q0s, S, items};
+  const Runs runs{pre[S], int64_t(gridDim.x) * kWarps};
+  const int64_t w = int64_t(blockIdx.x) * kWarps + warp;
+  const int64_t begin = runs.begin(w), end = runs.begin(w + 1), n = end - begin;
+
+  // The issue cursor: lane L (and L + 16) finds the pool offset of key L of
+  // the next tile to load (-1 past its context or past the run).
+  const int64_t slot_stride = int64_t(p.kv_heads) * D;
+  Cursor ic = n > 0 ? scan.locate(begin) : Cursor{0, 0, 0, 0, 1};
+  int64_t issued = 0;
+  auto next_offset = [&]() -> int64_t {
+    int64_t off = -1;
+    const int key = ic.j * kTile + (lane & 15);
+    if (issued < n && key < ic.n_ctx) {
+      const int64_t blk = p.block_table[int64_t(ic.s) * p.max_blocks_per_seq + key / p.block_size];
+      off = (blk * p.block_size + key % p.block_size) * slot_stride + int64_t(ic.it / hbc) * D;
+    }
+    if (issued < n) scan.advance(ic);
+    ++issued;
+    return off;
+  };
+  int64_t first[kStages];
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) first[st] = next_offset();
+  pdl_wait();
+  if (n <= 0) return;
+
+  unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
+  const WarpRing<D> ring{smem_u32(ring_p)};
+  ring.zero_padding(ring_p, lane);
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) {
+    if (st < n) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
+    cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
+  }
+  int64_t pending = next_offset();
+
+  // The compute cursor and the piece of its item this warp holds.
+  Cursor cc = scan.locate(begin);
+  int seg_j0 = cc.j, side = 0;  // side: 0 for the run's first piece, 1 for its last
+  uint32_t qa[DP / 16][4];
+  auto item_heads = [&](const Cursor& c, int& kvh, int& h0, int& GL) {
+    kvh = c.it / hbc;
+    h0 = (c.it % hbc) * kHeadsPerBlock;
+    GL = min(kHeadsPerBlock, G - h0);
+  };
+  auto q_of = [&](const Cursor& c) {
+    int kvh, h0, GL;
+    item_heads(c, kvh, h0, GL);
+    load_q<D, NH>(qa, p.q + (int64_t(q0s[c.s]) * p.num_heads + int64_t(kvh) * G + h0) * D, GL, g, t);
+  };
+  q_of(cc);
+  WarpState<D, NH> st;
+  st.reset();
+  const uint32_t lds_off = ldmatrix_offset<D>(lane);
+
+  for (int64_t i = 0; i < n; ++i) {
+    cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
+    __syncwarp();                  // ... and every lane's
+    const uint32_t ks = ring.base + int(i % kStages) * Sm::STAGE_BYTES + lds_off;
+    st.step(qa, ks, ks + Sm::TILE_ELEMS * 2, cc.j * kTile, cc.n_ctx, p.scale_log2, t);
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    if (i + kStages < n) ring.issue(int(i % kStages), pending, lane, p.k_pool, p.v_pool);
+    cp_async_commit();
+    pending = next_offset();
+
+    const bool item_end = cc.j + 1 == cc.n_tiles;
+    if (!item_end && i + 1 < n) {
+      scan.advance(cc);
+      continue;
+    }
+    // The piece ends: tiles seg_j0 .. cc.j of item (cc.s, cc.it).
+    int kvh, h0, GL;
+    item_heads(cc, kvh, h0, GL);
+    st.reduce_l();
+    const int64_t item = int64_t(cc.s) * items + cc.it;
+    const int64_t out_row = int64_t(q0s[cc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
+    if (seg_j0 == 0 && item_end) {  // the whole item: normalize and write
+#pragma unroll
+      for (int r = 0; r < NH; ++r)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int h = 8 * r + 2 * t + c;
+          const float inv = 1.0f / __shfl_sync(0xffffffffu, st.l[r], 8 * t + 4 * c);
+          if (h < GL)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int hi = 0; hi < 2; ++hi) {
+                const int d = 16 * mt + g + 8 * hi;
+                if (d < D) p.out[(out_row + h) * D + d] = __float2bfloat16(st.acc[r][mt][2 * hi + c] * inv);
+              }
+        }
+    } else {  // a piece: leave it in this warp's slot; the last piece merges
+      const int64_t slot = (w * 2 + side) * SH;
+#pragma unroll
+      for (int r = 0; r < NH; ++r) {
+        const int hr = g + 8 * r;
+        if (t == 0 && hr < GL) {
+          p.part_ml[(slot + hr) * 2] = st.m[r];
+          p.part_ml[(slot + hr) * 2 + 1] = st.l[r];
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int h = 8 * r + 2 * t + c;
+          if (h < GL)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int hi = 0; hi < 2; ++hi) {
+                const int d = 16 * mt + g + 8 * hi;
+                if (d < D) p.part_out[(slot + h) * D + d] = st.acc[r][mt][2 * hi + c];
+              }
+        }
+      }
+      __threadfence();
+      __syncwarp();
+      int done = 0;
+      if (lane == 0) {
+        const int pieces_tiles = cc.j + 1 - seg_j0;
+        done = atomicAdd(p.item_tiles + item, pieces_tiles) + pieces_tiles == cc.n_tiles;
+      }
+      if (__shfl_sync(0xffffffffu, done, 0)) {
+        __threadfence();
+        // Every warp whose run meets the item left one piece (warps with
+        // empty runs none): in its first slot if its run starts inside the
+        // item, else in its second.
+        const int64_t a = scan.pre[cc.s] + int64_t(cc.it) * cc.n_tiles, b = a + cc.n_tiles;
+        const int64_t w0 = runs.owner(a), nw = runs.owner(b - 1) - w0 + 1;
+        auto piece = [&](int64_t k, int h) -> int64_t {  // partial row of piece k, head h (-1: none)
+          const int64_t pw = w0 + k, pb = runs.begin(pw);
+          if (pb == runs.begin(pw + 1)) return -1;
+          return (pw * 2 + (pb >= a ? 0 : 1)) * SH + h;
+        };
+        for (int h = 0; h < GL; ++h) {
+          float M = -CUDART_INF_F;
+          for (int64_t k = lane; k < nw; k += 32) {
+            const int64_t row = piece(k, h);
+            if (row >= 0) M = fmaxf(M, __ldcg(p.part_ml + row * 2));
+          }
+          M = warp_max(M);
+          float L = 0.0f;
+          for (int64_t k = lane; k < nw; k += 32) {
+            const int64_t row = piece(k, h);
+            if (row >= 0) L += exp2f(__ldcg(p.part_ml + row * 2) - M) * __ldcg(p.part_ml + row * 2 + 1);
+          }
+          const float inv = 1.0f / warp_sum(L);
+          for (int d = lane; d < D; d += 32) {
+            float o = 0.0f;
+            for (int64_t k = 0; k < nw; ++k) {
+              const int64_t row = piece(k, h);
+              if (row >= 0) o += exp2f(__ldcg(p.part_ml + row * 2) - M) * __ldcg(p.part_out + row * D + d);
+            }
+            p.out[(out_row + h) * D + d] = __float2bfloat16(o * inv);
+          }
+        }
+        if (lane == 0) p.item_tiles[item] = 0;  // ready for the next launch
+      }
+    }
+    if (i + 1 < n) {  // the next item starts at its first tile
+      scan.advance(cc);
+      seg_j0 = 0;
+      side = 1;
+      q_of(cc);
+      st.reset();
+    }
+  }
+}
+
+// Blocks of one instantiation that an SM holds at once (set up once, so that
+// calls under stream capture touch nothing but the launch).
+template <int D, int NH>
+int stream_resident_blocks() {
+  static int per_sm = 0;
+  if (per_sm == 0) {
+    constexpr int smem = StreamSmem<D>::BYTES;
+    if (smem > 48 * 1024)
+      SERVAL_CUDA_CHECK(
+          cudaFuncSetAttribute(attn_decode_stream_kernel<D, NH>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_stream_kernel<D, NH>,
+                                           cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           int(cudaSharedmemCarveoutMaxShared)));
+    int n = 0;
+    SERVAL_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_stream_kernel<D, NH>, kThreads, smem));
+    per_sm = std::max(n, 1);
+  }
+  return per_sm;
+}
+
+}  // namespace
+
+int attention_decode_stream_blocks(const AttnParams& p, int num_sms) {
+  if (p.num_seqs < 1 || p.num_seqs > kAttnStreamMaxSeqs) return 0;
+  int per_sm = 0;
+  with_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    per_sm = two_head_tiles(p.group) ? stream_resident_blocks<D, 2>() : stream_resident_blocks<D, 1>();
+  });
+  return per_sm * std::max(num_sms, 1);
+}
+
+// Where the items alone fill the GPU's resident blocks (as the split
+// planner's one-split rule has it), the stream kernel runs them as one stream
+// of tiles instead of in waves. Groups beyond 8 heads (two head tiles) stay
+// with the split kernel: the stream kernel spills there.
+bool attention_decode_stream_preferred(const AttnParams& p, int num_sms) {
+  if (two_head_tiles(p.group)) return false;
+  const int blocks = attention_decode_stream_blocks(p, num_sms);
+  return blocks > 0 && attention_decode_stream_items(p) * 5 >= int64_t(blocks) * 4;
+}
+
+int64_t attention_decode_stream_partial_floats(const AttnParams& p) {
+  const int64_t rows = int64_t(p.stream_blocks) * kWarps * 2 * std::min(p.group, kHeadsPerBlock);
+  return rows * (p.head_dim + 2);
+}
+
+int64_t attention_decode_stream_items(const AttnParams& p) {
+  return int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group);
+}
+
+bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream) {
+  SERVAL_CHECK(p.stream_blocks > 0 && p.num_seqs <= kAttnStreamMaxSeqs && p.item_tiles != nullptr,
+               "decode attention (stream): bad launch");
+  return with_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    auto kernel = two_head_tiles(p.group) ? attn_decode_stream_kernel<D, 2> : attn_decode_stream_kernel<D, 1>;
+    two_head_tiles(p.group) ? stream_resident_blocks<D, 2>() : stream_resident_blocks<D, 1>();
+    launch_pdl(kernel, dim3(unsigned(p.stream_blocks)), dim3(kThreads), size_t(StreamSmem<D>::BYTES), stream, p);
+  });
+}
+
+}  // namespace serval::cuda
