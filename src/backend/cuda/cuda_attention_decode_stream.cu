@@ -17,6 +17,8 @@
 #include <math_constants.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_attention.cuh"
 #include "backend/cuda/cuda_attention_decode_tile.cuh"
@@ -29,13 +31,14 @@ namespace {
 using namespace decode;
 using namespace ptx;
 
-// Shared memory: the warps' rings, then per sequence its first tile in the
-// batch's order (the prefix of tiles x items, one entry past the last), its
-// context and its query row.
-template <int D>
+// Shared memory: the warps' rings of STAGES slots, then per sequence its
+// first tile in the batch's order (the prefix of tiles x items, one entry past
+// the last), its context and its query row.
+template <int D, int STAGES>
 struct StreamSmem : DecodeSmem<D> {
+  static constexpr int RING_BYTES = kWarps * STAGES * DecodeSmem<D>::STAGE_BYTES;
   static constexpr int SCAN_BYTES = (3 * kAttnStreamMaxSeqs + 1) * 4;
-  static constexpr int BYTES = DecodeSmem<D>::RING_BYTES + SCAN_BYTES;
+  static constexpr int BYTES = RING_BYTES + SCAN_BYTES;
 };
 
 // Where a warp is in the batch's tiles: sequence s, item it (KV head x head
@@ -84,11 +87,96 @@ struct Runs {
   int64_t T, W;
   __device__ __forceinline__ int64_t begin(int64_t w) const { return w * T / W; }
   __device__ __forceinline__ int64_t owner(int64_t tile) const { return ((tile + 1) * W - 1) / T; }
+  // Partial row of the piece that warp w left of the item starting at tile
+  // a (head 0; heads follow), or -1 if w's run is empty: w's first slot if its
+  // run starts inside the item, else its second.
+  __device__ __forceinline__ int64_t piece_row(int64_t w, int64_t a, int SH) const {
+    const int64_t b = begin(w);
+    return b == begin(w + 1) ? -1 : (w * 2 + (b >= a ? 0 : 1)) * SH;
+  }
 };
 
-template <int D, int NH>
-__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream_kernel(AttnParams p) {
-  using Sm = StreamSmem<D>;
+// The last warp to finish a piece of item [a, b) (of GL heads) merges every
+// piece into the output rows from out_row on. Lane k takes the (max, sum) of
+// piece k of a chunk of 32; the outputs are read as float4s, the pieces'
+// loads of up to 8 heads at once.
+template <int D>
+__device__ __forceinline__ void merge_pieces(const AttnParams& p, const Runs& runs, int64_t a, int64_t b, int GL,
+                                             int SH, int64_t out_row, int lane) {
+  constexpr int C4 = D / 4, CH = (C4 + 31) / 32;  // float4 chunks of a row, per lane
+  constexpr int HB = 4;                            // heads merged at once
+  const int64_t w0 = runs.owner(a), nw = runs.owner(b - 1) - w0 + 1;
+  for (int hb = 0; hb < GL; hb += HB) {
+    const int nh = min(HB, GL - hb);
+    float M[HB];
+#pragma unroll
+    for (int h = 0; h < HB; ++h) M[h] = -CUDART_INF_F;
+    for (int64_t k0 = 0; k0 < nw; k0 += 32) {
+      const int64_t row = k0 + lane < nw ? runs.piece_row(w0 + k0 + lane, a, SH) : -1;
+#pragma unroll
+      for (int h = 0; h < HB; ++h)
+        if (row >= 0 && h < nh) M[h] = fmaxf(M[h], __ldcg(p.part_ml + (row + hb + h) * 2));
+    }
+#pragma unroll
+    for (int h = 0; h < HB; ++h) M[h] = warp_max(M[h]);
+    float L[HB] = {};
+    float4 o[HB][CH] = {};
+    for (int64_t k0 = 0; k0 < nw; k0 += 32) {
+      const int64_t row = k0 + lane < nw ? runs.piece_row(w0 + k0 + lane, a, SH) : -1;
+      float wgt[HB];
+#pragma unroll
+      for (int h = 0; h < HB; ++h) {
+        wgt[h] = 0.0f;
+        if (row >= 0 && h < nh) {
+          const float* ml = p.part_ml + (row + hb + h) * 2;
+          wgt[h] = exp2f(__ldcg(ml) - M[h]);
+          L[h] += wgt[h] * __ldcg(ml + 1);
+        }
+      }
+      const int cnt = nw - k0 < 32 ? int(nw - k0) : 32;
+#pragma unroll 2
+      for (int k = 0; k < cnt; ++k) {
+        const int64_t rk = __shfl_sync(0xffffffffu, row, k);
+#pragma unroll
+        for (int h = 0; h < HB; ++h) {
+          const float wk = __shfl_sync(0xffffffffu, wgt[h], k);
+          if (h < nh)
+#pragma unroll
+            for (int ch = 0; ch < CH; ++ch) {
+              const int c = lane + 32 * ch;
+              if (c < C4) {
+                // Rows of empty runs are not read (row 0 in their place; its weight is 0).
+                const float4 v = __ldcg(reinterpret_cast<const float4*>(p.part_out + ((rk > 0 ? rk : 0) + hb + h) * D) + c);
+                o[h][ch].x += wk != 0.0f ? wk * v.x : 0.0f;
+                o[h][ch].y += wk != 0.0f ? wk * v.y : 0.0f;
+                o[h][ch].z += wk != 0.0f ? wk * v.z : 0.0f;
+                o[h][ch].w += wk != 0.0f ? wk * v.w : 0.0f;
+              }
+            }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      const float inv = 1.0f / warp_sum(L[h]);
+      if (h < nh)
+#pragma unroll
+        for (int ch = 0; ch < CH; ++ch) {
+          const int c = lane + 32 * ch;
+          if (c < C4) {
+            __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(p.out + (out_row + hb + h) * D + 4 * c);
+            dst[0] = __floats2bfloat162_rn(o[h][ch].x * inv, o[h][ch].y * inv);
+            dst[1] = __floats2bfloat162_rn(o[h][ch].z * inv, o[h][ch].w * inv);
+          }
+        }
+    }
+  }
+}
+
+template <int D, int NH, int STAGES>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1)
+    attn_decode_stream_kernel(AttnParams p) {
+  using Sm = StreamSmem<D, STAGES>;
   constexpr int DP = Sm::DP, MT = DP / 16;
   extern __shared__ __align__(16) unsigned char smem[];
   int* pre = reinterpret_cast<int*>(smem + Sm::RING_BYTES);
@@ -101,6 +189,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
 
   // Every block scans the batch's contexts (host-written metadata: read while
   // the kernel before us drains). Thread i takes sequences 2i and 2i + 1.
+  static_assert(kAttnStreamMaxSeqs == 2 * kThreads, "two sequences per thread");
   {
     int n[2];
 #pragma unroll
@@ -153,17 +242,17 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
     ++issued;
     return off;
   };
-  int64_t first[kStages];
+  int64_t first[STAGES];
 #pragma unroll
-  for (int st = 0; st < kStages; ++st) first[st] = next_offset();
+  for (int st = 0; st < STAGES; ++st) first[st] = next_offset();
   pdl_wait();
   if (n <= 0) return;
 
-  unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
+  unsigned char* ring_p = smem + warp * STAGES * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
-  ring.zero_padding(ring_p, lane);
+  ring.zero_padding(ring_p, lane, STAGES);
 #pragma unroll
-  for (int st = 0; st < kStages; ++st) {
+  for (int st = 0; st < STAGES; ++st) {
     if (st < n) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
     cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
   }
@@ -189,26 +278,33 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
   const uint32_t lds_off = ldmatrix_offset<D>(lane);
 
   for (int64_t i = 0; i < n; ++i) {
-    cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
-    __syncwarp();                  // ... and every lane's
-    const uint32_t ks = ring.base + int(i % kStages) * Sm::STAGE_BYTES + lds_off;
+    cp_async_wait<STAGES - 1>();  // this lane's copies of tile i have landed
+    __syncwarp();                 // ... and every lane's
+    const int slot = int(i % STAGES);
+    const uint32_t ks = ring.base + slot * Sm::STAGE_BYTES + lds_off;
     st.step(qa, ks, ks + Sm::TILE_ELEMS * 2, cc.j * kTile, cc.n_ctx, p.scale_log2, t);
     __syncwarp();  // every lane is done with this stage before it is refilled
-    if (i + kStages < n) ring.issue(int(i % kStages), pending, lane, p.k_pool, p.v_pool);
+    if (i + STAGES < n) ring.issue(slot, pending, lane, p.k_pool, p.v_pool);
     cp_async_commit();
     pending = next_offset();
 
-    const bool item_end = cc.j + 1 == cc.n_tiles;
-    if (!item_end && i + 1 < n) {
+    const bool item_end = cc.j + 1 == cc.n_tiles, run_end = i + 1 == n;
+    if (!item_end && !run_end) {
       scan.advance(cc);
       continue;
     }
-    // The piece ends: tiles seg_j0 .. cc.j of item (cc.s, cc.it).
+    // The piece of item pc ends (tiles seg_j0 .. pc.j). The next item's
+    // queries load first, so that their latency overlaps the write-out.
+    const Cursor pc = cc;
+    if (!run_end) {
+      scan.advance(cc);
+      q_of(cc);
+    }
     int kvh, h0, GL;
-    item_heads(cc, kvh, h0, GL);
+    item_heads(pc, kvh, h0, GL);
     st.reduce_l();
-    const int64_t item = int64_t(cc.s) * items + cc.it;
-    const int64_t out_row = int64_t(q0s[cc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
+    const int64_t item = int64_t(pc.s) * items + pc.it;
+    const int64_t out_row = int64_t(q0s[pc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
     if (seg_j0 == 0 && item_end) {  // the whole item: normalize and write
 #pragma unroll
       for (int r = 0; r < NH; ++r)
@@ -226,13 +322,13 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
               }
         }
     } else {  // a piece: leave it in this warp's slot; the last piece merges
-      const int64_t slot = (w * 2 + side) * SH;
+      const int64_t slot_row = (w * 2 + side) * SH;
 #pragma unroll
       for (int r = 0; r < NH; ++r) {
         const int hr = g + 8 * r;
         if (t == 0 && hr < GL) {
-          p.part_ml[(slot + hr) * 2] = st.m[r];
-          p.part_ml[(slot + hr) * 2 + 1] = st.l[r];
+          p.part_ml[(slot_row + hr) * 2] = st.m[r];
+          p.part_ml[(slot_row + hr) * 2 + 1] = st.l[r];
         }
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
@@ -243,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
 #pragma unroll
               for (int hi = 0; hi < 2; ++hi) {
                 const int d = 16 * mt + g + 8 * hi;
-                if (d < D) p.part_out[(slot + h) * D + d] = st.acc[r][mt][2 * hi + c];
+                if (d < D) p.part_out[(slot_row + h) * D + d] = st.acc[r][mt][2 * hi + c];
               }
         }
       }
@@ -251,51 +347,19 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
       __syncwarp();
       int done = 0;
       if (lane == 0) {
-        const int pieces_tiles = cc.j + 1 - seg_j0;
-        done = atomicAdd(p.item_tiles + item, pieces_tiles) + pieces_tiles == cc.n_tiles;
+        const int piece_tiles = pc.j + 1 - seg_j0;
+        done = atomicAdd(p.item_tiles + item, piece_tiles) + piece_tiles == pc.n_tiles;
       }
       if (__shfl_sync(0xffffffffu, done, 0)) {
         __threadfence();
-        // Every warp whose run meets the item left one piece (warps with
-        // empty runs none): in its first slot if its run starts inside the
-        // item, else in its second.
-        const int64_t a = scan.pre[cc.s] + int64_t(cc.it) * cc.n_tiles, b = a + cc.n_tiles;
-        const int64_t w0 = runs.owner(a), nw = runs.owner(b - 1) - w0 + 1;
-        auto piece = [&](int64_t k, int h) -> int64_t {  // partial row of piece k, head h (-1: none)
-          const int64_t pw = w0 + k, pb = runs.begin(pw);
-          if (pb == runs.begin(pw + 1)) return -1;
-          return (pw * 2 + (pb >= a ? 0 : 1)) * SH + h;
-        };
-        for (int h = 0; h < GL; ++h) {
-          float M = -CUDART_INF_F;
-          for (int64_t k = lane; k < nw; k += 32) {
-            const int64_t row = piece(k, h);
-            if (row >= 0) M = fmaxf(M, __ldcg(p.part_ml + row * 2));
-          }
-          M = warp_max(M);
-          float L = 0.0f;
-          for (int64_t k = lane; k < nw; k += 32) {
-            const int64_t row = piece(k, h);
-            if (row >= 0) L += exp2f(__ldcg(p.part_ml + row * 2) - M) * __ldcg(p.part_ml + row * 2 + 1);
-          }
-          const float inv = 1.0f / warp_sum(L);
-          for (int d = lane; d < D; d += 32) {
-            float o = 0.0f;
-            for (int64_t k = 0; k < nw; ++k) {
-              const int64_t row = piece(k, h);
-              if (row >= 0) o += exp2f(__ldcg(p.part_ml + row * 2) - M) * __ldcg(p.part_out + row * D + d);
-            }
-            p.out[(out_row + h) * D + d] = __float2bfloat16(o * inv);
-          }
-        }
+        const int64_t a = scan.pre[pc.s] + int64_t(pc.it) * pc.n_tiles;
+        merge_pieces<D>(p, runs, a, a + pc.n_tiles, GL, SH, out_row, lane);
         if (lane == 0) p.item_tiles[item] = 0;  // ready for the next launch
       }
     }
-    if (i + 1 < n) {  // the next item starts at its first tile
-      scan.advance(cc);
+    if (!run_end) {  // the next item starts at its first tile
       seg_j0 = 0;
       side = 1;
-      q_of(cc);
       st.reset();
     }
   }
@@ -303,23 +367,50 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
 
 // Blocks of one instantiation that an SM holds at once (set up once, so that
 // calls under stream capture touch nothing but the launch).
-template <int D, int NH>
+template <int D, int NH, int STAGES>
 int stream_resident_blocks() {
   static int per_sm = 0;
   if (per_sm == 0) {
-    constexpr int smem = StreamSmem<D>::BYTES;
+    constexpr int smem = StreamSmem<D, STAGES>::BYTES;
+    auto* kernel = attn_decode_stream_kernel<D, NH, STAGES>;
     if (smem > 48 * 1024)
-      SERVAL_CUDA_CHECK(
-          cudaFuncSetAttribute(attn_decode_stream_kernel<D, NH>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_stream_kernel<D, NH>,
-                                           cudaFuncAttributePreferredSharedMemoryCarveout,
+      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                            int(cudaSharedmemCarveoutMaxShared)));
     int n = 0;
-    SERVAL_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_stream_kernel<D, NH>, kThreads, smem));
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
     per_sm = std::max(n, 1);
   }
   return per_sm;
+}
+
+// Slots per warp ring: 2 (three blocks per SM at head_dim <= 128) or 3 (two
+// blocks: fewer, longer runs, so fewer items cut); SERVAL_ATTN_STREAM_STAGES.
+int stream_stages() {
+  static const int stages = [] {
+    const char* v = std::getenv("SERVAL_ATTN_STREAM_STAGES");
+    return v != nullptr && std::string(v) == "3" ? 3 : 2;
+  }();
+  return stages;
+}
+
+// Calls f(kernel, resident blocks per SM, shared bytes) for p's instantiation.
+template <typename F>
+bool with_stream_kernel(const AttnParams& p, F&& f) {
+  return with_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    auto pick = [&](auto stages) {
+      constexpr int ST = decltype(stages)::value;
+      if (two_head_tiles(p.group))
+        f(attn_decode_stream_kernel<D, 2, ST>, stream_resident_blocks<D, 2, ST>(), StreamSmem<D, ST>::BYTES);
+      else
+        f(attn_decode_stream_kernel<D, 1, ST>, stream_resident_blocks<D, 1, ST>(), StreamSmem<D, ST>::BYTES);
+    };
+    if (stream_stages() == 3)
+      pick(std::integral_constant<int, 3>{});
+    else
+      pick(std::integral_constant<int, 2>{});
+  });
 }
 
 }  // namespace
@@ -327,10 +418,7 @@ int stream_resident_blocks() {
 int attention_decode_stream_blocks(const AttnParams& p, int num_sms) {
   if (p.num_seqs < 1 || p.num_seqs > kAttnStreamMaxSeqs) return 0;
   int per_sm = 0;
-  with_head_dim(p.head_dim, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    per_sm = two_head_tiles(p.group) ? stream_resident_blocks<D, 2>() : stream_resident_blocks<D, 1>();
-  });
+  with_stream_kernel(p, [&](auto, int blocks, int) { per_sm = blocks; });
   return per_sm * std::max(num_sms, 1);
 }
 
@@ -356,11 +444,8 @@ int64_t attention_decode_stream_items(const AttnParams& p) {
 bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream) {
   SERVAL_CHECK(p.stream_blocks > 0 && p.num_seqs <= kAttnStreamMaxSeqs && p.item_tiles != nullptr,
                "decode attention (stream): bad launch");
-  return with_head_dim(p.head_dim, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    auto kernel = two_head_tiles(p.group) ? attn_decode_stream_kernel<D, 2> : attn_decode_stream_kernel<D, 1>;
-    two_head_tiles(p.group) ? stream_resident_blocks<D, 2>() : stream_resident_blocks<D, 1>();
-    launch_pdl(kernel, dim3(unsigned(p.stream_blocks)), dim3(kThreads), size_t(StreamSmem<D>::BYTES), stream, p);
+  return with_stream_kernel(p, [&](auto kernel, int, int smem) {
+    launch_pdl(kernel, dim3(unsigned(p.stream_blocks)), dim3(kThreads), size_t(smem), stream, p);
   });
 }
 
