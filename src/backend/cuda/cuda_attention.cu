@@ -74,7 +74,7 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
     p.stream_blocks = attention_decode_stream_blocks(p, num_sms_);
   if (p.stream_blocks > 0) {
     p.num_splits = 1;
-    p.item_tiles = static_cast<int*>(scratch(attn_item_tiles_, attention_decode_stream_items(p) * 4));
+    p.piece_ready = static_cast<int*>(scratch(attn_piece_ready_, attention_decode_stream_warps(p) * 4));
   }
   const int64_t floats = p.stream_blocks > 0  ? attention_decode_stream_partial_floats(p)
                          : p.num_splits > 1 ? attention_decode_partial_floats(p)

@@ -42,10 +42,10 @@ struct AttnParamsT {
   bool whole_split_direct = true;
   // Stream decode (cuda_attention_decode_stream.cu), when stream_blocks > 0:
   // that many blocks share the batch's tiles; the partials hold two pieces per
-  // warp ([blocks x warps x 2, min(group, 16), D] and [..., 2]) and item_tiles
-  // one counter per (sequence, KV head, head block), zero between launches.
+  // warp ([blocks x warps x 2, min(group, 16), D] and [..., 2]) and
+  // piece_ready one flag per warp, zero between launches.
   int stream_blocks = 0;
-  int* item_tiles = nullptr;
+  int* piece_ready = nullptr;
 };
 using AttnParams = AttnParamsT<bf16>;
 
@@ -70,13 +70,14 @@ int64_t attention_decode_partial_floats(const AttnParams& p);
 
 // The stream decode kernel: its grid for this launch shape (0 where it does
 // not apply: too many sequences, or no kernel for head_dim), the partials and
-// counters a launch with p.stream_blocks needs, and the launch (decode rows
+// flags a launch with p.stream_blocks needs, and the launch (decode rows
 // only; it returns false if head_dim has no compiled kernel).
 int attention_decode_stream_blocks(const AttnParams& p, int num_sms);
 // Whether the stream kernel should serve this launch shape.
 bool attention_decode_stream_preferred(const AttnParams& p, int num_sms);
 int64_t attention_decode_stream_partial_floats(const AttnParams& p);
 int64_t attention_decode_stream_items(const AttnParams& p);
+int64_t attention_decode_stream_warps(const AttnParams& p);
 bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream);
 
 }  // namespace serval::cuda

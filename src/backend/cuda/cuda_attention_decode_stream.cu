@@ -7,10 +7,15 @@
 // tiles, item after item, are cut into one equal run per warp. A warp streams
 // its run through its own ring without stopping at item boundaries: while it
 // finishes one item, the next item's first tiles are already in flight. An
-// item inside one warp's run is written by that warp; an item cut between
-// runs leaves each piece's (max, sum, output) in the partials, and the warp
-// that completes its tile count (an atomic counter per item) merges them and
-// resets the counter, so no second kernel runs.
+// item inside one warp's run is written by that warp. An item cut between runs
+// starts in some warp's run and continues at the start of the next ones: each
+// later warp publishes its piece (max, sum, output) as soon as it has it (a
+// flag per warp), and the warp where the item starts, whose piece ends its
+// run, merges them after it, so no second kernel runs and nothing waits on a
+// counter in the middle of a run. The merger clears the flags it read.
+//
+// All blocks of the grid are resident at once (its size is the occupancy), so
+// a merger waiting for a later warp's flag always sees it come.
 //
 // CUDA graphs: the grid depends only on the GPU and the launch shape; the
 // runs follow the contexts of each replay (every block scans them first).
@@ -40,6 +45,17 @@ struct StreamSmem : DecodeSmem<D> {
   static constexpr int SCAN_BYTES = (3 * kAttnStreamMaxSeqs + 1) * 4;
   static constexpr int BYTES = RING_BYTES + SCAN_BYTES;
 };
+
+// The flags' accesses: a release store after the piece's writes, an acquire
+// load before the merger reads them.
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 // Where a warp is in the batch's tiles: sequence s, item it (KV head x head
 // block) of that sequence, tile j of the item.
@@ -87,32 +103,25 @@ struct Runs {
   int64_t T, W;
   __device__ __forceinline__ int64_t begin(int64_t w) const { return w * T / W; }
   __device__ __forceinline__ int64_t owner(int64_t tile) const { return ((tile + 1) * W - 1) / T; }
-  // Partial row of the piece that warp w left of the item starting at tile
-  // a (head 0; heads follow), or -1 if w's run is empty: w's first slot if its
-  // run starts inside the item, else its second.
-  __device__ __forceinline__ int64_t piece_row(int64_t w, int64_t a, int SH) const {
-    const int64_t b = begin(w);
-    return b == begin(w + 1) ? -1 : (w * 2 + (b >= a ? 0 : 1)) * SH;
-  }
+  __device__ __forceinline__ bool empty(int64_t w) const { return begin(w) == begin(w + 1); }
 };
 
-// The last warp to finish a piece of item [a, b) (of GL heads) merges every
-// piece into the output rows from out_row on. Lane k takes the (max, sum) of
-// piece k of a chunk of 32; the outputs are read as float4s, the pieces'
-// loads of up to 8 heads at once.
-template <int D>
-__device__ __forceinline__ void merge_pieces(const AttnParams& p, const Runs& runs, int64_t a, int64_t b, int GL,
-                                             int SH, int64_t out_row, int lane) {
+// The merger of an item of GL heads: piece k of nw (partial rows rows(k) of
+// head 0, heads following; -1: none) into the output rows from out_row on.
+// Lane k takes the (max, sum) of piece k of a chunk of 32; the outputs are
+// read as float4s, four heads at once.
+template <int D, typename Rows>
+__device__ __forceinline__ void merge_pieces(const AttnParams& p, int64_t nw, Rows rows, int GL, int64_t out_row,
+                                             int lane) {
   constexpr int C4 = D / 4, CH = (C4 + 31) / 32;  // float4 chunks of a row, per lane
   constexpr int HB = 4;                            // heads merged at once
-  const int64_t w0 = runs.owner(a), nw = runs.owner(b - 1) - w0 + 1;
   for (int hb = 0; hb < GL; hb += HB) {
     const int nh = min(HB, GL - hb);
     float M[HB];
 #pragma unroll
     for (int h = 0; h < HB; ++h) M[h] = -CUDART_INF_F;
     for (int64_t k0 = 0; k0 < nw; k0 += 32) {
-      const int64_t row = k0 + lane < nw ? runs.piece_row(w0 + k0 + lane, a, SH) : -1;
+      const int64_t row = k0 + lane < nw ? rows(k0 + lane) : -1;
 #pragma unroll
       for (int h = 0; h < HB; ++h)
         if (row >= 0 && h < nh) M[h] = fmaxf(M[h], __ldcg(p.part_ml + (row + hb + h) * 2));
@@ -122,7 +131,7 @@ __device__ __forceinline__ void merge_pieces(const AttnParams& p, const Runs& ru
     float L[HB] = {};
     float4 o[HB][CH] = {};
     for (int64_t k0 = 0; k0 < nw; k0 += 32) {
-      const int64_t row = k0 + lane < nw ? runs.piece_row(w0 + k0 + lane, a, SH) : -1;
+      const int64_t row = k0 + lane < nw ? rows(k0 + lane) : -1;
       float wgt[HB];
 #pragma unroll
       for (int h = 0; h < HB; ++h) {
@@ -260,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
 
   // The compute cursor and the piece of its item this warp holds.
   Cursor cc = scan.locate(begin);
-  int seg_j0 = cc.j, side = 0;  // side: 0 for the run's first piece, 1 for its last
+  int seg_j0 = cc.j;
   uint32_t qa[DP / 16][4];
   auto item_heads = [&](const Cursor& c, int& kvh, int& h0, int& GL) {
     kvh = c.it / hbc;
@@ -303,8 +312,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
     int kvh, h0, GL;
     item_heads(pc, kvh, h0, GL);
     st.reduce_l();
-    const int64_t item = int64_t(pc.s) * items + pc.it;
-    const int64_t out_row = int64_t(q0s[pc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
+        const int64_t out_row = int64_t(q0s[pc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
     if (seg_j0 == 0 && item_end) {  // the whole item: normalize and write
 #pragma unroll
       for (int r = 0; r < NH; ++r)
@@ -321,8 +329,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
                 if (d < D) p.out[(out_row + h) * D + d] = __float2bfloat16(st.acc[r][mt][2 * hi + c] * inv);
               }
         }
-    } else {  // a piece: leave it in this warp's slot; the last piece merges
-      const int64_t slot_row = (w * 2 + side) * SH;
+    } else {
+      // A piece of a cut item. It is this run's first piece if the item
+      // started before the run (publish it), else its last (merge after it).
+      const int64_t a = scan.pre[pc.s] + int64_t(pc.it) * pc.n_tiles;
+      const bool merger = a >= begin;
+      const int64_t slot_row = (w * 2 + (merger ? 1 : 0)) * SH;
 #pragma unroll
       for (int r = 0; r < NH; ++r) {
         const int hr = g + 8 * r;
@@ -343,23 +355,31 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
               }
         }
       }
-      __threadfence();
-      __syncwarp();
-      int done = 0;
-      if (lane == 0) {
-        const int piece_tiles = pc.j + 1 - seg_j0;
-        done = atomicAdd(p.item_tiles + item, piece_tiles) + piece_tiles == pc.n_tiles;
-      }
-      if (__shfl_sync(0xffffffffu, done, 0)) {
+      if (!merger) {
         __threadfence();
-        const int64_t a = scan.pre[pc.s] + int64_t(pc.it) * pc.n_tiles;
-        merge_pieces<D>(p, runs, a, a + pc.n_tiles, GL, SH, out_row, lane);
-        if (lane == 0) p.item_tiles[item] = 0;  // ready for the next launch
+        __syncwarp();
+        if (lane == 0) st_release(p.piece_ready + w, 1);
+      } else {
+        // Pieces: ours, then the first piece of each later warp whose run
+        // meets the item (warps with empty runs have none).
+        __syncwarp();
+        const int64_t nw = runs.owner(a + pc.n_tiles - 1) - w + 1;
+        if (lane == 0)
+          for (int64_t k = 1; k < nw; ++k)
+            if (!runs.empty(w + k))
+              while (ld_acquire(p.piece_ready + w + k) == 0) {
+              }
+        __syncwarp();
+        merge_pieces<D>(p, nw, [&](int64_t k) -> int64_t {
+          return k == 0 ? slot_row : runs.empty(w + k) ? -1 : (w + k) * 2 * SH;
+        }, GL, out_row, lane);
+        __syncwarp();
+        if (lane == 0)
+          for (int64_t k = 1; k < nw; ++k) p.piece_ready[w + k] = 0;  // ready for the next launch
       }
     }
     if (!run_end) {  // the next item starts at its first tile
       seg_j0 = 0;
-      side = 1;
       st.reset();
     }
   }
@@ -441,8 +461,10 @@ int64_t attention_decode_stream_items(const AttnParams& p) {
   return int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group);
 }
 
+int64_t attention_decode_stream_warps(const AttnParams& p) { return int64_t(p.stream_blocks) * kWarps; }
+
 bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream) {
-  SERVAL_CHECK(p.stream_blocks > 0 && p.num_seqs <= kAttnStreamMaxSeqs && p.item_tiles != nullptr,
+  SERVAL_CHECK(p.stream_blocks > 0 && p.num_seqs <= kAttnStreamMaxSeqs && p.piece_ready != nullptr,
                "decode attention (stream): bad launch");
   return with_stream_kernel(p, [&](auto kernel, int, int smem) {
     launch_pdl(kernel, dim3(unsigned(p.stream_blocks)), dim3(kThreads), size_t(smem), stream, p);

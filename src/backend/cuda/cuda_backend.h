@@ -162,7 +162,7 @@ class CudaBackend : public Backend {
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product
   int64_t stacked_qkv_calls_ = 0;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
-  DeviceBuffer attn_item_tiles_;  // stream decode: per-item counters, zero between launches
+  DeviceBuffer attn_piece_ready_;  // stream decode: per-warp flags, zero between launches
   AttentionStream attention_stream_ = attention_stream_from_env();
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)

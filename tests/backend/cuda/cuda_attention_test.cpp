@@ -382,7 +382,7 @@ TEST(CudaAttention, GraphReplayFollowsChangingContexts) {
 // the split kernel: short items cut into pieces of one tile, items spread over
 // hundreds of warps (32k contexts), prefill rows it must skip, groups of two
 // head tiles, every head_dim; then replayed from a graph, which reuses the
-// per-item counters the merging warps reset.
+// per-warp flags the merging warps clear.
 TEST(CudaAttention, StreamKernelOnEveryCase) {
   SERVAL_CUDA_OR_SKIP(gpu);
   use_stream(*gpu, Stream::kAlways);
