@@ -46,7 +46,6 @@ struct AttnParamsT {
   // piece_ready one flag per warp, zero between launches.
   int stream_blocks = 0;
   int* piece_ready = nullptr;
-  bool stream_q_prefetch = true;  // queries fetched into L1 ahead of each item
 };
 using AttnParams = AttnParamsT<bf16>;
 

@@ -27,7 +27,6 @@
 
 #include "backend/cuda/cuda_attention.cuh"
 #include "backend/cuda/cuda_attention_decode_tile.cuh"
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ptx.cuh"
 
 namespace serval::cuda {
@@ -241,20 +240,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
   const int64_t slot_stride = int64_t(p.kv_heads) * D;
   Cursor ic = n > 0 ? scan.locate(begin) : Cursor{0, 0, 0, 0, 1};
   int64_t issued = 0;
-  // An item's queries are fetched into L1 when its first tile is issued, so
-  // that loading them when the warp reaches the item does not stall it (only
-  // after pdl_wait: the kernel before us writes q).
-  auto prefetch_q = [&](const Cursor& c) {
-    const int h0 = (c.it % hbc) * kHeadsPerBlock, GL = min(kHeadsPerBlock, G - h0);
-    const char* q = reinterpret_cast<const char*>(
-        p.q + (int64_t(q0s[c.s]) * p.num_heads + int64_t(c.it / hbc) * G + h0) * D);
-    for (int b = lane * 128; b < GL * D * 2; b += 32 * 128) asm volatile("prefetch.global.L1 [%0];" ::"l"(q + b));
-  };
-  bool prefetch_ok = false;
   auto next_offset = [&]() -> int64_t {
     int64_t off = -1;
     const int key = ic.j * kTile + (lane & 15);
-    if (prefetch_ok && issued < n && ic.j == 0) prefetch_q(ic);
     if (issued < n && key < ic.n_ctx) {
       const int64_t blk = p.block_table[int64_t(ic.s) * p.max_blocks_per_seq + key / p.block_size];
       off = (blk * p.block_size + key % p.block_size) * slot_stride + int64_t(ic.it / hbc) * D;
@@ -268,14 +256,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
   for (int st = 0; st < STAGES; ++st) first[st] = next_offset();
   pdl_wait();
   if (n <= 0) return;
-  if (p.stream_q_prefetch) {
-    prefetch_ok = true;
-    Cursor c = scan.locate(begin);  // items that start in the tiles issued before the wait
-    for (int st = 1; st < STAGES && st < n; ++st) {
-      scan.advance(c);
-      if (c.j == 0) prefetch_q(c);
-    }
-  }
 
   unsigned char* ring_p = smem + warp * STAGES * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
@@ -483,10 +463,7 @@ int64_t attention_decode_stream_items(const AttnParams& p) {
 
 int64_t attention_decode_stream_warps(const AttnParams& p) { return int64_t(p.stream_blocks) * kWarps; }
 
-bool launch_attention_decode_stream(const AttnParams& params, cudaStream_t stream) {
-  AttnParams p = params;
-  static const bool q_prefetch = !env_is_one("SERVAL_ATTN_STREAM_NO_Q_PREFETCH");  // for A/B runs
-  p.stream_q_prefetch = q_prefetch;
+bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream) {
   SERVAL_CHECK(p.stream_blocks > 0 && p.num_seqs <= kAttnStreamMaxSeqs && p.piece_ready != nullptr,
                "decode attention (stream): bad launch");
   return with_stream_kernel(p, [&](auto kernel, int, int smem) {
