@@ -109,7 +109,15 @@ struct BatchView {
   int32_t max_blocks_per_seq = 0;
   int32_t max_query_len = 0;    // longest run of new tokens of one sequence
   int32_t max_context_len = 0;  // longest context_len
+  // Mean context_len, rounded down; under CUDA graphs only a hint: the graph's
+  // class (kLongDecodeContext for steps at least that long on average, else 0).
+  int32_t mean_context_len = 0;
 };
+
+// Decode steps whose sequences average at least this many tokens of context:
+// StepGraphs records them apart from shorter ones, and a backend may attend to
+// them with other kernels (the CUDA backend streams their K/V).
+constexpr int32_t kLongDecodeContext = 2048;
 
 // How to rotate q and k. `inv_freq` holds rope_dim / 2 f32 frequencies in
 // device memory (scaling and per-dimension divisors already applied; see

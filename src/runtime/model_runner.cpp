@@ -329,10 +329,13 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
   v.num_seqs = b.num_seqs();
   v.num_logits_rows = int32_t(b.logits_rows.size());
   v.max_blocks_per_seq = b.max_blocks_per_seq;
+  int64_t context_sum = 0;
   for (int32_t s = 0; s < v.num_seqs; ++s) {
     v.max_query_len = std::max(v.max_query_len, b.query_start[s + 1] - b.query_start[s]);
     v.max_context_len = std::max(v.max_context_len, b.context_len[s]);
+    context_sum += b.context_len[s];
   }
+  if (v.num_seqs > 0) v.mean_context_len = int32_t(context_sum / v.num_seqs);
   return v;
 }
 
@@ -358,7 +361,8 @@ Tensor BackendModelRunner::run(const Batch& batch) {
     // step of another shape) would leave them reading freed memory.
     if (backend_->graph_epoch() != graphs_epoch_) graphs_->clear();
     const BatchView bv = graphs_->upload(batch, B);
-    if (DeviceGraph* g = graphs_->find(B)) {
+    const bool long_context = bv.mean_context_len >= kLongDecodeContext;
+    if (DeviceGraph* g = graphs_->find(B, long_context)) {
       g->replay();
       ++graph_replays_;
       return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
@@ -375,7 +379,7 @@ Tensor BackendModelRunner::run(const Batch& batch) {
       try { backend_->end_capture(); } catch (...) {}
       throw;
     }
-    graphs_->store(B, backend_->end_capture());
+    graphs_->store(B, long_context, backend_->end_capture());
     return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
   }
   ensure_workspace(batch.num_tokens(), R);

@@ -97,11 +97,14 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B) {
   v.max_blocks_per_seq = stride_;
   v.max_query_len = 1;
   v.max_context_len = max_context_;  // an upper bound: kernels launched for it serve any context
+  int64_t context_sum = 0;
+  for (int32_t s = 0; s < S; ++s) context_sum += b.context_len[size_t(s)];
+  v.mean_context_len = context_sum >= int64_t(kLongDecodeContext) * S ? kLongDecodeContext : 0;
   return v;
 }
 
-DeviceGraph* StepGraphs::find(int32_t padded) const {
-  auto it = graphs_.find(padded);
+DeviceGraph* StepGraphs::find(int32_t padded, bool long_context) const {
+  auto it = graphs_.find(key(padded, long_context));
   return it == graphs_.end() ? nullptr : it->second.get();
 }
 

@@ -10,6 +10,9 @@
 // fixed row stride (the blocks of the longest context allowed). Padding rows
 // are sequences of one token at position 0 whose K/V go to a spare block of
 // the pool that no request owns; their logits are computed and ignored.
+// Steps whose real sequences average kLongDecodeContext tokens of context or
+// more get graphs of their own (BatchView::mean_context_len says which), so a
+// backend may record other kernels for them.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,11 +34,14 @@ class StepGraphs {
   // The ladder size a step of `num_seqs` sequences is padded to.
   int32_t padded_size(int32_t num_seqs) const;
   // Copies the padded metadata of `batch` to the fixed buffer and returns its
-  // view (B tokens, B sequences, B logits rows; max_context_len is the bound).
+  // view (B tokens, B sequences, B logits rows; max_context_len is the bound,
+  // mean_context_len the class: kLongDecodeContext or 0).
   BatchView upload(const Batch& batch, int32_t padded);
 
-  DeviceGraph* find(int32_t padded) const;
-  void store(int32_t padded, std::unique_ptr<DeviceGraph> graph) { graphs_[padded] = std::move(graph); }
+  DeviceGraph* find(int32_t padded, bool long_context) const;
+  void store(int32_t padded, bool long_context, std::unique_ptr<DeviceGraph> graph) {
+    graphs_[key(padded, long_context)] = std::move(graph);
+  }
   // Forgets every graph (the buffers they read were reallocated).
   void clear() { graphs_.clear(); }
   int64_t size() const { return int64_t(graphs_.size()); }
@@ -46,13 +52,15 @@ class StepGraphs {
         total;
   };
 
+  static int64_t key(int32_t padded, bool long_context) { return int64_t(padded) * 2 + (long_context ? 1 : 0); }
+
   Backend& backend_;
   int32_t max_batch_, max_context_, block_size_, pad_block_, stride_;
   std::vector<int32_t> ladder_;
   Layout layout_{};
   DeviceBuffer meta_;
   std::vector<int64_t> host_;  // the header part, 8-byte aligned
-  std::map<int32_t, std::unique_ptr<DeviceGraph>> graphs_;
+  std::map<int64_t, std::unique_ptr<DeviceGraph>> graphs_;
 };
 
 }  // namespace serval

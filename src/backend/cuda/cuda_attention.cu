@@ -45,6 +45,10 @@ void use_attention_stream(Backend& be, AttentionStream mode) {
   cuda_backend_of(be, "use_attention_stream").set_attention_stream(mode);
 }
 
+int64_t stream_attention_calls(const Backend& be) {
+  return cuda_backend_of(be, "stream_attention_calls").stream_attention_calls();
+}
+
 void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
                                   int32_t num_heads, float scale, Tensor out) {
   SERVAL_CHECK(q.dtype == act_dtype_ && out.dtype == act_dtype_, "paged_attention: expects ", dtype_name(act_dtype_),
@@ -70,9 +74,11 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   // that precedes a capture sizes the scratch for every replay.
   p.num_splits = attention_decode_splits(p, b.max_context_len, num_sms_);
   if (attention_stream_ == AttentionStream::kAlways ||
-      (attention_stream_ == AttentionStream::kAuto && attention_decode_stream_preferred(p, num_sms_)))
+      (attention_stream_ == AttentionStream::kAuto && b.mean_context_len >= kLongDecodeContext &&
+       attention_decode_stream_preferred(p, num_sms_)))
     p.stream_blocks = attention_decode_stream_blocks(p, num_sms_);
   if (p.stream_blocks > 0) {
+    ++stream_attention_calls_;
     p.num_splits = 1;
     p.piece_ready = static_cast<int*>(scratch(attn_piece_ready_, attention_decode_stream_warps(p) * 4));
   }

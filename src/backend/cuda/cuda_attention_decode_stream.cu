@@ -1,7 +1,6 @@
-// Decode attention as one stream of tiles ("stream-K" over the KV): for
-// batches with many (sequence, KV head) items, where the split-KV kernel runs
-// one short block per item in several waves and each wave starts and drains
-// its loads together.
+// Decode attention as one stream of tiles ("stream-K" over the KV), for
+// batches of many long (sequence, KV head) items: the split-KV kernel runs them
+// as blocks in waves, each wave starting and draining its loads together.
 //
 // The grid is exactly resident (blocks per SM x SMs), and the batch's 16-key
 // tiles, item after item, are cut into one equal run per warp. A warp streams
@@ -22,8 +21,6 @@
 #include <math_constants.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/cuda_attention.cuh"
 #include "backend/cuda/cuda_attention_decode_tile.cuh"
@@ -36,14 +33,13 @@ namespace {
 using namespace decode;
 using namespace ptx;
 
-// Shared memory: the warps' rings of STAGES slots, then per sequence its
+// Shared memory: the warps' rings, then per sequence its
 // first tile in the batch's order (the prefix of tiles x items, one entry past
 // the last), its context and its query row.
-template <int D, int STAGES>
+template <int D>
 struct StreamSmem : DecodeSmem<D> {
-  static constexpr int RING_BYTES = kWarps * STAGES * DecodeSmem<D>::STAGE_BYTES;
   static constexpr int SCAN_BYTES = (3 * kAttnStreamMaxSeqs + 1) * 4;
-  static constexpr int BYTES = RING_BYTES + SCAN_BYTES;
+  static constexpr int BYTES = DecodeSmem<D>::RING_BYTES + SCAN_BYTES;
 };
 
 // The flags' accesses: a release store after the piece's writes, an acquire
@@ -182,10 +178,9 @@ __device__ __forceinline__ void merge_pieces(const AttnParams& p, int64_t nw, Ro
   }
 }
 
-template <int D, int NH, int STAGES>
-__global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1)
-    attn_decode_stream_kernel(AttnParams p) {
-  using Sm = StreamSmem<D, STAGES>;
+template <int D, int NH>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream_kernel(AttnParams p) {
+  using Sm = StreamSmem<D>;
   constexpr int DP = Sm::DP, MT = DP / 16;
   extern __shared__ __align__(16) unsigned char smem[];
   int* pre = reinterpret_cast<int*>(smem + Sm::RING_BYTES);
@@ -251,17 +246,17 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
     ++issued;
     return off;
   };
-  int64_t first[STAGES];
+  int64_t first[kStages];
 #pragma unroll
-  for (int st = 0; st < STAGES; ++st) first[st] = next_offset();
+  for (int st = 0; st < kStages; ++st) first[st] = next_offset();
   pdl_wait();
   if (n <= 0) return;
 
-  unsigned char* ring_p = smem + warp * STAGES * Sm::STAGE_BYTES;
+  unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
-  ring.zero_padding(ring_p, lane, STAGES);
+  ring.zero_padding(ring_p, lane);
 #pragma unroll
-  for (int st = 0; st < STAGES; ++st) {
+  for (int st = 0; st < kStages; ++st) {
     if (st < n) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
     cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
   }
@@ -287,13 +282,13 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
   const uint32_t lds_off = ldmatrix_offset<D>(lane);
 
   for (int64_t i = 0; i < n; ++i) {
-    cp_async_wait<STAGES - 1>();  // this lane's copies of tile i have landed
+    cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
     __syncwarp();                 // ... and every lane's
-    const int slot = int(i % STAGES);
+    const int slot = int(i % kStages);
     const uint32_t ks = ring.base + slot * Sm::STAGE_BYTES + lds_off;
     st.step(qa, ks, ks + Sm::TILE_ELEMS * 2, cc.j * kTile, cc.n_ctx, p.scale_log2, t);
     __syncwarp();  // every lane is done with this stage before it is refilled
-    if (i + STAGES < n) ring.issue(slot, pending, lane, p.k_pool, p.v_pool);
+    if (i + kStages < n) ring.issue(slot, pending, lane, p.k_pool, p.v_pool);
     cp_async_commit();
     pending = next_offset();
 
@@ -387,12 +382,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? (STAGES == 2 ? 3 : 2) : 1
 
 // Blocks of one instantiation that an SM holds at once (set up once, so that
 // calls under stream capture touch nothing but the launch).
-template <int D, int NH, int STAGES>
+template <int D, int NH>
 int stream_resident_blocks() {
   static int per_sm = 0;
   if (per_sm == 0) {
-    constexpr int smem = StreamSmem<D, STAGES>::BYTES;
-    auto* kernel = attn_decode_stream_kernel<D, NH, STAGES>;
+    constexpr int smem = StreamSmem<D>::BYTES;
+    auto* kernel = attn_decode_stream_kernel<D, NH>;
     if (smem > 48 * 1024)
       SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -404,32 +399,15 @@ int stream_resident_blocks() {
   return per_sm;
 }
 
-// Slots per warp ring: 2 (three blocks per SM at head_dim <= 128) or 3 (two
-// blocks: fewer, longer runs, so fewer items cut); SERVAL_ATTN_STREAM_STAGES.
-int stream_stages() {
-  static const int stages = [] {
-    const char* v = std::getenv("SERVAL_ATTN_STREAM_STAGES");
-    return v != nullptr && std::string(v) == "3" ? 3 : 2;
-  }();
-  return stages;
-}
-
 // Calls f(kernel, resident blocks per SM, shared bytes) for p's instantiation.
 template <typename F>
 bool with_stream_kernel(const AttnParams& p, F&& f) {
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    auto pick = [&](auto stages) {
-      constexpr int ST = decltype(stages)::value;
-      if (two_head_tiles(p.group))
-        f(attn_decode_stream_kernel<D, 2, ST>, stream_resident_blocks<D, 2, ST>(), StreamSmem<D, ST>::BYTES);
-      else
-        f(attn_decode_stream_kernel<D, 1, ST>, stream_resident_blocks<D, 1, ST>(), StreamSmem<D, ST>::BYTES);
-    };
-    if (stream_stages() == 3)
-      pick(std::integral_constant<int, 3>{});
+    if (two_head_tiles(p.group))
+      f(attn_decode_stream_kernel<D, 2>, stream_resident_blocks<D, 2>(), StreamSmem<D>::BYTES);
     else
-      pick(std::integral_constant<int, 2>{});
+      f(attn_decode_stream_kernel<D, 1>, stream_resident_blocks<D, 1>(), StreamSmem<D>::BYTES);
   });
 }
 
@@ -443,9 +421,12 @@ int attention_decode_stream_blocks(const AttnParams& p, int num_sms) {
 }
 
 // Where the items alone fill the GPU's resident blocks (as the split
-// planner's one-split rule has it), the stream kernel runs them as one stream
-// of tiles instead of in waves. Groups beyond 8 heads (two head tiles) stay
-// with the split kernel: the stream kernel spills there.
+// planner's one-split rule has it). The caller also asks for long contexts:
+// on the H200 the stream kernel reads K/V at 3.9-4.3 TB/s against the split
+// kernel's 3.7-3.8 with 64 sequences of 4k-32k tokens (Llama-3.1-8B shape), but
+// is 7-15% slower at 128-256 tokens, where each warp's run crosses several
+// items. Groups beyond 8 heads (two head tiles) stay with the split kernel:
+// the stream kernel spills there.
 bool attention_decode_stream_preferred(const AttnParams& p, int num_sms) {
   if (two_head_tiles(p.group)) return false;
   const int blocks = attention_decode_stream_blocks(p, num_sms);

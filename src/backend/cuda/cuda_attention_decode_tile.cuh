@@ -48,10 +48,10 @@ struct WarpRing {
   static constexpr int CPL = (kTile * NCH + 31) / 32;        // chunks per lane per tile, of K and of V
   uint32_t base;  // shared address of slot 0
 
-  // D = 8: zero the padding columns of `stages` slots once; cp.async never writes them.
-  __device__ void zero_padding(unsigned char* ring, int lane, int stages = kStages) const {
+  // D = 8: zero the padding columns once; cp.async never writes them.
+  __device__ void zero_padding(unsigned char* ring, int lane) const {
     if constexpr (Sm::DP != D) {
-      for (int r = lane; r < stages * 2 * kTile; r += 32)
+      for (int r = lane; r < kStages * 2 * kTile; r += 32)
         *reinterpret_cast<uint4*>(ring + (r * Sm::RS + D) * 2) = make_uint4(0, 0, 0, 0);
     }
   }

@@ -102,6 +102,8 @@ class CudaBackend : public Backend {
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
+  // Decode attention launches that the stream kernel served.
+  int64_t stream_attention_calls() const { return stream_attention_calls_; }
   int num_sms() const { return num_sms_; }
 
  private:
@@ -164,6 +166,7 @@ class CudaBackend : public Backend {
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   DeviceBuffer attn_piece_ready_;  // stream decode: per-warp flags, zero between launches
   AttentionStream attention_stream_ = attention_stream_from_env();
+  int64_t stream_attention_calls_ = 0;
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)
   void* host_staging_ = nullptr;  // pinned, for tensor_to_host

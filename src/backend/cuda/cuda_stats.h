@@ -16,10 +16,12 @@ int64_t stacked_qkv_calls(const Backend& be);
 // Sends 17..48-row matmuls to the skinny GEMM (on) or to cuBLASLt (off, the
 // default unless SERVAL_SKINNY_GEMM=1); `be` must be the CUDA backend.
 void use_skinny_gemm(Backend& be, bool on);
-// Which kernel serves decode rows: the stream kernel where the split-KV
-// kernel's blocks would fill the GPU (kAuto, the default unless
-// SERVAL_NO_ATTN_STREAM=1), never (kOff), or wherever it can (kAlways: tests).
+// Which kernel serves decode rows: the stream kernel for long contexts
+// (BatchView::mean_context_len >= kLongDecodeContext) in batches whose items
+// fill the GPU (kAuto, the default unless SERVAL_NO_ATTN_STREAM=1), never
+// (kOff), or wherever it can (kAlways: tests); and how many launches it served.
 enum class AttentionStream { kAuto, kOff, kAlways };
 void use_attention_stream(Backend& be, AttentionStream mode);
+int64_t stream_attention_calls(const Backend& be);
 
 }  // namespace serval::cuda

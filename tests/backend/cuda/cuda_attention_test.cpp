@@ -137,6 +137,7 @@ void set_step(Backend& be, AttnWorld& w, const std::vector<SeqSpec>& seqs, int32
   be.copy_to_device(w.context_len.data(), ctx.data(), int64_t(ctx.size()) * 4);
   w.view.max_query_len = max_q;
   w.view.max_context_len = bound > 0 ? bound : max_ctx;
+  w.view.mean_context_len = int32_t(std::accumulate(ctx.begin(), ctx.end(), int64_t(0)) / int64_t(ctx.size()));
 }
 
 void enqueue_attention(Backend& be, AttnWorld& w) {
@@ -390,6 +391,29 @@ TEST(CudaAttention, StreamKernelOnEveryCase) {
   for (const auto& cases : {sweep_cases(), dim_cases(), long_cases(), large_batch_cases(), mixed_cases(), bound_cases()})
     expect_matches_cpu(*gpu, cases, seed += 1000);
   expect_graph_replay_follows_contexts(*gpu, Stream::kAlways);
+}
+
+// The backend's own choice: the stream kernel for a batch of long contexts
+// whose items fill the GPU, the split kernel for short contexts or few items.
+TEST(CudaAttention, AutoStreamsLongContextsOnly) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+#ifdef SERVAL_WITH_CUDA
+  struct Pick {
+    AttnCase c;
+    bool stream;
+  };
+  const std::vector<Pick> picks = {
+      {{"auto_b64_long_gqa4_d128", 8, 4, 128, 16, random_decodes(64, 2048, 4096, 40)}, true},
+      {{"auto_b64_long_gqa1_d128_bound", 32, 1, 128, 16, random_decodes(64, 1500, 3000, 41), 131072}, true},
+      {{"auto_b64_short_gqa1_d128", 32, 1, 128, 16, random_decodes(64, 128, 256, 42)}, false},
+      {{"auto_b4_long_gqa4_d128", 8, 4, 128, 16, random_decodes(4, 4000, 5000, 43)}, false},
+  };
+  for (const Pick& pick : picks) {
+    const int64_t before = cuda::stream_attention_calls(*gpu);
+    expect_matches_cpu(*gpu, {pick.c}, 950);
+    EXPECT_EQ(cuda::stream_attention_calls(*gpu) - before, pick.stream ? 1 : 0) << pick.c.name;
+  }
+#endif
 }
 
 // Decode attention alone, as a captured graph of 10 launches replayed: time
