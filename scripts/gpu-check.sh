@@ -132,6 +132,9 @@ if [ $EIGHT = 1 ]; then
   row "8B start-up to first token (generate, 1 token) | ${START} s; $(grep -m1 'memory' "$OUT_DIR/startup.err")"
   bench "8B batch-1 decode tg128" $M8 --requests 1 --input-len 1 --output-len 129
   bench "8B prefill 4096" $M8 --requests 1 --input-len 4096 --output-len 2 --max-batch-tokens 4096
+  # Batched decode at long contexts (the stream attention kernel; SERVAL_NO_ATTN_STREAM=1: the split kernel).
+  bench "8B 64 x (4096 in, 64 out)" $M8 --requests 64 --input-len 4096 --output-len 64
+  BENCH_ENV=SERVAL_NO_ATTN_STREAM=1 bench "8B 64 x (4096 in, 64 out), split attention" $M8 --requests 64 --input-len 4096 --output-len 64
   for B in 1 64; do for C in 4096 16384 32768; do
     bench "8B attention B=$B ctx=$C" $M8 --mode attention --batch-sizes $B --context-lens $C
   done; done

@@ -122,6 +122,7 @@ int run_bench_attention(const BenchOptions& o) {
       bv.max_blocks_per_seq = int32_t(nb);
       bv.max_query_len = 1;
       bv.max_context_len = C;
+      bv.mean_context_len = C;  // as the engine's step would have it (long contexts: the stream kernel)
 
       // Random K/V in every slot: one random chunk, written to each range of slots.
       const int64_t slots_total = geom.num_blocks * bs;

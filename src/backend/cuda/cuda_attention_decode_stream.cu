@@ -14,7 +14,9 @@
 // counter in the middle of a run. The merger clears the flags it read.
 //
 // All blocks of the grid are resident at once (its size is the occupancy), so
-// a merger waiting for a later warp's flag always sees it come.
+// a merger waiting for a later warp's flag always sees it come. (Not so if
+// another process takes SMs for good, as MPS with a thread limit can:
+// SERVAL_NO_ATTN_STREAM=1 there.)
 //
 // CUDA graphs: the grid depends only on the GPU and the launch shape; the
 // runs follow the contexts of each replay (every block scans them first).
@@ -33,9 +35,9 @@ namespace {
 using namespace decode;
 using namespace ptx;
 
-// Shared memory: the warps' rings, then per sequence its
-// first tile in the batch's order (the prefix of tiles x items, one entry past
-// the last), its context and its query row.
+// Shared memory: the warps' rings, then per sequence its first tile in the
+// batch's order (the prefix of tiles x items, one entry past the last), its
+// context and its query row.
 template <int D>
 struct StreamSmem : DecodeSmem<D> {
   static constexpr int SCAN_BYTES = (3 * kAttnStreamMaxSeqs + 1) * 4;
