@@ -1,0 +1,96 @@
+// StepGraphs on the CPU backend (its memory and copies; graphs are stand-ins):
+// which decode steps it takes, the ladder it pads them to, the metadata it
+// uploads, and that steps averaging kLongDecodeContext tokens or more find
+// graphs of their own.
+#include "runtime/step_graphs.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace serval::testing {
+namespace {
+
+constexpr int32_t kBlockSize = 16, kMaxContext = 8192, kPadBlock = 0;
+
+// A decode step of one token per sequence at the given contexts; sequence s
+// owns blocks 1 + s * kStride onwards.
+Batch decode_step(const std::vector<int32_t>& contexts) {
+  const int32_t stride = kMaxContext / kBlockSize;
+  Batch b;
+  b.query_start = {0};
+  b.max_blocks_per_seq = stride;
+  for (size_t s = 0; s < contexts.size(); ++s) {
+    const int32_t ctx = contexts[s], pos = ctx - 1;
+    b.token_ids.push_back(int32_t(s) + 3);
+    b.positions.push_back(pos);
+    b.query_start.push_back(int32_t(s) + 1);
+    b.context_len.push_back(ctx);
+    for (int32_t k = 0; k < stride; ++k) b.block_table.push_back(1 + int32_t(s) * stride + k);
+    b.slot_mapping.push_back(int64_t(b.block_table[s * size_t(stride) + size_t(pos / kBlockSize)]) * kBlockSize +
+                             pos % kBlockSize);
+    b.logits_rows.push_back(int32_t(s));
+  }
+  return b;
+}
+
+struct NoGraph : DeviceGraph {
+  void replay() override {}
+};
+
+TEST(StepGraphs, PadsDecodeStepsUpTheLadder) {
+  auto be = create_backend("cpu", 1);
+  StepGraphs graphs(*be, 64, kMaxContext, kBlockSize, kPadBlock);
+  EXPECT_EQ(graphs.padded_size(1), 1);
+  EXPECT_EQ(graphs.padded_size(3), 4);
+  EXPECT_EQ(graphs.padded_size(9), 16);
+  EXPECT_EQ(graphs.padded_size(64), 64);
+  EXPECT_TRUE(graphs.eligible(decode_step({5, 9, 100})));
+  Batch prefill = decode_step({5, 9});
+  prefill.query_start = {0, 1, 2};
+  prefill.logits_rows = {1};  // a row without logits: not a decode step the graphs serve
+  EXPECT_FALSE(graphs.eligible(prefill));
+  EXPECT_FALSE(graphs.eligible(decode_step({kMaxContext + 1})));
+}
+
+TEST(StepGraphs, UploadsPaddedMetadataWithTheBound) {
+  auto be = create_backend("cpu", 1);
+  StepGraphs graphs(*be, 8, kMaxContext, kBlockSize, kPadBlock);
+  const Batch b = decode_step({5, 9, 100});
+  const BatchView v = graphs.upload(b, 4);
+  EXPECT_EQ(v.num_seqs, 4);
+  EXPECT_EQ(v.num_tokens, 4);
+  EXPECT_EQ(v.max_context_len, kMaxContext);  // the bound, not the step's 100
+  EXPECT_EQ(v.mean_context_len, 0);           // a short step
+  // The CPU backend's device memory is host memory: read the rows back.
+  EXPECT_EQ(std::vector<int32_t>(v.context_len, v.context_len + 4), (std::vector<int32_t>{5, 9, 100, 1}));
+  EXPECT_EQ(std::vector<int32_t>(v.positions, v.positions + 4), (std::vector<int32_t>{4, 8, 99, 0}));
+  EXPECT_EQ(std::vector<int32_t>(v.query_start, v.query_start + 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(v.slot_mapping[3], int64_t(kPadBlock) * kBlockSize);  // the padding row writes the spare block
+  EXPECT_EQ(v.block_table[2 * v.max_blocks_per_seq + 6], b.block_table[2 * size_t(b.max_blocks_per_seq) + 6]);
+}
+
+TEST(StepGraphs, LongContextStepsHaveGraphsOfTheirOwn) {
+  auto be = create_backend("cpu", 1);
+  StepGraphs graphs(*be, 8, kMaxContext, kBlockSize, kPadBlock);
+  // Mean 2048 exactly (the class starts there), and just below it.
+  const BatchView at = graphs.upload(decode_step({1024, kLongDecodeContext * 2 - 1024}), 2);
+  EXPECT_EQ(at.mean_context_len, kLongDecodeContext);
+  const BatchView below = graphs.upload(decode_step({1024, kLongDecodeContext * 2 - 1025}), 2);
+  EXPECT_EQ(below.mean_context_len, 0);
+  // A long step padded with short rows is still long: the class is the real rows'.
+  EXPECT_EQ(graphs.upload(decode_step({5000, 3000, 2500}), 4).mean_context_len, kLongDecodeContext);
+
+  graphs.store(2, false, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(2, false), nullptr);
+  EXPECT_EQ(graphs.find(2, true), nullptr);
+  graphs.store(2, true, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(2, true), graphs.find(2, false));
+  EXPECT_EQ(graphs.size(), 2);
+  graphs.clear();
+  EXPECT_EQ(graphs.find(2, false), nullptr);
+  EXPECT_EQ(graphs.find(2, true), nullptr);
+}
+
+}  // namespace
+}  // namespace serval::testing
