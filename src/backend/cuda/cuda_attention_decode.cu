@@ -127,12 +127,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
   ring.zero_padding(ring_p, lane);
-
-#pragma unroll
-  for (int st = 0; st < kStages; ++st) {
-    if (st < nt) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
-    cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
-  }
+  prime_ring(ring, first, nt, lane, p.k_pool, p.v_pool);
   int64_t pending = key_offset(kStages);  // the next tile's offsets, loaded one tile ahead
 
   WarpState<D, NH> st;

@@ -183,7 +183,7 @@ __device__ __forceinline__ void merge_pieces(const AttnParams& p, int64_t nw, Ro
 template <int D, int NH>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream_kernel(AttnParams p) {
   using Sm = StreamSmem<D>;
-  constexpr int DP = Sm::DP, MT = DP / 16;
+  constexpr int DP = Sm::DP;
   extern __shared__ __align__(16) unsigned char smem[];
   int* pre = reinterpret_cast<int*>(smem + Sm::RING_BYTES);
   int* ctx = pre + kAttnStreamMaxSeqs + 1;
@@ -257,11 +257,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
   unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
   ring.zero_padding(ring_p, lane);
-#pragma unroll
-  for (int st = 0; st < kStages; ++st) {
-    if (st < n) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
-    cp_async_commit();  // one group per tile slot, empty or not, so wait_group counts tiles
-  }
+  prime_ring(ring, first, n, lane, p.k_pool, p.v_pool);
   int64_t pending = next_offset();
 
   // The compute cursor and the piece of its item this warp holds.
@@ -311,21 +307,11 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
     st.reduce_l();
         const int64_t out_row = int64_t(q0s[pc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
     if (seg_j0 == 0 && item_end) {  // the whole item: normalize and write
-#pragma unroll
-      for (int r = 0; r < NH; ++r)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int h = 8 * r + 2 * t + c;
-          const float inv = 1.0f / __shfl_sync(0xffffffffu, st.l[r], 8 * t + 4 * c);
-          if (h < GL)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-              for (int hi = 0; hi < 2; ++hi) {
-                const int d = 16 * mt + g + 8 * hi;
-                if (d < D) p.out[(out_row + h) * D + d] = __float2bfloat16(st.acc[r][mt][2 * hi + c] * inv);
-              }
-        }
+      st.for_each_output(
+          g, t, [&](int r, int c) { return 1.0f / __shfl_sync(0xffffffffu, st.l[r], 8 * t + 4 * c); },
+          [&](int h, int d, float v) {
+            if (h < GL) p.out[(out_row + h) * D + d] = __float2bfloat16(v);
+          });
     } else {
       // A piece of a cut item. It is this run's first piece if the item
       // started before the run (publish it), else its last (merge after it).
@@ -333,25 +319,16 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
       const bool merger = a >= begin;
       const int64_t slot_row = (w * 2 + (merger ? 1 : 0)) * SH;
 #pragma unroll
-      for (int r = 0; r < NH; ++r) {
-        const int hr = g + 8 * r;
-        if (t == 0 && hr < GL) {
-          p.part_ml[(slot_row + hr) * 2] = st.m[r];
-          p.part_ml[(slot_row + hr) * 2 + 1] = st.l[r];
+      for (int r = 0; r < NH; ++r)
+        if (t == 0 && g + 8 * r < GL) {
+          p.part_ml[(slot_row + g + 8 * r) * 2] = st.m[r];
+          p.part_ml[(slot_row + g + 8 * r) * 2 + 1] = st.l[r];
         }
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int h = 8 * r + 2 * t + c;
-          if (h < GL)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-              for (int hi = 0; hi < 2; ++hi) {
-                const int d = 16 * mt + g + 8 * hi;
-                if (d < D) p.part_out[(slot_row + h) * D + d] = st.acc[r][mt][2 * hi + c];
-              }
-        }
-      }
+      st.for_each_output(
+          g, t, [](int, int) { return 1.0f; },
+          [&](int h, int d, float v) {
+            if (h < GL) p.part_out[(slot_row + h) * D + d] = v;
+          });
       if (!merger) {
         __threadfence();
         __syncwarp();

@@ -78,6 +78,19 @@ struct WarpRing {
   }
 };
 
+// Issues the first kStages tiles (those of `count` that exist, pool offsets
+// `first`) into slots 0, 1, ...: one cp.async group per slot, empty or not,
+// so that wait_group counts tiles.
+template <int D>
+__device__ __forceinline__ void prime_ring(const WarpRing<D>& ring, const int64_t (&first)[kStages], int64_t count,
+                                           int lane, const bf16* k_pool, const bf16* v_pool) {
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) {
+    if (st < count) ring.issue(st, first[st], lane, k_pool, v_pool);
+    ptx::cp_async_commit();
+  }
+}
+
 // Q rows h0 .. h0 + GL - 1 (heads of one block, row stride D) as MMA A
 // fragments (rows = heads, k = d); rows past GL are 0.
 template <int D, int NH>
@@ -109,6 +122,26 @@ struct WarpState {
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[r][mt][c] = 0.0f;
     }
+  }
+
+  // Calls out(h, d, v) for each output value this lane holds: v = O[h][d] *
+  // scale(r, c) for head column h = 8 r + 2 t + c and dimension d < D (every
+  // lane calls scale, so it may shuffle).
+  template <typename Scale, typename Out>
+  __device__ __forceinline__ void for_each_output(int g, int t, Scale scale, Out out) const {
+#pragma unroll
+    for (int r = 0; r < NH; ++r)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float k = scale(r, c);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const int d = 16 * mt + g + 8 * hi;
+            if (d < D) out(8 * r + 2 * t + c, d, acc[r][mt][2 * hi + c] * k);
+          }
+      }
   }
 
   // Sums l over the quad: afterwards every lane of quad g holds heads g (+8)'s.
