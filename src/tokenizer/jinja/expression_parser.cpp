@@ -316,7 +316,8 @@ class ExpressionParser : TokenCursor {
         f->name = take_name("a filter name");
         while (is_op(".")) {
           next();
-          f->name += "." + take_name("a filter name");
+          f->name += '.';  // not "." + take_name(): GCC 12 warns (-Wrestrict) on a literal + temporary
+          f->name += take_name("a filter name");
         }
         f->args.push_back(std::move(node));
         if (is_op("(")) parse_call_args(*f);

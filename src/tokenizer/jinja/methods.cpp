@@ -189,7 +189,10 @@ Value bound_method(const Value& obj, const std::string& name) {
   if (obj.is_string()) return string_method(obj.as_string(), name);
   if (obj.is_object() && !obj.as_object().is_namespace) return dict_method(obj, name);
   if (obj.is_array()) return list_method(obj, name);
-  return Value::undefined("'" + obj.type_name() + " object' has no attribute '" + name + "'");
+  std::string message = "'";  // appended, not "'" + temporary: GCC 12 warns (-Wrestrict) on that
+  message += obj.type_name();
+  message += " object' has no attribute '" + name + "'";
+  return Value::undefined(message);
 }
 
 }  // namespace serval::jinja

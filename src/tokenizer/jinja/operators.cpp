@@ -12,7 +12,9 @@ namespace {
 
 std::string object_desc(const Value& v) {
   if (v.is_none()) return "'None'";
-  return "'" + v.type_name() + " object'";
+  std::string desc = "'";  // appended, not "'" + temporary: GCC 12 warns (-Wrestrict) on that
+  desc += v.type_name();
+  return desc + " object'";
 }
 
 Value no_attribute(const Value& obj, const std::string& name) {
