@@ -166,7 +166,8 @@ class Parser : TokenStore, TokenCursor {
     std::string first = take_name("a variable name");
     if (is_op(".")) {  // ns.attr = value
       next();
-      first += "." + take_name("an attribute name");
+      first += '.';  // not "." + take_name(): GCC 12 warns (-Wrestrict) on a literal + temporary
+      first += take_name("an attribute name");
       auto s = make_stmt(Stmt::Kind::Set, at);
       s->targets.push_back(first);
       expect_op("=");

@@ -102,7 +102,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         char buf[64];
         std::snprintf(buf, sizeof buf, conv == 'x' ? "%llx" : conv == 'X' ? "%llX" : "%llo",
                       static_cast<long long>(std::llabs(v.as_int())));
-        text = (v.as_int() < 0 ? "-" : "") + std::string(buf);
+        text = v.as_int() < 0 ? "-" : "";  // then appended: GCC 12 warns (-Wrestrict) on "-" + temporary
+        text += buf;
         break;
       }
       case 'c': text = v.is_string() ? v.as_string() : std::string(1, static_cast<char>(v.as_int())); break;
