@@ -106,7 +106,7 @@ inline void fill_tiny_gguf(TinyGguf& g, const ModelConfig& c, DType dtype = DTyp
   g.writer.set_f32(a + ".attention.layer_norm_rms_epsilon", c.rms_eps);
   g.writer.set_f32(a + ".rope.freq_base", c.rope_theta);
   std::vector<std::string> tokens;
-  for (int64_t i = 0; i < c.vocab_size; ++i) tokens.push_back("t" + std::to_string(i));
+  for (int64_t i = 0; i < c.vocab_size; ++i) tokens.push_back(std::string("t").append(std::to_string(i)));  // not "t" + temporary: GCC 12's -Wrestrict
   g.writer.set_string("tokenizer.ggml.model", "gpt2");
   g.writer.set_string_array("tokenizer.ggml.tokens", tokens);
   uint32_t seed = 1;
