@@ -194,7 +194,7 @@ void GgufWriter::add_tensor_generated(const std::string& name, DType dtype, cons
 
 std::vector<uint8_t> GgufWriter::header_bytes(std::vector<uint64_t>& offsets, uint64_t& data_size) const {
   Bytes b;
-  b.buf.insert(b.buf.end(), {'G', 'G', 'U', 'F'});
+  b.buf = {'G', 'G', 'U', 'F'};  // assigned, not inserted: GCC 12 warns (-Wstringop-overflow) on that
   b.put<uint32_t>(version_);
   b.put<uint64_t>(tensors_.size());
   b.put<uint64_t>(kv_.size());

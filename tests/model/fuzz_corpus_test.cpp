@@ -1,6 +1,6 @@
 // Writes the fuzzers' seed corpora (tests/fuzz/corpus/{gguf,safetensors}) with
-// Serval's own writers. Disabled in normal runs; regenerate with
-//   SERVAL_FUZZ_CORPUS_OUT=tests/fuzz/corpus ./build/serval_tests \
+// Serval's own writers. Disabled in normal runs; regenerate with (one line)
+//   SERVAL_FUZZ_CORPUS_OUT=tests/fuzz/corpus ./build/serval_tests
 //     --gtest_also_run_disabled_tests --gtest_filter='FuzzCorpus.*'
 #include <cstdlib>
 #include <fstream>

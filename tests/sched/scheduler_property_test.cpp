@@ -159,7 +159,9 @@ TEST(SchedulerPropertyTest, TenThousandRandomOperationsPerSeedLeakNothing) {
     EXPECT_GT(n.abort_mid_decode, 0) << "seed " << seed;
     EXPECT_GT(n.abort_in_flight, 0) << "seed " << seed;
     EXPECT_GT(h.sched.stats().num_preemptions, 10) << "seed " << seed;
-    if (h.kv.prefix_cache_enabled()) EXPECT_GT(h.sched.stats().prefix_hit_tokens, 0);
+    if (h.kv.prefix_cache_enabled()) {
+      EXPECT_GT(h.sched.stats().prefix_hit_tokens, 0);
+    }
   }
 }
 

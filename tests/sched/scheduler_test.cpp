@@ -330,7 +330,9 @@ TEST(SchedulerTest, RandomizedOperationsKeepKvConsistentAndLeakNothing) {
     }
     EXPECT_GT(timeouts, 0) << "seed " << seed;
     EXPECT_GT(h.sched.stats().num_preemptions, 0) << "seed " << seed;
-    if (h.kv.prefix_cache_enabled()) EXPECT_GT(h.sched.stats().prefix_hit_tokens, 0);
+    if (h.kv.prefix_cache_enabled()) {
+      EXPECT_GT(h.sched.stats().prefix_hit_tokens, 0);
+    }
   }
 }
 
