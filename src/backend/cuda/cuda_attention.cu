@@ -74,8 +74,8 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   // that precedes a capture sizes the scratch for every replay.
   p.num_splits = attention_decode_splits(p, b.max_context_len, num_sms_);
   if (attention_stream_ == AttentionStream::kAlways ||
-      (attention_stream_ == AttentionStream::kAuto && b.mean_context_len >= kLongDecodeContext &&
-       attention_decode_stream_preferred(p, num_sms_)))
+      (attention_stream_ == AttentionStream::kAuto &&
+       attention_decode_stream_preferred(p, num_sms_, b.mean_context_len)))
     p.stream_blocks = attention_decode_stream_blocks(p, num_sms_);
   if (p.stream_blocks > 0) {
     ++stream_attention_calls_;

@@ -73,10 +73,10 @@ int64_t attention_decode_partial_floats(const AttnParams& p);
 // flags a launch with p.stream_blocks needs, and the launch (decode rows
 // only; it returns false if head_dim has no compiled kernel).
 int attention_decode_stream_blocks(const AttnParams& p, int num_sms);
-// Whether the stream kernel should serve this launch shape.
-bool attention_decode_stream_preferred(const AttnParams& p, int num_sms);
+// Whether the stream kernel should serve this launch, for a step whose
+// sequences average `mean_context` tokens (BatchView::mean_context_len).
+bool attention_decode_stream_preferred(const AttnParams& p, int num_sms, int mean_context);
 int64_t attention_decode_stream_partial_floats(const AttnParams& p);
-int64_t attention_decode_stream_items(const AttnParams& p);
 int64_t attention_decode_stream_warps(const AttnParams& p);
 bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream);
 

@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_attention.cuh"
 #include "backend/cuda/cuda_attention_decode_tile.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
+#include "runtime/backend.h"
 
 namespace serval::cuda {
 
@@ -235,7 +236,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
   // The issue cursor: lane L (and L + 16) finds the pool offset of key L of
   // the next tile to load (-1 past its context or past the run).
   const int64_t slot_stride = int64_t(p.kv_heads) * D;
-  Cursor ic = n > 0 ? scan.locate(begin) : Cursor{0, 0, 0, 0, 1};
+  const Cursor start = n > 0 ? scan.locate(begin) : Cursor{0, 0, 0, 0, 1};
+  Cursor ic = start;
   int64_t issued = 0;
   auto next_offset = [&]() -> int64_t {
     int64_t off = -1;
@@ -261,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
   int64_t pending = next_offset();
 
   // The compute cursor and the piece of its item this warp holds.
-  Cursor cc = scan.locate(begin);
+  Cursor cc = start;
   int seg_j0 = cc.j;
   uint32_t qa[DP / 16][4];
   auto item_heads = [&](const Cursor& c, int& kvh, int& h0, int& GL) {
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
     int kvh, h0, GL;
     item_heads(pc, kvh, h0, GL);
     st.reduce_l();
-        const int64_t out_row = int64_t(q0s[pc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
+    const int64_t out_row = int64_t(q0s[pc.s]) * p.num_heads + int64_t(kvh) * G + h0;  // head h0's row
     if (seg_j0 == 0 && item_end) {  // the whole item: normalize and write
       st.for_each_output(
           g, t, [&](int r, int c) { return 1.0f / __shfl_sync(0xffffffffu, st.l[r], 8 * t + 4 * c); },
@@ -390,6 +392,9 @@ bool with_stream_kernel(const AttnParams& p, F&& f) {
   });
 }
 
+// (sequence, KV head, head block) items of a launch.
+int64_t stream_items(const AttnParams& p) { return int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group); }
+
 }  // namespace
 
 int attention_decode_stream_blocks(const AttnParams& p, int num_sms) {
@@ -399,26 +404,22 @@ int attention_decode_stream_blocks(const AttnParams& p, int num_sms) {
   return per_sm * std::max(num_sms, 1);
 }
 
-// Where the items alone fill the GPU's resident blocks (as the split
-// planner's one-split rule has it). The caller also asks for long contexts:
-// on the H200 the stream kernel reads K/V at 3.9-4.3 TB/s against the split
-// kernel's 3.7-3.8 with 64 sequences of 4k-32k tokens (Llama-3.1-8B shape), but
-// is 7-15% slower at 128-256 tokens, where each warp's run crosses several
-// items. Groups beyond 8 heads (two head tiles) stay with the split kernel:
-// the stream kernel spills there.
-bool attention_decode_stream_preferred(const AttnParams& p, int num_sms) {
-  if (two_head_tiles(p.group)) return false;
+// Long contexts (a mean of kLongDecodeContext tokens or more) whose items
+// alone fill the GPU's resident blocks (as the split planner's one-split rule
+// has it). On the H200 the stream kernel reads K/V at 3.9-4.3 TB/s against the
+// split kernel's 3.7-3.8 with 64 sequences of 4k-32k tokens (Llama-3.1-8B
+// shape), but is 7-15% slower at 128-256 tokens, where each warp's run
+// crosses several items. Groups beyond 8 heads (two head tiles) stay with the
+// split kernel: the stream kernel spills there.
+bool attention_decode_stream_preferred(const AttnParams& p, int num_sms, int mean_context) {
+  if (mean_context < kLongDecodeContext || two_head_tiles(p.group)) return false;
   const int blocks = attention_decode_stream_blocks(p, num_sms);
-  return blocks > 0 && attention_decode_stream_items(p) * 5 >= int64_t(blocks) * 4;
+  return blocks > 0 && stream_items(p) * 5 >= int64_t(blocks) * 4;
 }
 
 int64_t attention_decode_stream_partial_floats(const AttnParams& p) {
   const int64_t rows = int64_t(p.stream_blocks) * kWarps * 2 * std::min(p.group, kHeadsPerBlock);
   return rows * (p.head_dim + 2);
-}
-
-int64_t attention_decode_stream_items(const AttnParams& p) {
-  return int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group);
 }
 
 int64_t attention_decode_stream_warps(const AttnParams& p) { return int64_t(p.stream_blocks) * kWarps; }
