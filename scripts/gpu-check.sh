@@ -104,6 +104,7 @@ if [ $QUICK = 0 ]; then
   compare_cpu $M7 7B
   compare_cpu $M7 7B --dtype float32
   row "$(./batch-vs-solo.sh $M7 "7B bf16 CUDA" --device cuda | tail -1)"
+  row "$(./batch-vs-solo.sh $M7 "7B bf16 CUDA --batch-invariant" --device cuda --batch-invariant | tail -1)"
 fi
 bench "7B batch-1 decode tg128" $M7 --requests 1 --input-len 1 --output-len 129
 bench "7B batch-1 decode tg128, --enforce-eager" $M7 --requests 1 --input-len 1 --output-len 129 --enforce-eager
@@ -111,6 +112,10 @@ bench "7B prefill 512" $M7 --requests 1 --input-len 512 --output-len 2
 if [ $QUICK = 0 ]; then
   bench "7B 64 x (128 in, 128 out)" $M7 --requests 64 --input-len 128 --output-len 128
   bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128
+  # What batch invariance costs: the GEMV for every matmul, the prefill kernels for every attention row.
+  bench "7B batch-1 decode tg128, --batch-invariant" $M7 --requests 1 --input-len 1 --output-len 129 --batch-invariant
+  bench "7B prefill 512, --batch-invariant" $M7 --requests 1 --input-len 512 --output-len 2 --batch-invariant
+  bench "7B 64 x (128 in, 128 out), --batch-invariant" $M7 --requests 64 --input-len 128 --output-len 128 --batch-invariant
   # 17..48-row decode steps: cuBLASLt, and the skinny GEMM for comparison.
   for N in 20 32 48; do
     bench "7B $N x (128 in, 128 out)" $M7 --requests $N --input-len 128 --output-len 128

@@ -23,6 +23,9 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_option("--gpu-memory-fraction", f.gpu_memory_fraction,
                  "on a GPU: the fraction of its memory for weights, activations and the KV pool (default 0.9)");
   sub.add_flag("--enforce-eager", f.enforce_eager, "on a GPU: run every step op by op, without CUDA graphs");
+  sub.add_flag("--batch-invariant", f.batch_invariant,
+               "kernels whose result for a sequence does not depend on the rest of its batch: greedy output "
+               "batched equals each request alone, bit for bit (slower; on a GPU, bfloat16 only)");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
   sub.add_option("--device", f.device, "cpu, cuda or auto (default: auto, cuda when there is a GPU)");
   sub.add_option("--dtype", f.dtype,
@@ -64,6 +67,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   ro.kv_cache_tokens = f.kv_cache_tokens;
   ro.gpu_memory_fraction = device == "cpu" ? 0 : f.gpu_memory_fraction;
   ro.enforce_eager = f.enforce_eager;
+  ro.batch_invariant = f.batch_invariant;
   ro.max_num_batched_tokens = f.scheduler.max_num_batched_tokens;
   ro.max_num_seqs = int32_t(f.scheduler.max_num_seqs);
   ro.max_model_len = int32_t(f.scheduler.max_model_len);
@@ -91,6 +95,10 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                  double(m.runner->weight_bytes()) / gib,
                  double(m.runner->activation_bytes()) / gib, (long long)ro.max_num_batched_tokens,
                  double(m.plan.bytes()) / gib, f.enforce_eager ? "; CUDA graphs off (--enforce-eager)" : "");
+  }
+  if (f.batch_invariant) {
+    std::fprintf(stderr, "batch-invariant kernels (--batch-invariant): a sequence's output does not depend on its "
+                         "batch; slower\n");
   }
   std::fprintf(stderr, "%s\n", m.plan.describe().c_str());
   return m;

@@ -156,6 +156,12 @@ class Backend {
   virtual DType act_dtype() const = 0;
   virtual DType kv_dtype() const = 0;
   virtual int threads() const { return 1; }
+  // Batch-invariant mode: every op then computes a token's result the same
+  // way, bit for bit, whatever else is in its batch (other sequences, how a
+  // prompt is chunked, graph padding), so greedy output does not depend on
+  // batching; slower. Off by default. Throws where a backend cannot.
+  virtual void set_batch_invariant(bool on) = 0;
+  virtual bool batch_invariant() const = 0;
 
   // ---- memory ----
   virtual DeviceBuffer alloc(int64_t bytes) = 0;

@@ -104,6 +104,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
                "max_num_seqs must be positive");
   backend_ = create_backend(opts.device, opts.threads, opts.dtype);
+  backend_->set_batch_invariant(opts.batch_invariant);
   const bool gpu = backend_->name() != "cpu";
   if (gpu) check_weights_fit(weights, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
   load_weights(weights);

@@ -35,6 +35,9 @@ struct RunnerOptions {
   int32_t max_num_seqs = 256;
   int32_t max_model_len = 0;    // 0: the model's context
   bool enforce_eager = false;   // never replay decode steps from graphs
+  // Backend::set_batch_invariant: a sequence's logits do not depend on what
+  // else is in its steps (greedy output batched == alone, bit for bit); slower.
+  bool batch_invariant = false;
 };
 
 class ModelRunner {

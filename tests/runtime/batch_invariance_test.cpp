@@ -35,11 +35,12 @@ struct Fixture {
     cfg = tiny_config(spec);
     weights = tiny_weights(cfg, spec);
   }
-  std::unique_ptr<ModelRunner> runner() const {
+  std::unique_ptr<ModelRunner> runner(bool batch_invariant = false) const {
     RunnerOptions o;
     o.block_size = kBlock;
     o.kv_cache_tokens = kPool * kBlock;
     o.threads = 2;
+    o.batch_invariant = batch_invariant;
     return ModelRunner::create(cfg, weights, o);
   }
   std::vector<int32_t> prompt(int n, uint32_t seed) const {
@@ -82,6 +83,62 @@ TEST(BatchInvariance, RaggedPrefillOfThreeSequencesEqualsEachAlone) {
     for (size_t t = 0; t < p.size(); ++t, ++row)
       EXPECT_LT(rel_error(f.row(together, row), f.row(alone, t)), kTol) << "row " << row;
   }
+}
+
+// --batch-invariant on the CPU: the same sequence's logits bitwise equal
+// alone (a whole prefill, then one-row decode steps) and among others (its
+// prompt in chunks of 5, 1 and 8 beside other sequences' prefill and decode
+// rows, then decode steps of 12 rows), where the default kernels change with
+// the row count (streaming up to 8 rows, sgemm above).
+TEST(BatchInvariance, BatchInvariantModeGivesBitwiseTheLogitsAlone) {
+  Fixture f;
+  const std::vector<int32_t> p = f.prompt(14, 21), forced = f.prompt(4, 22);
+  std::vector<std::vector<float>> alone, together;
+  {
+    auto r = f.runner(true);
+    PagedSeqs seqs(kBlock, Fixture::contiguous(), 16);
+    const int s = seqs.add_sequence();
+    std::vector<float> logits;
+    r->forward(seqs.step({s}, {p}, false), logits);
+    alone.push_back(logits);
+    for (int32_t t : forced) {
+      r->forward(seqs.step({s}, {{t}}, false), logits);
+      alone.push_back(logits);
+    }
+  }
+  auto r = f.runner(true);
+  std::vector<int32_t> blocks = Fixture::contiguous();
+  std::shuffle(blocks.begin(), blocks.end(), std::mt19937(9));
+  PagedSeqs seqs(kBlock, blocks, 16);
+  const int target = seqs.add_sequence();
+  std::vector<int> others;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 11; ++i) {
+    others.push_back(seqs.add_sequence());
+    prompts.push_back(f.prompt(2 + i % 5, 30 + uint32_t(i)));
+  }
+  std::vector<float> logits;
+  r->forward(seqs.step(others, prompts, false), logits);
+  size_t at = 0;
+  for (size_t n : {5, 1, 8}) {
+    std::vector<int> ids = others;
+    std::vector<std::vector<int32_t>> chunks(others.size(), std::vector<int32_t>{3});
+    ids.push_back(target);
+    chunks.push_back({p.begin() + long(at), p.begin() + long(at + n)});
+    at += n;
+    r->forward(seqs.step(ids, chunks, false), logits);
+  }
+  together.push_back(f.row(logits, others.size()));
+  for (int32_t t : forced) {
+    std::vector<int> ids = others;
+    std::vector<std::vector<int32_t>> chunks(others.size(), std::vector<int32_t>{5});
+    ids.push_back(target);
+    chunks.push_back({t});
+    r->forward(seqs.step(ids, chunks, false), logits);
+    together.push_back(f.row(logits, others.size()));
+  }
+  ASSERT_EQ(together.size(), alone.size());
+  for (size_t i = 0; i < alone.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "step " << i;
 }
 
 TEST(BatchInvariance, ChunkedPrefillEqualsWholePrefill) {

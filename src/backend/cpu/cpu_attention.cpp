@@ -67,10 +67,8 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
       const float* kj = K + slot * slot_stride + kvh * D;
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = Q + t * num_heads * D + (kvh * group + h) * D;
-        float dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
-        scores[h * n_ctx + j] = dot * scale;
+        // Fixed order: a token's scores must not depend on where its q row sits.
+        scores[h * n_ctx + j] = dot_fixed_order(qh, kj, D) * scale;
       }
     }
     // softmax over j, then out_h = sum_j p_j v_j

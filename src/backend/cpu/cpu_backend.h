@@ -27,6 +27,10 @@ class CpuBackend : public Backend {
   DType act_dtype() const override { return DType::F32; }
   DType kv_dtype() const override { return DType::F32; }
   int threads() const override { return threads_; }
+  // Batch-invariant mode: every matmul row is one fixed-order dot product
+  // (dot_fixed_order) instead of the streaming kernel or sgemm by batch size.
+  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  bool batch_invariant() const override { return batch_invariant_; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;
@@ -56,10 +60,16 @@ class CpuBackend : public Backend {
 
  private:
   int threads_;
+  bool batch_invariant_ = false;
   Sampler sampler_;
   // Per-thread attention scores, grown to the longest context seen.
   std::vector<std::vector<float>> scores_;
 };
+
+// sum_i a[i] * b[i] in an order fixed by n alone (16 running sums, then a
+// fixed tree), whatever the pointers' alignment: the same bits for the same
+// values wherever they sit in memory.
+float dot_fixed_order(const float* a, const float* b, int64_t n);
 
 // Checked downcasts (a weight of another backend is a programming error).
 const CpuWeight& as_cpu(const DeviceWeight& w);

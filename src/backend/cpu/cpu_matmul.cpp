@@ -32,13 +32,36 @@ void stream_matmul(const float* X, const float* W, float* Y, int64_t T, int64_t 
   }
 }
 
+// y[t, o] = dot_fixed_order(x[t, :], W[o, :]) for every row: a row's result
+// does not depend on how many rows come with it (batch-invariant mode).
+void fixed_order_matmul(const float* X, const float* W, float* Y, int64_t T, int64_t in, int64_t out, int threads) {
+  const bool parallel = T * out * in > (int64_t(1) << 16);
+#pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t t = 0; t < T; ++t) Y[t * out + o] = dot_fixed_order(X + t * in, W + o * in, in);
+}
+
 }  // namespace
+
+float dot_fixed_order(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 16;
+  float lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] += a[i + j] * b[i + j];
+  for (int j = 0; i + j < n; ++j) lane[j] += a[i + j] * b[i + j];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
+  return lane[0];
+}
 
 void CpuBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
   const float* W = as_cpu(w).data();
   const int64_t T = x.rows, in = x.cols, out = w.rows();
   if (T == 0) return;
-  if (T <= kMaxStreamRows) {
+  if (batch_invariant_) {
+    fixed_order_matmul(f32(x), W, f32(y), T, in, out, threads_);
+  } else if (T <= kMaxStreamRows) {
     stream_matmul(f32(x), W, f32(y), T, in, out, threads_);
   } else {
     // Each thread multiplies by its own slice of W's rows (columns of y) with a

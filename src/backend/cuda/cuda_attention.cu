@@ -1,7 +1,8 @@
 // CudaBackend::paged_attention: fills AttnParams, picks the decode split count
 // and launches the prefill and decode kernels (a mixed batch runs both; each
 // kernel skips the sequences of the other kind). With f32 activations
-// (--dtype float32) one CUDA-core kernel serves every sequence.
+// (--dtype float32) one CUDA-core kernel serves every sequence; in
+// batch-invariant mode the prefill kernels serve every sequence.
 #include <algorithm>
 #include <cmath>
 
@@ -60,13 +61,23 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   if (act_dtype_ == DType::F32) {
     // One launch over every sequence; its grid follows b.max_query_len (1 for
     // a decode step, so a captured decode launch serves every replay).
-    const AttnParamsT<float> p = attn_params<float>(q, kv, g, b, num_heads, scale, out);
+    AttnParamsT<float> p = attn_params<float>(q, kv, g, b, num_heads, scale, out);
+    p.min_query_len = 1;
     SERVAL_CHECK(launch_attention_f32(p, std::max(b.max_query_len, 1), stream_), "paged_attention: head_dim ",
                  p.head_dim, " has no f32 CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
     return;
   }
 
   AttnParams p = attn_params<bf16>(q, kv, g, b, num_heads, scale, out);
+  if (batch_invariant_) {
+    // Every row through the prefill kernels: a row's keys run in fixed tiles
+    // from position 0 there, whatever its batch, chunk or query length, where
+    // the decode kernels' splits follow the batch.
+    p.min_query_len = 1;
+    SERVAL_CHECK(launch_attention_prefill(p, std::max(b.max_query_len, 1), stream_), "paged_attention: head_dim ",
+                 p.head_dim, " has no CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
+    return;
+  }
   static const bool direct = !env_is_one("SERVAL_NO_DIRECT_SPLIT");
   p.whole_split_direct = direct;
   // b.max_context_len may be an upper bound (CUDA graphs): the split count and

@@ -29,6 +29,10 @@ struct AttnParamsT {
   int num_seqs = 0, num_heads = 0, kv_heads = 0, group = 0, head_dim = 0;
   int block_size = 0, max_blocks_per_seq = 0;
   float scale_log2 = 0;  // softmax scale * log2(e): the kernels use exp2
+  // Sequences with at least this many new tokens are the prefill kernels'; the
+  // rest (one token) the decode kernels'. 1 (f32, batch-invariant mode): the
+  // prefill kernels take every row and no decode kernel runs.
+  int min_query_len = 2;
   // Split-KV decode: the launch has num_splits splits per (sequence, KV head);
   // each sequence divides its own context among them on the device (see
   // attention_decode_splits). With more than one split, each leaves its

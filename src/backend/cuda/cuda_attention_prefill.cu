@@ -312,7 +312,7 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
 }
 
 // Grid: (KV head, query tile counted from the last, z). Block z serves the
-// prefill sequences (query_len > 1) of rank z, z + Z, ... (Z = gridDim.z),
+// prefill sequences (query_len >= min_query_len) of rank z, z + Z, ... (Z = gridDim.z),
 // found by a warp-wide scan of query_start: decode sequences and tiles past a
 // sequence's end cost no block, and Z is sized by the launcher so the grid
 // stays a few waves even for a batch of hundreds of decode rows.
@@ -326,9 +326,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_prefill_tc_ker
   for (int s0 = 0; s0 < p.num_seqs; s0 += 32) {  // every warp scans alike: control stays block-uniform
     const int s = s0 + lane;
     const int ql = s < p.num_seqs ? p.query_start[s + 1] - p.query_start[s] : 0;
-    const unsigned prefill = __ballot_sync(0xffffffffu, ql > 1);
+    const bool ours = ql >= p.min_query_len && ql > 0;
+    const unsigned prefill = __ballot_sync(0xffffffffu, ours);
     const int rank = rank0 + __popc(prefill & ((1u << lane) - 1));
-    unsigned mine = __ballot_sync(0xffffffffu, ql > 1 && rank % Z == z && first_row < ql);
+    unsigned mine = __ballot_sync(0xffffffffu, ours && rank % Z == z && first_row < ql);
     rank0 += __popc(prefill);
     while (mine) {
       const int i = __ffs(mine) - 1;
@@ -368,7 +369,7 @@ bool launch_attention_prefill(const AttnParams& p, int max_query_len, cudaStream
   SERVAL_CHECK(p.group >= 1 && p.group <= kRows, "cuda attention: GQA group of ", p.group,
                " query heads per KV head is more than the prefill kernel's ", kRows, " rows");
   SERVAL_CHECK(p.block_size >= 1, "cuda attention: block size ", p.block_size);
-  if (max_query_len <= 1 || p.num_seqs <= 0) return true;
+  if (max_query_len < p.min_query_len || p.num_seqs <= 0) return true;
   const bool fast = p.block_size >= 8 && (p.block_size & (p.block_size - 1)) == 0;
   if (p.head_dim == 64)
     fast ? launch_tc<64, true>(p, max_query_len, stream) : launch_tc<64, false>(p, max_query_len, stream);

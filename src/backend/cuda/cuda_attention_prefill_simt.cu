@@ -8,10 +8,9 @@
 // The kernel is templated on the element type of q, out and the pools: bf16,
 // or f32 with --dtype float32. In f32 mode it is the only attention kernel
 // (the tensor-core ones are bf16), so it also serves decode rows: a sequence
-// with one new token is a tile of G live rows.
+// with one new token is a tile of G live rows (so in batch-invariant mode).
 #include <math_constants.h>
 
-#include <type_traits>
 
 #include "backend/cuda/cuda_attention_prefill_simt.cuh"
 #include "backend/cuda/cuda_elem.cuh"
@@ -46,8 +45,6 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p) {
   using V8 = Vec8<T>;
   constexpr int BK = kKeyTile, NCH = D / 8, CPT = (NCH + 7) / 8, VS = D + 8;
-  // bf16: decode rows go to the split-KV decode kernel; f32: all rows are ours.
-  constexpr int kMinQueryLen = std::is_same_v<T, float> ? 1 : 2;
   extern __shared__ __align__(16) unsigned char smem[];
   float* qT = reinterpret_cast<float*>(smem);
   float* pT = qT + D * kRows;
@@ -57,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p
   const int G = p.group, QT = kRows / G;
   const int s = blockIdx.z, kvh = blockIdx.y;
   const int qs = p.query_start[s], qe = p.query_start[s + 1];
-  if (qe - qs < kMinQueryLen) return;
+  if (qe - qs < p.min_query_len) return;  // a decode row, which the decode kernel serves
   const int t0 = qs + blockIdx.x * QT;
   if (t0 >= qe) return;
   const int t_last = min(t0 + QT, qe) - 1;

@@ -6,6 +6,7 @@
 // shapes through our GEMV up to 16 rows and our skinny GEMM up to 48),
 // everything else is our own kernels. All work runs
 // on one stream; copy_to_host(), tensor_to_host() and synchronize() wait for it.
+// In batch-invariant mode only our own kernels run (set_batch_invariant).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -50,6 +51,12 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   DType act_dtype() const override { return act_dtype_; }
   DType kv_dtype() const override { return act_dtype_; }
+  // Batch-invariant mode (bf16 only): every matmul through the GEMV, in
+  // groups of 16 rows beyond 16 (gemv_any_rows_fits); every attention row,
+  // decode rows too, through the prefill kernels, whose keys run in fixed
+  // tiles from position 0 (no split-KV, no stream kernel).
+  void set_batch_invariant(bool on) override;
+  bool batch_invariant() const override { return batch_invariant_; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;
@@ -131,6 +138,9 @@ class CudaBackend : public Backend {
   void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
   void flush_l2();  // tune_matmul times candidates with a cold L2
   bool own_kernel_fits(const Tensor& x) const;
+  // Our kernels for x @ W^T (own_kernel_fits): the GEMV, or the skinny GEMM.
+  void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n);
+  void own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out);
   // qkv_rope_kv_write as one GEMM of the stacked q/k/v weights (cuda_matmul.cu).
   bool stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv,
                         const Tensor& q, const RopeParams& rope, const KvGeometry& geom) const;
@@ -160,6 +170,7 @@ class CudaBackend : public Backend {
   std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
+  bool batch_invariant_ = false;
   DeviceBuffer split_k_partials_;  // matmul_add_rmsnorm's two f32 halves
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product
   int64_t stacked_qkv_calls_ = 0;

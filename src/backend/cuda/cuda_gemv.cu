@@ -99,33 +99,39 @@ __device__ __forceinline__ BlockWork block_work(const GemvParams& p) {
   return {chunks, batches, my_units * batches};
 }
 
-// Unit i of this block: the W rows lane (g, q) reads (row `base + g` of its
-// segment, or of gate and up) and whether that row exists.
+// Unit `tile` of the launch: the W rows lane (g, q) reads (row `base + g` of
+// its segment, or of gate and up) and whether that row exists.
 struct UnitRows {
   const bf16* w;
   const bf16* u;
   bool ok;
 };
 template <bool kGated>
-__device__ __forceinline__ UnitRows unit_rows(const GemvParams& p, int i, int g) {
+__device__ __forceinline__ UnitRows tile_rows(const GemvParams& p, int tile, int g) {
   int seg, base;
-  locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
+  locate_tile(p, tile, kUnitRows, seg, base);
   const int row = base + g;
   const bool ok = row < p.rows[seg];
   const int64_t off = int64_t(ok ? row : 0) * p.in;
   return {p.w[kGated ? 0 : seg] + off, kGated ? p.w[1] + off : nullptr, ok};
 }
+// Unit i of this block of the persistent grid.
+template <bool kGated>
+__device__ __forceinline__ UnitRows unit_rows(const GemvParams& p, int i, int g) {
+  return tile_rows<kGated>(p, int(blockIdx.x) + i * int(gridDim.x), g);
+}
 
-// The end of unit i: the 4 warps' partials are summed in shared memory (warp
-// 0 + 1 + 2 + 3, in that order) and warp 0 writes the unit's outputs (silu(g)
-// * u if gated); the accumulators restart at zero.
+// The end of a unit (tile `tile` of the launch) for the tokens from t0 (0,
+// or a group of 16 in gemv_wide_kernel): the 4 warps' partials are summed in
+// shared memory (warp 0 + 1 + 2 + 3, in that order) and warp 0 writes the
+// unit's outputs (silu(g) * u if gated); the accumulators restart at zero.
+// Consecutive calls alternate `buf`.
 template <typename Out, bool kGated, int kAcc, int kVals, bool kRope = false>
 __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeKv& r,
                                             float (&partial)[2][kWarps][kVals][32], float (&acc)[4],
-                                            float (&acc_up)[4], int i) {
+                                            float (&acc_up)[4], int tile, int buf, int t0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int buf = i & 1;
 #pragma unroll
   for (int v = 0; v < kAcc; ++v) {
     partial[buf][warp][v][lane] = acc[v];
@@ -145,7 +151,7 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
 #pragma unroll
     for (int v = 0; v < kVals; ++v) sum[v] += partial[buf][w][v][lane];
   int seg, base;
-  locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
+  locate_tile(p, tile, kUnitRows, seg, base);
   const int rows = p.rows[seg];
   Out* y = static_cast<Out*>(p.y[seg]);
   if constexpr (kRope && !kGated && std::is_same_v<Out, bf16>) {
@@ -155,7 +161,7 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
     const int j = base + 2 * q;
 #pragma unroll
     for (int h = 0; h < kAcc / 2; ++h) {
-      const int t = g + 8 * h;
+      const int t = t0 + g + 8 * h;
       if (t >= p.tokens || j >= rows) continue;
       float a = __bfloat162float(__float2bfloat16(sum[2 * h]));
       float b = __bfloat162float(__float2bfloat16(sum[2 * h + 1]));
@@ -174,7 +180,7 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
   } else {
 #pragma unroll
     for (int h = 0; h < kAcc / 2; ++h) {
-      const int t = g + 8 * h;
+      const int t = t0 + g + 8 * h;
       if (t >= p.tokens) continue;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -250,7 +256,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
       ptx::mma_bf16_16816(acc_up, a_hi, uv[s].z, uv[s].w);
     }
   };
-  auto epilogue = [&](int i) { finish_unit<Out, kGated, kAcc, kVals, kRope>(p, r, partial, acc, acc_up, i); };
+  auto epilogue = [&](int i) {
+    finish_unit<Out, kGated, kAcc, kVals, kRope>(p, r, partial, acc, acc_up, int(blockIdx.x) + i * int(gridDim.x),
+                                                 i & 1, 0);
+  };
   if (total == 0) return;  // no block is launched without a unit; kept for safety
   // Batch 0's weights first; x is the previous kernel's output, so wait for
   // it (and only then may y be written) before loading x.
@@ -373,10 +382,86 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
       }
       if (idx + kDepth + 1 == total) pdl_launch_dependents();  // the last weight loads are out
       if (++cb == batches) {
-        finish_unit<Out, false, 2, 2, kRope>(p, r, partial, acc, unused, ci++);
+        finish_unit<Out, false, 2, 2, kRope>(p, r, partial, acc, unused, int(blockIdx.x) + ci * int(gridDim.x),
+                                             ci & 1, 0);
+        ++ci;
         cb = 0;
       }
     }
+  }
+}
+
+// Any number of rows, for batch-invariant mode (CudaBackend's
+// set_batch_invariant): the rows come in groups of 16, and each group goes
+// through the GEMV's own units, k-steps, mma chain and sums (the same
+// registers feed the same mmas in the same order), so every row gets the bits
+// it gets from the GEMV alone, in a batch of any size. A block takes one unit
+// (blockIdx.y) for up to kWideGroups groups (blockIdx.x picks which): it holds
+// each batch of W in registers while it multiplies every group by it, x
+// loaded just in time (an L1 or L2 hit). The groups' blocks of one unit are
+// neighbours in the grid, so they share W through L2.
+constexpr int kWideGroups = 4;
+template <typename Out, bool kGated, bool kRope = false>
+__global__ void __launch_bounds__(kThreads) gemv_wide_kernel(const __grid_constant__ GemvParams p,
+                                                             const __grid_constant__ GemvRopeKv r) {
+  constexpr int kVals = kGated ? 8 : 4;
+  __shared__ float partial[2][kWarps][kVals][32];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int chunks = p.in >> 3;
+  const int batches = (chunks + kStepChunks * kWarps * kSteps - 1) / (kStepChunks * kWarps * kSteps);
+  const int tile = int(blockIdx.y), t_first = int(blockIdx.x) * kWideGroups * 16;
+  const int groups = min(kWideGroups, (p.tokens - t_first + 15) / 16);
+  const UnitRows rows = tile_rows<kGated>(p, tile, g);
+
+  // Other blocks read this unit's W for their groups: keep it in L2 then.
+  uint64_t policy;
+  if (gridDim.x > 1)
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  else
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+
+  uint4 wv[kSteps], uv[kGated ? kSteps : 1];
+  float acc[kWideGroups][4] = {}, acc_up[kWideGroups][4] = {};
+  auto chunk = [&](int b, int s) { return ((b * kWarps + warp) * kSteps + s) * kStepChunks + q; };
+  auto load_step = [&](int b, int s) {
+    const int c = chunk(b, s);
+    const bool ok = rows.ok && c < chunks;
+    wv[s] = load_weight(rows.w + (ok ? c * 8 : 0), ok, policy);
+    if constexpr (kGated) uv[s] = load_weight(rows.u + (ok ? c * 8 : 0), ok, policy);
+  };
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) load_step(0, s);
+  pdl_wait();  // x is the previous kernel's output; y may be written only now
+  for (int b = 0; b < batches; ++b) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int c = chunk(b, s);
+      const int off = c < chunks ? c * 8 : 0;
+#pragma unroll
+      for (int j = 0; j < kWideGroups; ++j) {
+        if (j >= groups) break;
+        const int lo = t_first + 16 * j + g, hi = lo + 8;
+        const uint4 xl = load_act(p.x + int64_t(min(lo, p.tokens - 1)) * p.in + off, c < chunks && lo < p.tokens);
+        const uint4 xh = load_act(p.x + int64_t(min(hi, p.tokens - 1)) * p.in + off, c < chunks && hi < p.tokens);
+        // As gemv_kernel's compute_step: rows g and g + 8 of A, two mmas per weight.
+        const uint32_t a_lo[4] = {xl.x, xh.x, xl.y, xh.y}, a_hi[4] = {xl.z, xh.z, xl.w, xh.w};
+        ptx::mma_bf16_16816(acc[j], a_lo, wv[s].x, wv[s].y);
+        ptx::mma_bf16_16816(acc[j], a_hi, wv[s].z, wv[s].w);
+        if constexpr (kGated) {
+          ptx::mma_bf16_16816(acc_up[j], a_lo, uv[s].x, uv[s].y);
+          ptx::mma_bf16_16816(acc_up[j], a_hi, uv[s].z, uv[s].w);
+        }
+      }
+      if (b + 1 < batches) load_step(b + 1, s);
+    }
+  }
+  pdl_launch_dependents();
+#pragma unroll
+  for (int j = 0; j < kWideGroups; ++j) {
+    if (j >= groups) break;
+    finish_unit<Out, kGated, 4, kVals, kRope>(p, r, partial, acc[j], acc_up[j], tile, j & 1, t_first + 16 * j);
   }
 }
 
@@ -403,8 +488,21 @@ void launch_as(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
   launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, r);
 }
 
+// More than kMaxTokens rows: gemv_wide_kernel, one block per (groups, unit).
+template <auto kKernel>
+void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
+  SERVAL_CHECK(p.tiles <= 65535, "gemv: ", p.tiles, " units of ", kUnitRows, " rows are more than a grid holds");
+  const dim3 grid(unsigned(ceil_div(p.tokens, kWideGroups * 16)), unsigned(p.tiles));
+  launch_pdl(kKernel, grid, dim3(kThreads), 0, stream, p, r);
+}
+
 template <typename Out, bool kGated>
 void launch_typed(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
+  if (p.tokens > kMaxTokens) {
+    if constexpr (!kGated && std::is_same_v<Out, bf16>)
+      if (r.positions != nullptr) return launch_wide<gemv_wide_kernel<bf16, false, true>>(p, r, stream);
+    return launch_wide<gemv_wide_kernel<Out, kGated>>(p, r, stream);
+  }
   if constexpr (!kGated && std::is_same_v<Out, bf16>) {
     if (r.positions != nullptr) {  // the rope epilogue: its own variants, the others keep their registers
       if (p.tokens > 8) return launch_as<gemv_kernel<bf16, false, true, true>>(p, r, stream);
@@ -432,15 +530,18 @@ void launch(const GemvParams& p, bool f32, cudaStream_t stream, const GemvRopeKv
 }
 }  // namespace
 
-bool gemv_fits(const Tensor& x) {
-  return x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= kMaxTokens && x.cols >= 8 && x.cols % 8 == 0 &&
-         x.cols <= (int64_t(1) << 30) && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+bool gemv_fits(const Tensor& x) { return x.rows <= kMaxTokens && gemv_any_rows_fits(x); }
+
+bool gemv_any_rows_fits(const Tensor& x) {
+  return x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= (int64_t(1) << 30) && x.cols >= 8 && x.cols % 8 == 0 &&
+         x.cols <= (int64_t(1) << 30) && x.rows * x.cols < (int64_t(1) << 62) &&
+         reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
 }
 
 // ys[i] = x @ ws[i]^T; the outputs are all bf16, or a single f32 one.
 void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
           const GemvRopeKv& rope) {
-  SERVAL_CHECK(gemv_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
+  SERVAL_CHECK(gemv_any_rows_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const GemvParams p = matmul_segments(x, ws, ys, n, kUnitRows, "gemv");
   if (rope.positions != nullptr) {
     const bool whole_heads = rope.head_dim > 0 && rope.head_dim % kUnitRows == 0 && rope.rope_dim % 2 == 0 &&
@@ -454,7 +555,7 @@ void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaS
 
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
 void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream) {
-  SERVAL_CHECK(gemv_fits(x), "gemv_gated: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
+  SERVAL_CHECK(gemv_any_rows_fits(x), "gemv_gated: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const GemvParams p = gated_segments(x, gate, up, out, kUnitRows, "gemv_gated");
   if (p.tiles > 0) launch<true>(p, false, stream);
 }

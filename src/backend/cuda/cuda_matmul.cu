@@ -262,9 +262,30 @@ int64_t batched_gemm_calls(const Backend& be) {
 bool skinny_gemm_from_env() { return env_is_one("SERVAL_SKINNY_GEMM"); }
 
 // Rows our own kernels take: the GEMV's 1..16, and the skinny GEMM's 17..48
-// when it is on.
+// when it is on; in batch-invariant mode the GEMV's, any number.
 bool CudaBackend::own_kernel_fits(const Tensor& x) const {
+  if (batch_invariant_) return gemv_any_rows_fits(x);
   return gemv_fits(x) || (skinny_gemm_ && skinny_gemm_fits(x));
+}
+
+void CudaBackend::own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n) {
+  if (batch_invariant_)
+    gemv(x, ws, ys, n, stream_);
+  else
+    decode_matmul(x, ws, ys, n, stream_);
+}
+
+void CudaBackend::own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out) {
+  if (batch_invariant_)
+    gemv_gated(x, gate, up, out, stream_);
+  else
+    decode_matmul_gated(x, gate, up, out, stream_);
+}
+
+void CudaBackend::set_batch_invariant(bool on) {
+  SERVAL_CHECK(!on || act_dtype_ == DType::BF16, "--batch-invariant on the GPU needs bfloat16 activations (in ",
+               "float32 every matmul goes through cuBLASLt, whose kernels change with the batch size)");
+  batch_invariant_ = on;
 }
 
 void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
@@ -279,9 +300,11 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
   SERVAL_CHECK(y.dtype == act_dtype_ || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
                dtype_name(act_dtype_), ", or f32 without a bias");
   if (x.rows == 0) return;
+  SERVAL_CHECK(!batch_invariant_ || own_kernel_fits(x), "matmul: x [", x.rows, ", ", x.cols,
+               "] does not fit the batch-invariant GEMV (bf16, a multiple of 8 columns, 16-byte aligned)");
   if (act_dtype_ == DType::BF16 && own_kernel_fits(x)) {
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
-    decode_matmul(x, &w_ptr, &y, 1, stream_);
+    own_matmul(x, &w_ptr, &y, 1);
   } else {
     lt_matmul({cw.rows(), x.rows, x.cols, y.dtype == DType::F32}, cw.data(), x.data, y.data);
   }
@@ -304,7 +327,7 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
             ys[i].cols == cw.rows() && ys[i].rows == x.rows;
     w_ptrs[i] = static_cast<const bf16*>(cw.data());
   }
-  if (fused) return decode_matmul(x, w_ptrs, ys.data(), int(ws.size()), stream_);
+  if (fused) return own_matmul(x, w_ptrs, ys.data(), int(ws.size()));
   if (own_kernel_fits(x)) return Backend::matmul_multi(x, ws, ys);
   // cuBLASLt: a run of weights of one shape at one stride (upload_weight_group
   // lays q/k/v and gate/up out so) whose outputs also lie at one stride is one
@@ -324,7 +347,8 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
   }
 }
 
-// Up to 16 rows (the GEMV) with interleaved rope over whole heads: one launch
+// Up to 16 rows (the GEMV; any number in batch-invariant mode) with
+// interleaved rope over whole heads: one launch
 // computes q/k/v, rotates q and k and writes k and v to their slots in its
 // epilogue, bit for bit what the GEMV then the rope + KV write kernel store,
 // without that kernel between the projection and attention (one launch fewer
@@ -337,7 +361,8 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
   static const bool enabled = !env_is_one("SERVAL_NO_ROPE_IN_GEMV");
   const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
   const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
-  const bool fits = enabled && act_dtype_ == DType::BF16 && gemv_fits(x) && rope.style == RopeStyle::Interleaved &&
+  const bool gemv_takes = batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
+  const bool fits = enabled && act_dtype_ == DType::BF16 && gemv_takes && rope.style == RopeStyle::Interleaved &&
                     rope.head_dim == geom.head_dim && rope.head_dim % 8 == 0 && rope.rope_dim % 2 == 0 &&
                     rope.rope_dim > 0 && rope.rope_dim <= rope.head_dim && rope.inv_freq != nullptr &&
                     cq.dtype() == DType::BF16 && ck.dtype() == DType::BF16 && cv.dtype() == DType::BF16 &&
@@ -418,8 +443,8 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   static const bool split_k = !env_is_one("SERVAL_NO_SPLIT_K");
   const CudaWeight& cw = as_cuda(w);
   const CudaWeight& nw = as_cuda(norm);
-  const bool fits = split_k && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 128 &&
-                    cw.dtype() == DType::BF16 && cw.cols() == x.cols && x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
+  const bool fits = split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
+                    x.rows > 128 && cw.dtype() == DType::BF16 && cw.cols() == x.cols && x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
                     residual.dtype == DType::F32 && residual.rows == x.rows && residual.cols == cw.rows() &&
                     residual.cols % 8 == 0 && out.dtype == DType::BF16 && out.rows == x.rows &&
                     out.cols == residual.cols && nw.dtype() == DType::F32 && nw.cols() == residual.cols;
@@ -444,7 +469,7 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
                      g.cols() == x.cols && u.cols() == x.cols && g.rows() == u.rows() && out.dtype == DType::BF16 &&
                      out.rows == x.rows && out.cols == g.rows();
   if (!fused) return Backend::gated_mlp_up(x, gate, up, gate_buf, up_buf, out);
-  decode_matmul_gated(x, static_cast<const bf16*>(g.data()), static_cast<const bf16*>(u.data()), out, stream_);
+  own_matmul_gated(x, static_cast<const bf16*>(g.data()), static_cast<const bf16*>(u.data()), out);
 }
 
 }  // namespace serval::cuda
