@@ -4,7 +4,8 @@
 // so none comes from L2; 1..16 tokens through the GEMV kernel, 17..48 through
 // the skinny GEMM), all launches of one decode step in sequence (the number a
 // decode step's matrix time follows from), and the backend's matmul at 17 to
-// 256 tokens (cuBLASLt from 17 tokens; SERVAL_SKINNY_GEMM=1: the skinny GEMM to 48). Counters: GB/s of weight bytes, and
+// 256 tokens (cuBLASLt from 17 tokens; SERVAL_SKINNY_GEMM=1: the skinny GEMM to 48), and a decode step's
+// launches through the GEMV at any T (batch-invariant mode). Counters: GB/s of weight bytes, and
 // the fraction of the 4261 GB/s copy bandwidth measured on the H200.
 // Run: build/bench/cuda_gemv_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
@@ -77,10 +78,16 @@ struct LaunchData {
       y.push_back(std::make_unique<DevMem>(size_t(T * o * 4)));
     }
   }
-  void run(int64_t T, cudaStream_t s) const {
+  // wide: the GEMV for any T (batch-invariant mode's matmul: more than 16
+  // rows in groups of 16), instead of the GEMV or skinny GEMM by T.
+  void run(int64_t T, cudaStream_t s, bool wide = false) const {
     const Tensor xt{x->p, DType::BF16, T, l.in};
     if (l.gated) {
-      cuda::decode_matmul_gated(xt, w[0]->bf(), w[1]->bf(), Tensor{y[0]->p, DType::BF16, T, l.outs[0]}, s);
+      const Tensor out{y[0]->p, DType::BF16, T, l.outs[0]};
+      if (wide)
+        cuda::gemv_gated(xt, w[0]->bf(), w[1]->bf(), out, s);
+      else
+        cuda::decode_matmul_gated(xt, w[0]->bf(), w[1]->bf(), out, s);
       return;
     }
     std::vector<Tensor> ys;
@@ -89,7 +96,10 @@ struct LaunchData {
       ys.push_back(Tensor{y[i]->p, l.f32 ? DType::F32 : DType::BF16, T, l.outs[i]});
       ws.push_back(w[i]->bf());
     }
-    cuda::decode_matmul(xt, ws.data(), ys.data(), int(ws.size()), s);
+    if (wide)
+      cuda::gemv(xt, ws.data(), ys.data(), int(ws.size()), s);
+    else
+      cuda::decode_matmul(xt, ws.data(), ys.data(), int(ws.size()), s);
   }
 };
 
@@ -122,20 +132,20 @@ void report(benchmark::State& state, int64_t bytes_per_iter, double total_s) {
 // With `graph`, the rounds are captured once into a CUDA graph and replayed
 // (as decode steps run): the GPU's time without the host's launch overhead.
 void time_launches(benchmark::State& state, const std::vector<std::unique_ptr<LaunchData>>& launches, int64_t T,
-                   int reps, bool graph = false) {
+                   int reps, bool graph = false, bool wide = false) {
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   cudaEvent_t a = nullptr, b = nullptr;
   check(cudaEventCreate(&a), "event");
   check(cudaEventCreate(&b), "event");
-  for (const auto& l : launches) l->run(T, s);  // warm-up: first-use set-up, module loading
+  for (const auto& l : launches) l->run(T, s, wide);  // warm-up: first-use set-up, module loading
   check(cudaStreamSynchronize(s), "warm-up");
   cudaGraphExec_t exec = nullptr;
   if (graph) {
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
     for (int r = 0; r < reps; ++r)
-      for (const auto& l : launches) l->run(T, s);
+      for (const auto& l : launches) l->run(T, s, wide);
     check(cudaStreamEndCapture(s, &g), "end capture");
     check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
     cudaGraphDestroy(g);
@@ -149,7 +159,7 @@ void time_launches(benchmark::State& state, const std::vector<std::unique_ptr<La
       check(cudaGraphLaunch(exec, s), "graph launch");
     } else {
       for (int r = 0; r < reps; ++r)
-        for (const auto& l : launches) l->run(T, s);
+        for (const auto& l : launches) l->run(T, s, wide);
     }
     check(cudaEventRecord(b, s), "record");
     check(cudaEventSynchronize(b), "sync");
@@ -185,6 +195,14 @@ void BM_GemvDecodeStep(benchmark::State& state, Model m, bool graph) {
   time_launches(state, data, T, 1, graph);
 }
 
+// The same in batch-invariant mode: every launch through the GEMV, whatever T.
+void BM_WideDecodeStep(benchmark::State& state, Model m) {
+  const int64_t T = state.range(0);
+  std::vector<std::unique_ptr<LaunchData>> data;
+  for (const Launch& l : m.step()) data.push_back(std::make_unique<LaunchData>(l, T));
+  time_launches(state, data, T, 1, true, true);
+}
+
 #define GEMV_SHAPE(name, ...) \
   BENCHMARK_CAPTURE(BM_GemvLaunch, name, Launch{__VA_ARGS__}) \
       ->Arg(1)->Arg(8)->Arg(16)->Arg(24)->Arg(32)->Arg(48)->UseManualTime()
@@ -204,6 +222,8 @@ BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama2_7b_graph, kLlama2, true)
 BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b, kLlama3, false)
     ->Arg(1)->Arg(8)->Arg(32)->UseManualTime()->Iterations(20);
 BENCHMARK_CAPTURE(BM_GemvDecodeStep, llama3_8b_graph, kLlama3, true)->Arg(1)->Arg(32)->UseManualTime()->Iterations(20);
+BENCHMARK_CAPTURE(BM_WideDecodeStep, llama2_7b_graph, kLlama2)
+    ->Arg(17)->Arg(32)->Arg(64)->Arg(256)->UseManualTime()->Iterations(10);
 
 // cuBLASLt GEMMs (more than 16 tokens) through the backend, after its first
 // call has timed the algorithms: wall time over 10 calls and a synchronize.
