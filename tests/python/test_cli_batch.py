@@ -66,6 +66,23 @@ def test_golden_ids_through_the_batch_path(serval, models, tmp_path):
     assert [c["index"] for c in results[1]["choices"]] == [0, 1]
 
 
+def test_batch_invariant_mode_keeps_the_golden_ids(serval, models, tmp_path):
+    # --batch-invariant (on the CPU here: fixed-order dot products for every
+    # matmul row) changes no greedy token of the published output, batched
+    # with chunked prefill, and says so at start-up.
+    ref = reference_ids(models)
+    requests = [{"prompt": PROMPT, "max_tokens": 200, "temperature": 0},
+                {"prompt": "Lily and Ben", "max_tokens": 40, "temperature": 0},
+                {"prompt": [1] + ref[:4], "max_tokens": 200, "temperature": 0}]
+    proc, results = run_batch(serval, models, tmp_path, requests, "--batch-invariant",
+                              "--max-num-batched-tokens", "16")
+    assert "batch-invariant" in proc.stderr
+    assert results[0]["choices"][0]["token_ids"] == ref[4:204]
+    assert results[2]["choices"][0]["token_ids"] == ref[4:204]
+    alone = single(serval, models, "Lily and Ben", 40)
+    assert results[1]["choices"][0]["token_ids"] == alone["token_ids"]
+
+
 def test_n_samples_seeded_differ_and_reproduce(serval, models, tmp_path):
     req = {"prompt": PROMPT, "max_tokens": 32, "temperature": 1.0, "seed": 5, "n": 3}
     _, a = run_batch(serval, models, tmp_path, [req, req])
