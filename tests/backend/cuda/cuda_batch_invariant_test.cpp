@@ -20,34 +20,6 @@
 namespace serval::testing {
 namespace {
 
-std::unique_ptr<DeviceWeight> weight(Backend& be, const std::string& name, int64_t rows, int64_t cols,
-                                     const std::vector<float>& v) {
-  return be.upload_weight(TensorView{name, DType::F32, {rows, cols}, v.data(), int64_t(v.size() * 4)});
-}
-
-// y [T, out] = x [T, in] @ w [out, in]^T in double.
-std::vector<double> reference(const std::vector<float>& x, int64_t T, const std::vector<float>& w, int64_t out,
-                              int64_t in) {
-  std::vector<double> y(size_t(T * out));
-#pragma omp parallel for schedule(static) collapse(2)
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < out; ++j) {
-      double s = 0;
-      for (int64_t k = 0; k < in; ++k) s += double(x[size_t(t * in + k)]) * double(w[size_t(j * in + k)]);
-      y[size_t(t * out + j)] = s;
-    }
-  return y;
-}
-
-double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 std::vector<float> row_of(const std::vector<float>& m, int64_t r, int64_t cols) {
   return std::vector<float>(m.begin() + r * cols, m.begin() + (r + 1) * cols);
 }
@@ -76,9 +48,9 @@ TEST(CudaBatchInvariant, MatmulRowsAreTheirAloneBitsInBatchesOfAnySize) {
       w.push_back(random_bf16(size_t(s.out * s.in), 400 + uint32_t(i * 7 + s.out), 0.05f));
       std::string name = "w";
       name += std::to_string(i);  // (not "w" + temporary: GCC 12's -Wrestrict false positive)
-      wg.push_back(weight(*gpu, name, s.out, s.in, w.back()));
+      wg.push_back(upload_matrix(*gpu, name, s.out, s.in, w.back()));
     }
-    const auto want = reference(x, T_max, w[0], s.out, s.in);
+    const auto want = reference_matmul(x, T_max, w[0], s.out, s.in);
     DevTensor xg = upload(*gpu, x, T_max, s.in);
     // Each form of the product for rows [start, start + T): bf16 out, f32 out,
     // the three weights' outputs concatenated, silu(w0) * w1.
@@ -117,7 +89,7 @@ TEST(CudaBatchInvariant, MatmulRowsAreTheirAloneBitsInBatchesOfAnySize) {
         const std::vector<float> got = run(f, 0, T);
         if (f == kBf16 || f == kF32) {
           const std::vector<double> want_t(want.begin(), want.begin() + T * s.out);
-          EXPECT_LT(rel_err(got, want_t), f == kF32 ? 1e-4 : 5e-3) << "form " << f << " T " << T;
+          EXPECT_LT(rel_err(got, want_t, want_t.size()), f == kF32 ? 1e-4 : 5e-3) << "form " << f << " T " << T;
         }
         for (int64_t r : {int64_t(0), T / 2, T - 1}) {
           const std::vector<float> alone = run(f, r, 1);

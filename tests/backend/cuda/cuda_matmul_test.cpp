@@ -34,42 +34,7 @@ void use_skinny_gemm(Backend& be) {
 #endif
 }
 
-std::unique_ptr<DeviceWeight> weight(Backend& be, const std::string& name, int64_t rows, int64_t cols,
-                                     const std::vector<float>& v) {
-  return be.upload_weight(TensorView{name, DType::F32, {rows, cols}, v.data(), int64_t(v.size() * 4)});
-}
-
-// y [T, out] = x [T, in] @ w [out, in]^T in double; four partial sums per dot
-// product so the loop is not one long dependency chain.
-std::vector<double> reference(const std::vector<float>& x, int64_t T, const std::vector<float>& w, int64_t out,
-                              int64_t in) {
-  std::vector<double> y(size_t(T * out));
-#pragma omp parallel for schedule(static) collapse(2)
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < out; ++j) {
-      const float* xr = x.data() + t * in;
-      const float* wr = w.data() + j * in;
-      double s[4] = {0, 0, 0, 0};
-      int64_t k = 0;
-      for (; k + 4 <= in; k += 4)
-        for (int u = 0; u < 4; ++u) s[u] += double(xr[k + u]) * double(wr[k + u]);
-      for (; k < in; ++k) s[0] += double(xr[k]) * double(wr[k]);
-      y[size_t(t * out + j)] = (s[0] + s[1]) + (s[2] + s[3]);
-    }
-  return y;
-}
-
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
-
-// max |got - want| / max |want| over the first `n` values of `want`.
-double rel_err(const std::vector<float>& got, const std::vector<double>& want, size_t n) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
 
 Tensor f32_tensor(const DeviceBuffer& buf, int64_t rows, int64_t cols) {
   return Tensor{buf.data(), DType::F32, rows, cols};
@@ -93,8 +58,8 @@ TEST(CudaMatmul, GemvMatchesReferenceForEveryRowCountOnDecodeShapes) {
                          Shape{64, 172}, Shape{8, 9}}) {
     const auto x = random_bf16(size_t(kMaxRows * s.in), 100 + uint32_t(s.in));
     const auto w = random_bf16(size_t(s.out * s.in), 200 + uint32_t(s.out), 0.05f);
-    const auto want = reference(x, kMaxRows, w, s.out, s.in);
-    auto wg = weight(*gpu, "w", s.out, s.in, w);
+    const auto want = reference_matmul(x, kMaxRows, w, s.out, s.in);
+    auto wg = upload_matrix(*gpu, "w", s.out, s.in, w);
     DevTensor xg = upload(*gpu, x, kMaxRows, s.in);
     double worst = 0;
     for (int64_t T = 1; T <= kMaxRows; ++T) {
@@ -113,8 +78,8 @@ TEST(CudaMatmul, GemvWritesF32LogitsForTheLmHead) {
   const int64_t in = 4096, out = 32000;
   const auto x = random_bf16(size_t(kMaxRows * in), 11);
   const auto w = random_bf16(size_t(out * in), 12, 0.05f);
-  const auto want = reference(x, kMaxRows, w, out, in);
-  auto wg = weight(*gpu, "head", out, in, w);
+  const auto want = reference_matmul(x, kMaxRows, w, out, in);
+  auto wg = upload_matrix(*gpu, "head", out, in, w);
   DevTensor xg = upload(*gpu, x, kMaxRows, in);
   double worst = 0;
   for (int64_t T : {1, 2, 5, 8, 9, 16}) {
@@ -134,7 +99,7 @@ TEST(CudaMatmul, GemvRowsAreBitwiseTheSameAloneAndInABatch) {
     const int64_t in = 11008, out = 1000;
     const auto x = random_bf16(size_t(kMaxRows * in), 13);
     const auto w = random_bf16(size_t(out * in), 14, 0.05f);
-    auto wg = weight(*gpu, "w", out, in, w);
+    auto wg = upload_matrix(*gpu, "w", out, in, w);
     DevTensor xg = upload(*gpu, x, kMaxRows, in);
     auto run = [&](int64_t start, int64_t T) {
       DeviceBuffer buf = gpu->alloc(T * out * 4);
@@ -179,8 +144,8 @@ TEST(CudaMatmul, SkinnyGemmMatchesReferenceAndIsBatchInvariantFrom17To48Rows) {
     std::vector<const DeviceWeight*> wp;
     for (size_t i = 0; i < c.outs.size(); ++i) {
       const auto w = random_bf16(size_t(c.outs[i] * c.in), 62 + uint32_t(i), 0.05f);
-      wants.push_back(reference(x, kSkinnyMaxRows, w, c.outs[i], c.in));
-      wg.push_back(weight(*gpu, "w", c.outs[i], c.in, w));
+      wants.push_back(reference_matmul(x, kSkinnyMaxRows, w, c.outs[i], c.in));
+      wg.push_back(upload_matrix(*gpu, "w", c.outs[i], c.in, w));
       wp.push_back(wg.back().get());
     }
     double worst = 0;
@@ -229,8 +194,8 @@ TEST(CudaMatmul, MatmulMultiMatchesReferenceWithTwoAndThreeWeights) {
     std::vector<const DeviceWeight*> wp;
     for (size_t i = 0; i < c.outs.size(); ++i) {
       ws.push_back(random_bf16(size_t(c.outs[i] * c.in), 22 + uint32_t(i), 0.05f));
-      wants.push_back(reference(x, kMaxRows, ws.back(), c.outs[i], c.in));
-      wg.push_back(weight(*gpu, "w", c.outs[i], c.in, ws.back()));
+      wants.push_back(reference_matmul(x, kMaxRows, ws.back(), c.outs[i], c.in));
+      wg.push_back(upload_matrix(*gpu, "w", c.outs[i], c.in, ws.back()));
       wp.push_back(wg.back().get());
     }
     double worst = 0;
@@ -304,7 +269,7 @@ TEST(CudaMatmul, GroupedWeightsRunAsStridedBatchesAndMatchTheReference) {
 #endif
       gpu->matmul_multi(xg.t.rows_view(0, T), wp, apart);
       for (size_t i = 0; i < c.outs.size(); ++i) {
-        const auto want = reference(x, T, ws[i], c.outs[i], c.in);
+        const auto want = reference_matmul(x, T, ws[i], c.outs[i], c.in);
         EXPECT_LT(rel_err(download(*gpu, packed[i]), want, want.size()), kBf16Tol) << "T " << T << " weight " << i;
         EXPECT_LT(rel_err(download(*gpu, apart[i]), want, want.size()), kBf16Tol) << "T " << T << " weight " << i;
       }
@@ -325,10 +290,10 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
     const auto x = random_bf16(size_t(T_max * c.hidden), 31);
     const auto wgate = random_bf16(size_t(c.ffn * c.hidden), 32, 0.05f);
     const auto wup = random_bf16(size_t(c.ffn * c.hidden), 33, 0.05f);
-    const auto g = reference(x, T_max, wgate, c.ffn, c.hidden), u = reference(x, T_max, wup, c.ffn, c.hidden);
+    const auto g = reference_matmul(x, T_max, wgate, c.ffn, c.hidden), u = reference_matmul(x, T_max, wup, c.ffn, c.hidden);
     std::vector<double> want(g.size());
     for (size_t i = 0; i < g.size(); ++i) want[i] = silu(g[i]) * u[i];
-    auto gate = weight(*gpu, "gate", c.ffn, c.hidden, wgate), up = weight(*gpu, "up", c.ffn, c.hidden, wup);
+    auto gate = upload_matrix(*gpu, "gate", c.ffn, c.hidden, wgate), up = upload_matrix(*gpu, "up", c.ffn, c.hidden, wup);
     DevTensor xg = upload(*gpu, x, T_max, c.hidden);
     double worst = 0;
     std::vector<float> alone;        // row 0 computed alone
@@ -365,8 +330,8 @@ TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
                          Shape{97, 512, 77, false}}) {
     const auto x = random_bf16(size_t(s.T * s.in), 41);
     const auto w = random_bf16(size_t(s.out * s.in), 42, 0.05f);
-    const auto want = reference(x, s.T, w, s.out, s.in);
-    auto wg = weight(*gpu, "w", s.out, s.in, w);
+    const auto want = reference_matmul(x, s.T, w, s.out, s.in);
+    auto wg = upload_matrix(*gpu, "w", s.out, s.in, w);
     DevTensor xg = upload(*gpu, x, s.T, s.in);
     DeviceBuffer buf = gpu->alloc(s.T * s.out * 4);
     const Tensor y{buf.data(), s.f32 ? DType::F32 : DType::BF16, s.T, s.out};
@@ -388,12 +353,12 @@ TEST(CudaMatmul, FirstUseInsideAGraphCaptureWorks) {
   if (!gpu->supports_graphs()) GTEST_SKIP() << "no graphs";
   const int64_t in = 768, out = 1536;
   const auto w = random_bf16(size_t(out * in), 51, 0.05f), wu = random_bf16(size_t(out * in), 52, 0.05f);
-  auto wg = weight(*gpu, "w", out, in, w), wug = weight(*gpu, "u", out, in, wu);
+  auto wg = upload_matrix(*gpu, "w", out, in, w), wug = upload_matrix(*gpu, "u", out, in, wu);
   // 3 rows: the GEMV; 23: cuBLASLt (17..48 rows, unless the skinny GEMM is asked for); 70: a token count no other test
   // uses, so its cuBLASLt plan is new here.
   for (int64_t T : {3, 23, 70}) {
     const auto x = random_bf16(size_t(T * in), 53);
-    const auto want = reference(x, T, w, out, in), want_u = reference(x, T, wu, out, in);
+    const auto want = reference_matmul(x, T, w, out, in), want_u = reference_matmul(x, T, wu, out, in);
     DevTensor xg = upload(*gpu, x, T, in);
     DevTensor y = zeros(*gpu, T, out), gb = zeros(*gpu, T, out), ub = zeros(*gpu, T, out),
               mlp = zeros(*gpu, T, out);

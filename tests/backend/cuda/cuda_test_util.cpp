@@ -57,6 +57,41 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return scale > 0 ? diff / scale : diff;
 }
 
+std::unique_ptr<DeviceWeight> upload_matrix(Backend& be, const std::string& name, int64_t rows, int64_t cols,
+                                            const std::vector<float>& values) {
+  return be.upload_weight(TensorView{name, DType::F32, {rows, cols}, values.data(), int64_t(values.size() * 4)});
+}
+
+// y [T, out] = x [T, in] @ w [out, in]^T in double; four partial sums per dot
+// product so the loop is not one long dependency chain.
+std::vector<double> reference_matmul(const std::vector<float>& x, int64_t T, const std::vector<float>& w, int64_t out,
+                              int64_t in) {
+  std::vector<double> y(size_t(T * out));
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < out; ++j) {
+      const float* xr = x.data() + t * in;
+      const float* wr = w.data() + j * in;
+      double s[4] = {0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 4 <= in; k += 4)
+        for (int u = 0; u < 4; ++u) s[u] += double(xr[k + u]) * double(wr[k + u]);
+      for (; k < in; ++k) s[0] += double(xr[k]) * double(wr[k]);
+      y[size_t(t * out + j)] = (s[0] + s[1]) + (s[2] + s[3]);
+    }
+  return y;
+}
+
+// max |got - want| / max |want| over the first `n` values of `want`.
+double rel_err(const std::vector<float>& got, const std::vector<double>& want, size_t n) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
 double worst_head_error(const std::vector<float>& got, const std::vector<float>& want, int32_t head_dim) {
   double worst = got.size() == want.size() ? 0.0 : 1e30;
   for (size_t h0 = 0; h0 + size_t(head_dim) <= std::min(got.size(), want.size()); h0 += size_t(head_dim)) {

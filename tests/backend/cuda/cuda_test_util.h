@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -41,6 +42,15 @@ DeviceBuffer upload_ints(Backend& be, const std::vector<T>& v) {
 }
 // max |a - b| / max |b|.
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+// Matrix products for the matmul tests: a weight [rows, cols] from f32 values
+// (the backend converts it), y [T, out] = x [T, in] @ w [out, in]^T in double,
+// and max |got - want| / max |want| over the first n values of want.
+std::unique_ptr<DeviceWeight> upload_matrix(Backend& be, const std::string& name, int64_t rows, int64_t cols,
+                                            const std::vector<float>& values);
+std::vector<double> reference_matmul(const std::vector<float>& x, int64_t T, const std::vector<float>& w,
+                                     int64_t out, int64_t in);
+double rel_err(const std::vector<float>& got, const std::vector<double>& want, size_t n);
 // The worst over (token, head) of max |got - want| / max |want| within that
 // head's head_dim values (1e30 when the sizes differ).
 double worst_head_error(const std::vector<float>& got, const std::vector<float>& want, int32_t head_dim);
