@@ -161,7 +161,6 @@ class Backend {
   // prompt is chunked, graph padding), so greedy output does not depend on
   // batching; slower. Off by default. Throws where a backend cannot.
   virtual void set_batch_invariant(bool on) = 0;
-  virtual bool batch_invariant() const = 0;
 
   // ---- memory ----
   virtual DeviceBuffer alloc(int64_t bytes) = 0;

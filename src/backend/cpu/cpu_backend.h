@@ -30,7 +30,6 @@ class CpuBackend : public Backend {
   // Batch-invariant mode: every matmul row is one fixed-order dot product
   // (dot_fixed_order) instead of the streaming kernel or sgemm by batch size.
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
-  bool batch_invariant() const override { return batch_invariant_; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;

@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_prefill_tc_ker
   for (int s0 = 0; s0 < p.num_seqs; s0 += 32) {  // every warp scans alike: control stays block-uniform
     const int s = s0 + lane;
     const int ql = s < p.num_seqs ? p.query_start[s + 1] - p.query_start[s] : 0;
-    const bool ours = ql >= p.min_query_len && ql > 0;
+    const bool ours = ql >= p.min_query_len;  // min_query_len >= 1: past num_seqs (ql 0) never
     const unsigned prefill = __ballot_sync(0xffffffffu, ours);
     const int rank = rank0 + __popc(prefill & ((1u << lane) - 1));
     unsigned mine = __ballot_sync(0xffffffffu, ours && rank % Z == z && first_row < ql);

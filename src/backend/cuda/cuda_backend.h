@@ -56,7 +56,6 @@ class CudaBackend : public Backend {
   // decode rows too, through the prefill kernels, whose keys run in fixed
   // tiles from position 0 (no split-KV, no stream kernel).
   void set_batch_invariant(bool on) override;
-  bool batch_invariant() const override { return batch_invariant_; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;
