@@ -35,56 +35,14 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_decode_matmul.h"
-#include "backend/cuda/cuda_elem.cuh"
-#include "backend/cuda/cuda_matmul_segments.cuh"
+#include "backend/cuda/cuda_gemv_unit.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
 namespace serval::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;  // warps per block; they split each unit's columns
-constexpr int kThreads = 32 * kWarps;
-constexpr int kUnitRows = 8;    // W rows per unit: the mma's N
-constexpr int kSteps = 8;       // k-steps per warp per batch (loads in flight per lane per weight)
-constexpr int kStepChunks = 4;  // 16-byte chunks of a row per k-step: one per lane of a quad
-constexpr int kMaxTokens = 16;  // the mma's M
-
-// The operands (cuda_matmul_segments.cuh); its tiles are this kernel's units.
-using GemvParams = MatmulSegments;
-
-// 16 bytes of W, streamed: no L1 allocation, evict-first in L2 (W is read once
-// per step and must not push activations out), and a 256-byte L2 fetch, since
-// the next three k-steps of the row follow right behind. `ok` false gives zeros
-// without touching memory.
-__device__ __forceinline__ uint4 load_weight(const bf16* p, bool ok, uint64_t policy) {
-  uint4 v;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
-      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-      "@p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%5], %6;\n\t}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "r"(int(ok)), "l"(p), "l"(policy));
-  return v;
-}
-
-// 16 bytes of x: kept in L1, where every warp of the SM reads it again. Not
-// through the non-coherent path (.nc) as the weights are: x is written by the
-// previous kernel, which a programmatic dependent launch lets run during this
-// kernel's lifetime, and .nc loads require data that is read-only for the
-// whole lifetime (with .nc, CUDA graphs replayed stale x for 9-16 rows).
-__device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
-  uint4 v;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
-      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-      "@p ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "r"(int(ok)), "l"(p));
-  return v;
-}
+using namespace gemv_unit;
 
 // This block's share of the launch: x's 16-byte chunks per row, k-step
 // batches per unit (per warp), and batches over all its units.
@@ -99,99 +57,10 @@ __device__ __forceinline__ BlockWork block_work(const GemvParams& p) {
   return {chunks, batches, my_units * batches};
 }
 
-// Unit `tile` of the launch: the W rows lane (g, q) reads (row `base + g` of
-// its segment, or of gate and up) and whether that row exists.
-struct UnitRows {
-  const bf16* w;
-  const bf16* u;
-  bool ok;
-};
-template <bool kGated>
-__device__ __forceinline__ UnitRows tile_rows(const GemvParams& p, int tile, int g) {
-  int seg, base;
-  locate_tile(p, tile, kUnitRows, seg, base);
-  const int row = base + g;
-  const bool ok = row < p.rows[seg];
-  const int64_t off = int64_t(ok ? row : 0) * p.in;
-  return {p.w[kGated ? 0 : seg] + off, kGated ? p.w[1] + off : nullptr, ok};
-}
 // Unit i of this block of the persistent grid.
 template <bool kGated>
 __device__ __forceinline__ UnitRows unit_rows(const GemvParams& p, int i, int g) {
   return tile_rows<kGated>(p, int(blockIdx.x) + i * int(gridDim.x), g);
-}
-
-// The end of a unit (tile `tile` of the launch) for the tokens from t0 (0,
-// or a group of 16 in gemv_wide_kernel): the 4 warps' partials are summed in
-// shared memory (warp 0 + 1 + 2 + 3, in that order) and warp 0 writes the
-// unit's outputs (silu(g) * u if gated); the accumulators restart at zero.
-// Consecutive calls alternate `buf`.
-template <typename Out, bool kGated, int kAcc, int kVals, bool kRope = false>
-__device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeKv& r,
-                                            float (&partial)[2][kWarps][kVals][32], float (&acc)[4],
-                                            float (&acc_up)[4], int tile, int buf, int t0) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int v = 0; v < kAcc; ++v) {
-    partial[buf][warp][v][lane] = acc[v];
-    if constexpr (kGated) partial[buf][warp][kAcc + v][lane] = acc_up[v];
-  }
-#pragma unroll
-  for (int v = 0; v < 4; ++v) acc[v] = acc_up[v] = 0.f;
-  // One barrier per unit: buffer `buf` is written again two units later, after
-  // the next unit's barrier, which warp 0 reaches only once it has read it.
-  __syncthreads();
-  if (warp != 0) return;
-  float sum[kVals];
-#pragma unroll
-  for (int v = 0; v < kVals; ++v) sum[v] = partial[buf][0][v][lane];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w)
-#pragma unroll
-    for (int v = 0; v < kVals; ++v) sum[v] += partial[buf][w][v][lane];
-  int seg, base;
-  locate_tile(p, tile, kUnitRows, seg, base);
-  const int rows = p.rows[seg];
-  Out* y = static_cast<Out*>(p.y[seg]);
-  if constexpr (kRope && !kGated && std::is_same_v<Out, bf16>) {
-    // The pair (j, j + 1) as the GEMV would store it, rotated as the rope
-    // kernel would (same sincosf, same expressions), stored where that
-    // kernel would put it. Rows are whole heads, so both exist.
-    const int j = base + 2 * q;
-#pragma unroll
-    for (int h = 0; h < kAcc / 2; ++h) {
-      const int t = t0 + g + 8 * h;
-      if (t >= p.tokens || j >= rows) continue;
-      float a = __bfloat162float(__float2bfloat16(sum[2 * h]));
-      float b = __bfloat162float(__float2bfloat16(sum[2 * h + 1]));
-      const int d = j % r.head_dim;
-      if (seg < 2 && d < r.rope_dim) {
-        float sn, cs;
-        sincosf(float(r.positions[t]) * r.inv_freq[d / 2], &sn, &cs);
-        const float ra = a * cs - b * sn, rb = b * cs + a * sn;
-        a = ra;
-        b = rb;
-      }
-      bf16* dst = seg == 0 ? y + int64_t(t) * rows : (seg == 1 ? r.k_pool : r.v_pool) + r.slots[t] * rows;
-      store1(dst, j, a);
-      store1(dst, j + 1, b);
-    }
-  } else {
-#pragma unroll
-    for (int h = 0; h < kAcc / 2; ++h) {
-      const int t = t0 + g + 8 * h;
-      if (t >= p.tokens) continue;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = base + 2 * q + e;
-        if (j >= rows) continue;
-        float v = sum[2 * h + e];
-        if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
-        store1(y, int64_t(t) * rows + j, v);
-      }
-    }
-  }
 }
 
 // kHighTokens: tokens 8..15 exist (T > 8), so the lanes also load their rows of
@@ -391,120 +260,6 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
   }
 }
 
-// Any number of rows, for batch-invariant mode (CudaBackend's
-// set_batch_invariant): the rows come in groups of 16, and each group goes
-// through the GEMV's own units, k-steps, mma chain and sums (the same
-// registers feed the same mmas in the same order), so every row gets the bits
-// it gets from the GEMV alone, in a batch of any size. A block takes kUnits
-// consecutive units (blockIdx.y) for up to kWideGroups groups (blockIdx.x):
-// each lane streams its rows of every unit through a ring of kWideSlots
-// k-steps, and each x load (an L1 or L2 hit, one step ahead) feeds the mmas of
-// all kUnits units. The groups' blocks of the same units are neighbours in
-// the grid, so they share W through L2. (H200, a 7B decode step's launches,
-// graph-replayed: 7.0 / 8.8 / 25.4 ms at 17 / 64 / 256 rows, against the
-// GEMV's 4.0 at 16: its x loads ride in its 8-slot ring, here they wait one
-// step ahead.)
-constexpr int kWideGroups = 4;
-constexpr int kWideSlots = 4;
-template <typename Out, bool kGated, int kUnits, bool kRope = false>
-__global__ void __launch_bounds__(kThreads) gemv_wide_kernel(const __grid_constant__ GemvParams p,
-                                                             const __grid_constant__ GemvRopeKv r) {
-  constexpr int kVals = kGated ? 8 : 4;
-  __shared__ float partial[2][kWarps][kVals][32];
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, q = lane & 3;
-  const int chunks = p.in >> 3;
-  // This warp's k-steps, batch after batch: kSteps of every kWarps * kSteps.
-  const int steps = (chunks + kStepChunks * kWarps * kSteps - 1) / (kStepChunks * kWarps * kSteps) * kSteps;
-  const int tile0 = int(blockIdx.y) * kUnits, t_first = int(blockIdx.x) * kWideGroups * 16;
-  const int groups = min(kWideGroups, (p.tokens - t_first + 15) / 16);
-  UnitRows rows[kUnits];
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) rows[u] = tile_rows<kGated>(p, min(tile0 + u, p.tiles - 1), g);
-
-  // Other blocks read these units' W for their groups: keep it in L2 then.
-  uint64_t policy;
-  if (gridDim.x > 1)
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  else
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-
-  uint4 wv[kUnits][kWideSlots], uv[kUnits][kGated ? kWideSlots : 1];
-  float acc[kUnits][kWideGroups][4] = {}, acc_up[kUnits][kGated ? kWideGroups : 1][4] = {};
-  auto chunk = [&](int i) { return (((i / kSteps) * kWarps + warp) * kSteps + i % kSteps) * kStepChunks + q; };
-  auto load_step = [&](int i, int slot) {
-    const int c = chunk(i);
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      const bool ok = rows[u].ok && c < chunks && tile0 + u < p.tiles;
-      wv[u][slot] = load_weight(rows[u].w + (ok ? c * 8 : 0), ok, policy);
-      if constexpr (kGated) uv[u][slot] = load_weight(rows[u].u + (ok ? c * 8 : 0), ok, policy);
-    }
-  };
-  // Step i's x for every group (rows g and g + 8 of each).
-  auto load_x = [&](int i, uint4 (&xl)[kWideGroups], uint4 (&xh)[kWideGroups]) {
-    const int c = chunk(i);
-    const int off = c < chunks ? c * 8 : 0;
-#pragma unroll
-    for (int j = 0; j < kWideGroups; ++j) {
-      const int lo = t_first + 16 * j + g, hi = lo + 8;
-      const bool live = j < groups && c < chunks && i < steps;
-      xl[j] = load_act(p.x + int64_t(min(lo, p.tokens - 1)) * p.in + off, live && lo < p.tokens);
-      xh[j] = load_act(p.x + int64_t(min(hi, p.tokens - 1)) * p.in + off, live && hi < p.tokens);
-    }
-  };
-#pragma unroll
-  for (int slot = 0; slot < kWideSlots; ++slot) load_step(slot, slot);  // steps is a multiple of kSteps
-  pdl_wait();  // x is the previous kernel's output; y may be written only now
-  uint4 xl[kWideGroups], xh[kWideGroups];
-  load_x(0, xl, xh);
-  for (int i0 = 0; i0 < steps; i0 += kWideSlots) {
-#pragma unroll
-    for (int slot = 0; slot < kWideSlots; ++slot) {
-      const int i = i0 + slot;
-      // The next step's x is in flight during this step's mmas (loaded just
-      // before them, the mmas waited on L2: 11.8 vs 8.8 ms for a 7B step's
-      // launches at 64 rows on the H200).
-      uint4 nl[kWideGroups], nh[kWideGroups];
-      load_x(i + 1, nl, nh);
-#pragma unroll
-      for (int j = 0; j < kWideGroups; ++j) {
-        if (j >= groups) break;
-        // As gemv_kernel's compute_step: rows g and g + 8 of A, two mmas per weight.
-        const uint32_t a_lo[4] = {xl[j].x, xh[j].x, xl[j].y, xh[j].y};
-        const uint32_t a_hi[4] = {xl[j].z, xh[j].z, xl[j].w, xh[j].w};
-#pragma unroll
-        for (int u = 0; u < kUnits; ++u) {
-          ptx::mma_bf16_16816(acc[u][j], a_lo, wv[u][slot].x, wv[u][slot].y);
-          ptx::mma_bf16_16816(acc[u][j], a_hi, wv[u][slot].z, wv[u][slot].w);
-          if constexpr (kGated) {
-            ptx::mma_bf16_16816(acc_up[u][j], a_lo, uv[u][slot].x, uv[u][slot].y);
-            ptx::mma_bf16_16816(acc_up[u][j], a_hi, uv[u][slot].z, uv[u][slot].w);
-          }
-        }
-      }
-      if (i + kWideSlots < steps) load_step(i + kWideSlots, slot);
-#pragma unroll
-      for (int j = 0; j < kWideGroups; ++j) xl[j] = nl[j], xh[j] = nh[j];
-    }
-  }
-  pdl_launch_dependents();
-  int buf = 0;
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    if (tile0 + u >= p.tiles) break;
-#pragma unroll
-    for (int j = 0; j < kWideGroups; ++j) {
-      if (j >= groups) break;
-      float unused[4] = {};
-      float(&up)[4] = kGated ? acc_up[u][kGated ? j : 0] : unused;
-      finish_unit<Out, kGated, 4, kVals, kRope>(p, r, partial, acc[u][j], up, tile0 + u, buf, t_first + 16 * j);
-      buf ^= 1;
-    }
-  }
-}
-
 // Resident blocks of a kernel on the whole GPU, read once per kernel.
 template <auto kKernel>
 int resident_blocks() {
@@ -526,33 +281,6 @@ void launch_as(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
   const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>());
   const int blocks = ceil_div(p.tiles, per_block);
   launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, r);
-}
-
-// More than kMaxTokens rows: gemv_wide_kernel, one block per (groups, units).
-// The most units per block (fewest x loads per W byte) that leave at least
-// two blocks per SM; any count gives the same bits.
-template <typename Out, bool kGated, bool kRope>
-void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
-    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  const int group_blocks = ceil_div(p.tokens, kWideGroups * 16);
-  auto blocks = [&](int units) { return int64_t(ceil_div(p.tiles, units)) * group_blocks; };
-  const int units = !kGated && blocks(4) >= 2 * sms ? 4 : blocks(2) >= 2 * sms ? 2 : 1;
-  SERVAL_CHECK(ceil_div(p.tiles, units) <= 65535, "gemv: ", p.tiles, " units of ", kUnitRows,
-               " rows are more than a grid holds");
-  const dim3 grid(unsigned(group_blocks), unsigned(ceil_div(p.tiles, units)));
-  auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kThreads), 0, stream, p, r); };
-  if (units == 4) {
-    if constexpr (!kGated) go(gemv_wide_kernel<Out, kGated, 4, kRope>);
-  } else if (units == 2) {
-    go(gemv_wide_kernel<Out, kGated, 2, kRope>);
-  } else {
-    go(gemv_wide_kernel<Out, kGated, 1, kRope>);
-  }
 }
 
 template <typename Out, bool kGated>

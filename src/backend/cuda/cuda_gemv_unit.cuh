@@ -1,0 +1,150 @@
+#pragma once
+// The GEMV's unit of work, shared by its kernels (cuda_gemv.cu) and the
+// batch-invariant wide kernel (cuda_gemv_wide.cu), which must compute every
+// row exactly as they do: the block shape and k split, the weight and x
+// loads, a unit's W rows, and a unit's end (the warps' sum in a fixed order,
+// the stores, the rope epilogue). See cuda_gemv.cu for the design.
+#include <type_traits>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_elem.cuh"
+#include "backend/cuda/cuda_matmul_segments.cuh"
+
+namespace serval::cuda::gemv_unit {
+
+constexpr int kWarps = 4;  // warps per block; they split each unit's columns
+constexpr int kThreads = 32 * kWarps;
+constexpr int kUnitRows = 8;    // W rows per unit: the mma's N
+constexpr int kSteps = 8;       // k-steps per warp per batch (loads in flight per lane per weight)
+constexpr int kStepChunks = 4;  // 16-byte chunks of a row per k-step: one per lane of a quad
+constexpr int kMaxTokens = 16;  // the mma's M
+
+// The operands (cuda_matmul_segments.cuh); its tiles are this kernel's units.
+using GemvParams = MatmulSegments;
+
+// 16 bytes of W, streamed: no L1 allocation, evict-first in L2 (W is read once
+// per step and must not push activations out), and a 256-byte L2 fetch, since
+// the next three k-steps of the row follow right behind. `ok` false gives zeros
+// without touching memory.
+__device__ __forceinline__ uint4 load_weight(const bf16* p, bool ok, uint64_t policy) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%5], %6;\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "r"(int(ok)), "l"(p), "l"(policy));
+  return v;
+}
+
+// 16 bytes of x: kept in L1, where every warp of the SM reads it again. Not
+// through the non-coherent path (.nc) as the weights are: x is written by the
+// previous kernel, which a programmatic dependent launch lets run during this
+// kernel's lifetime, and .nc loads require data that is read-only for the
+// whole lifetime (with .nc, CUDA graphs replayed stale x for 9-16 rows).
+__device__ __forceinline__ uint4 load_act(const bf16* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "r"(int(ok)), "l"(p));
+  return v;
+}
+
+// Unit `tile` of the launch: the W rows lane (g, q) reads (row `base + g` of
+// its segment, or of gate and up) and whether that row exists.
+struct UnitRows {
+  const bf16* w;
+  const bf16* u;
+  bool ok;
+};
+template <bool kGated>
+__device__ __forceinline__ UnitRows tile_rows(const GemvParams& p, int tile, int g) {
+  int seg, base;
+  locate_tile(p, tile, kUnitRows, seg, base);
+  const int row = base + g;
+  const bool ok = row < p.rows[seg];
+  const int64_t off = int64_t(ok ? row : 0) * p.in;
+  return {p.w[kGated ? 0 : seg] + off, kGated ? p.w[1] + off : nullptr, ok};
+}
+// The end of a unit (tile `tile` of the launch) for the tokens from t0 (0,
+// or a group of 16 in gemv_wide_kernel): the 4 warps' partials are summed in
+// shared memory (warp 0 + 1 + 2 + 3, in that order) and warp 0 writes the
+// unit's outputs (silu(g) * u if gated); the accumulators restart at zero.
+// Consecutive calls alternate `buf`.
+template <typename Out, bool kGated, int kAcc, int kVals, bool kRope = false>
+__device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeKv& r,
+                                            float (&partial)[2][kWarps][kVals][32], float (&acc)[4],
+                                            float (&acc_up)[4], int tile, int buf, int t0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int v = 0; v < kAcc; ++v) {
+    partial[buf][warp][v][lane] = acc[v];
+    if constexpr (kGated) partial[buf][warp][kAcc + v][lane] = acc_up[v];
+  }
+#pragma unroll
+  for (int v = 0; v < 4; ++v) acc[v] = acc_up[v] = 0.f;
+  // One barrier per unit: buffer `buf` is written again two units later, after
+  // the next unit's barrier, which warp 0 reaches only once it has read it.
+  __syncthreads();
+  if (warp != 0) return;
+  float sum[kVals];
+#pragma unroll
+  for (int v = 0; v < kVals; ++v) sum[v] = partial[buf][0][v][lane];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w)
+#pragma unroll
+    for (int v = 0; v < kVals; ++v) sum[v] += partial[buf][w][v][lane];
+  int seg, base;
+  locate_tile(p, tile, kUnitRows, seg, base);
+  const int rows = p.rows[seg];
+  Out* y = static_cast<Out*>(p.y[seg]);
+  if constexpr (kRope && !kGated && std::is_same_v<Out, bf16>) {
+    // The pair (j, j + 1) as the GEMV would store it, rotated as the rope
+    // kernel would (same sincosf, same expressions), stored where that
+    // kernel would put it. Rows are whole heads, so both exist.
+    const int j = base + 2 * q;
+#pragma unroll
+    for (int h = 0; h < kAcc / 2; ++h) {
+      const int t = t0 + g + 8 * h;
+      if (t >= p.tokens || j >= rows) continue;
+      float a = __bfloat162float(__float2bfloat16(sum[2 * h]));
+      float b = __bfloat162float(__float2bfloat16(sum[2 * h + 1]));
+      const int d = j % r.head_dim;
+      if (seg < 2 && d < r.rope_dim) {
+        float sn, cs;
+        sincosf(float(r.positions[t]) * r.inv_freq[d / 2], &sn, &cs);
+        const float ra = a * cs - b * sn, rb = b * cs + a * sn;
+        a = ra;
+        b = rb;
+      }
+      bf16* dst = seg == 0 ? y + int64_t(t) * rows : (seg == 1 ? r.k_pool : r.v_pool) + r.slots[t] * rows;
+      store1(dst, j, a);
+      store1(dst, j + 1, b);
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < kAcc / 2; ++h) {
+      const int t = t0 + g + 8 * h;
+      if (t >= p.tokens) continue;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = base + 2 * q + e;
+        if (j >= rows) continue;
+        float v = sum[2 * h + e];
+        if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
+        store1(y, int64_t(t) * rows + j, v);
+      }
+    }
+  }
+}
+
+// More than kMaxTokens rows, any T (cuda_gemv_wide.cu): the wide kernel.
+template <typename Out, bool kGated, bool kRope>
+void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream);
+
+}  // namespace serval::cuda::gemv_unit
