@@ -4,11 +4,13 @@
 # each build, then decode benchmarks (7B; 8B with --8b) with the builds interleaved (so drift
 # of the machine hits all alike), then one table, a column per build ("base":
 # the staged build). For A/B runs of kernel changes in one device call.
-# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--skinny] [--env VAR=VALUE]... [--gemv FILTER]
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--skinny] [--env VAR=VALUE]...
+#        [--flag "--FLAG ..."]... [--gemv FILTER]
 #   --8b: the benchmarks on a random Llama-3.1-8B-shape model (GQA 32/8) instead of Llama-2-7B
 #   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
 #   --skinny: also the base build with SERVAL_SKINNY_GEMM=1 (the skinny GEMM for 17..48 rows)
 #   --env VAR=VALUE: also the base build with that environment variable (a column "base+VAR=VALUE")
+#   --flag "--FLAG ...": also the base build with those serval bench flags (a column "base FLAG ...")
 #   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
 set -u
 cd "$(dirname "$0")"
@@ -18,7 +20,7 @@ mkdir -p "$OUT_DIR" lib variants
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; EXTRA_ENVS=(); LIKE=llama-2-7b
+TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; EXTRA_ENVS=(); EXTRA_FLAGS=(); LIKE=llama-2-7b
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
@@ -26,21 +28,23 @@ while [ $# -gt 0 ]; do
     --seqs) SEQS=$2; shift ;;
     --skinny) SKINNY=1 ;;
     --env) EXTRA_ENVS+=("$2"); shift ;;
+    --flag) EXTRA_FLAGS+=("$2"); shift ;;
     --gemv) GEMV=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 1 ;;
   esac
   shift
 done
 
-NAMES=(base); DIRS=("$HERE"); ENVS=("")
+NAMES=(base); DIRS=("$HERE"); ENVS=(""); FLAGS=("")
 for v in variants/*.tar.xz; do
   [ -f "$v" ] || continue
   tar -xJf "$v" -C variants
   n=$(basename "$v" .tar.xz)
-  NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); ENVS+=("")
+  NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); ENVS+=(""); FLAGS+=("")
 done
-if [ $SKINNY = 1 ]; then NAMES+=("base+skinny"); DIRS+=("$HERE"); ENVS+=("SERVAL_SKINNY_GEMM=1"); fi
-for e in "${EXTRA_ENVS[@]}"; do NAMES+=("base+$e"); DIRS+=("$HERE"); ENVS+=("$e"); done
+if [ $SKINNY = 1 ]; then NAMES+=("base+skinny"); DIRS+=("$HERE"); ENVS+=("SERVAL_SKINNY_GEMM=1"); FLAGS+=(""); fi
+for e in "${EXTRA_ENVS[@]}"; do NAMES+=("base+$e"); DIRS+=("$HERE"); ENVS+=("$e"); FLAGS+=(""); done
+for f in "${EXTRA_FLAGS[@]}"; do NAMES+=("base $f"); DIRS+=("$HERE"); ENVS+=(""); FLAGS+=("$f"); done
 for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: $(cat "${DIRS[$i]}/COMMIT" 2>/dev/null || echo staged build)"; done
 
 M7=${MODEL:-/tmp/$LIKE-bf16.gguf}  # written here unless it exists (gpu-check.sh --keep leaves it)
@@ -53,7 +57,7 @@ if [ $TESTS = 1 ]; then
   ROWS+=("CUDA tests")
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
-    [ -n "${ENVS[$i]}" ] && { CELL["CUDA tests|$n"]="(same binary)"; continue; }
+    [ -n "${ENVS[$i]}${FLAGS[$i]}" ] && { CELL["CUDA tests|$n"]="(same binary)"; continue; }
     log="$OUT_DIR/tests-$n.log"
     (cd "${DIRS[$i]}" && timeout 420 ./serval_tests --gtest_filter='Cuda*:StoriesGolden*:EngineOnCuda*' >"$log" 2>&1)
     passed=$(grep -oE "^\[  PASSED  \] [0-9]+" "$log" | grep -oE "[0-9]+$")
@@ -77,7 +81,7 @@ for N in $SEQS; do
   ROWS+=("$row")
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
-    j=$(cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 300 ./serval bench --model $M7 --device cuda --json "${args[@]}" \
+    j=$(cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 300 ./serval bench --model $M7 --device cuda --json "${args[@]}" ${FLAGS[$i]} \
       2>>"$OUT_DIR/bench-err.log" | tail -1)
     echo "$n | $row | $j" >>"$OUT_DIR/bench.jsonl"
     CELL["$row|$n"]=$(echo "$j" | python3 -c '

@@ -22,6 +22,7 @@ struct EngineFlags {
   double gpu_memory_fraction = 0.9;    // on a GPU: weights + activations + KV pool
   bool enforce_eager = false;          // no CUDA graphs
   bool batch_invariant = false;        // RunnerOptions::batch_invariant
+  bool gemm_search = false;            // RunnerOptions::gemm_search
   int threads = 0;
   std::string device = "auto";         // cuda when there is a GPU, else cpu
   std::string dtype = "auto";          // auto (bf16 on a GPU), bfloat16 or float32

@@ -161,6 +161,11 @@ class Backend {
   // prompt is chunked, graph padding), so greedy output does not depend on
   // batching; slower. Off by default. Throws where a backend cannot.
   virtual void set_batch_invariant(bool on) = 0;
+  // GEMM search: the first use of each small-batch matmul shape times many
+  // more of its library's configurations than the default few (seconds per
+  // shape, for a few percent of decode throughput). A hint: backends whose
+  // matmuls are their own ignore it.
+  virtual void set_gemm_search(bool on) { (void)on; }
 
   // ---- memory ----
   virtual DeviceBuffer alloc(int64_t bytes) = 0;

@@ -83,6 +83,16 @@ def test_batch_invariant_mode_keeps_the_golden_ids(serval, models, tmp_path):
     assert results[1]["choices"][0]["token_ids"] == alone["token_ids"]
 
 
+def test_gemm_search_is_a_hint_the_cpu_ignores(serval, models, tmp_path):
+    # --gemm-search widens cuBLASLt's algorithm search on a GPU; the CPU
+    # accepts it and computes exactly as before.
+    ref = reference_ids(models)
+    _, results = run_batch(serval, models, tmp_path,
+                           [{"prompt": PROMPT, "max_tokens": 64, "temperature": 0}], "--gemm-search",
+                           "--device", "cpu")
+    assert results[0]["choices"][0]["token_ids"] == ref[4:68]
+
+
 def test_n_samples_seeded_differ_and_reproduce(serval, models, tmp_path):
     req = {"prompt": PROMPT, "max_tokens": 32, "temperature": 1.0, "seed": 5, "n": 3}
     _, a = run_batch(serval, models, tmp_path, [req, req])

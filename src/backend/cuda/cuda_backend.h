@@ -56,6 +56,9 @@ class CudaBackend : public Backend {
   // decode rows too, through the prefill kernels, whose keys run in fixed
   // tiles from position 0 (no split-KV, no stream kernel).
   void set_batch_invariant(bool on) override;
+  void set_gemm_search(bool on) override { gemm_search_ = on; }
+  // Shapes the wide search has tuned (set_gemm_search).
+  int64_t gemm_searches() const { return gemm_searches_; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;
@@ -136,6 +139,7 @@ class CudaBackend : public Backend {
   void tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, const void* x, void* y);
   void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
   void flush_l2();  // tune_matmul times candidates with a cold L2
+  class LtRunTimer;  // runs and times one plan's candidates (cuda_matmul.cu)
   bool own_kernel_fits(const Tensor& x) const;
   // Our kernels for x @ W^T (own_kernel_fits): the GEMV, or the skinny GEMM.
   void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n);
@@ -169,6 +173,8 @@ class CudaBackend : public Backend {
   std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
+  bool gemm_search_ = false;  // set_gemm_search: tune_matmul's wide search (cuda_matmul_search.cu)
+  int64_t gemm_searches_ = 0;
   bool batch_invariant_ = false;
   DeviceBuffer split_k_partials_;  // matmul_add_rmsnorm's two f32 halves
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product

@@ -1,21 +1,25 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// 17..48 through our skinny GEMM (cuda_skinny_gemm.cu), more through
-// cuBLASLt, bf16 in and out (or f32 logits) with f32 accumulation. With f32
+// more through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu,
+// when asked: SERVAL_SKINNY_GEMM=1), bf16 in and out (or f32 logits) with f32 accumulation. With f32
 // activations (--dtype float32) every shape goes through cuBLASLt in plain
 // f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
 // CUBLAS_COMPUTE_32F_FAST_TF32). cuBLASLt's algorithm for a shape is chosen at
 // its first use outside a graph capture by timing the heuristic's best
-// candidates on the real operands, each after an L2 flush; the winner is kept
+// candidates (with --gemm-search, a wider search from them) on the real
+// operands, each after an L2 flush; the winner is kept
 // per (out, token bucket, in, out dtype, batch). matmul_multi runs weights laid
 // out back to back (q/k/v, gate/up) as one strided-batched cuBLASLt call.
 #include <algorithm>
+#include <chrono>
 #include <cfloat>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_matmul_search.h"
 #include "backend/cuda/cuda_stats.h"
 
 namespace serval::cuda {
@@ -72,6 +76,7 @@ bool batch_follows(const Tensor& x, const std::vector<const DeviceWeight*>& ws, 
 
 constexpr int kCandidates = 8;  // heuristic results timed per shape (the H200's heuristic returns 8 at most)
 constexpr int kTimedRuns = 3;   // after one warm-up run each
+constexpr int64_t kSearchMaxTokens = 256;  // the wide search (gemm_search_) serves decode-sized shapes
 
 void lt_check(cublasStatus_t st, const char* what) {
   SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt: ", what, " failed with status ", int(st));
@@ -100,6 +105,45 @@ struct EventPair {
 };
 
 }  // namespace
+
+// Times a plan's algorithm on the real operands: one warm-up run, then `runs`
+// runs, each between two events after an L2 flush (y is overwritten, as the
+// call that follows does anyway).
+class CudaBackend::LtRunTimer : public LtTimer {
+ public:
+  LtRunTimer(CudaBackend& be, const MatmulPlan& p, const void* w, const void* x, void* y)
+      : be_(be), p_(p), w_(w), x_(x), y_(y) {}
+
+  float time(const cublasLtMatmulAlgo_t& algo, int runs) override {
+    if (run(algo) != CUBLAS_STATUS_SUCCESS) return FLT_MAX;  // refuses these operands
+    float total = 0.0f;
+    for (int r = 0; r < runs; ++r) {
+      be_.flush_l2();
+      SERVAL_CUDA_CHECK(cudaEventRecord(ev_.start, be_.stream_));
+      const bool ok = run(algo) == CUBLAS_STATUS_SUCCESS;
+      SERVAL_CUDA_CHECK(cudaEventRecord(ev_.stop, be_.stream_));
+      SERVAL_CUDA_CHECK(cudaEventSynchronize(ev_.stop));
+      if (!ok) return FLT_MAX;
+      float ms = 0.0f;
+      SERVAL_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_.start, ev_.stop));
+      total += ms;
+    }
+    return total / float(runs);
+  }
+
+ private:
+  cublasStatus_t run(const cublasLtMatmulAlgo_t& algo) {
+    const float one = 1.0f, zero = 0.0f;
+    return cublasLtMatmul(be_.lt_, p_.op, &one, w_, p_.a, x_, p_.b, &zero, y_, p_.c, y_, p_.c, &algo,
+                          be_.lt_workspace_.data(), size_t(be_.lt_workspace_.bytes()), be_.stream_);
+  }
+  CudaBackend& be_;
+  const MatmulPlan& p_;
+  const void* w_;
+  const void* x_;
+  void* y_;
+  EventPair ev_;
+};
 
 // cuBLASLt is column-major: y^T [out, T] = W [in, out]^T-as-stored * x^T [in, T].
 // Row-major W {out, in} is column-major [in, out] with ld = in, hence op(A) = T.
@@ -156,8 +200,11 @@ CudaBackend::MatmulPlan& CudaBackend::matmul_plan(const GemmShape& s) {
 // timed for this shape's token bucket if cuBLASLt accepts it here, else the
 // fastest of the heuristic's candidates, each run once to warm up and then
 // kTimedRuns times, each between two events after an L2 flush, on the real
-// operands (y is overwritten, as the call that follows does anyway). The
-// workspace is the fixed one, so the plan stays valid inside graphs.
+// operands (y is overwritten, as the call that follows does anyway). With
+// --gemm-search (set_gemm_search), shapes of up to kSearchMaxTokens tokens
+// then go through the wide search (cuda_matmul_search.cu), seeded with those
+// candidates. The workspace is the fixed one, so the plan stays valid inside
+// graphs.
 //
 // Why flush: a decode step reads every weight from HBM (the step's weights are
 // hundreds of times L2), but a 4096 x 4096 bf16 weight (32 MB) run again and
@@ -189,37 +236,37 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found <= 1) {
+  const bool search = gemm_search_ && s.n <= kSearchMaxTokens;
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0 || (found == 1 && !search)) {
     tuned_algos_.emplace(key, p.algo);
     return;
   }
-  const float one = 1.0f, zero = 0.0f;
-  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(lt_, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, lt_workspace_.data(),
-                          ws_bytes, stream_);
-  };
-  EventPair ev;
+  LtRunTimer timer(*this, p, w, x, y);
   float best_ms = FLT_MAX;
   cublasLtMatmulAlgo_t best = p.algo;
+  std::vector<LtAlgo> seeds;
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > ws_bytes) continue;
-    if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // refuses these operands
-    bool ok = true;
-    float ms = 0.0f;
-    for (int r = 0; r < kTimedRuns && ok; ++r) {
-      flush_l2();
-      SERVAL_CUDA_CHECK(cudaEventRecord(ev.start, stream_));
-      ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
-      SERVAL_CUDA_CHECK(cudaEventRecord(ev.stop, stream_));
-      SERVAL_CUDA_CHECK(cudaEventSynchronize(ev.stop));
-      float run_ms = 0.0f;
-      SERVAL_CUDA_CHECK(cudaEventElapsedTime(&run_ms, ev.start, ev.stop));
-      ms += run_ms;
-    }
-    if (ok && ms < best_ms) {
+    seeds.push_back({results[i].algo});
+    const float ms = timer.time(results[i].algo, kTimedRuns);
+    if (ms < best_ms) {
       best_ms = ms;
       best = results[i].algo;
     }
+  }
+  if (search) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const LtSearchResult r = search_lt_algo({lt_, p.op, p.a, p.b, p.c, ws_bytes}, seeds, timer, kTimedRuns);
+    const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const bool wins = r.found && r.best_ms < best_ms;
+    ++gemm_searches_;
+    std::fprintf(stderr,
+                 "gemm search: out %lld, tokens %lld, in %lld, batch %lld: %.2f us (heuristic %.2f us), %d "
+                 "configurations in %.1f s%s%s\n",
+                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)s.batch,
+                 1e3 * std::min(r.best_ms, best_ms), 1e3 * best_ms, r.tried, search_s, wins ? ": " : "",
+                 wins ? describe_lt_algo(r.algo).c_str() : ", the heuristic's kept");
+    if (wins) best = r.algo;
   }
   p.algo = best;
   tuned_algos_.emplace(key, best);
@@ -246,6 +293,8 @@ void CudaBackend::lt_matmul(const GemmShape& s, const void* w, const void* x, vo
                           size_t(lt_workspace_.bytes()), stream_),
            "Matmul");
 }
+
+int64_t gemm_searches(const Backend& be) { return cuda_backend_of(be, "gemm_searches").gemm_searches(); }
 
 int64_t stacked_qkv_calls(const Backend& be) {
   return cuda_backend_of(be, "stacked_qkv_calls").stacked_qkv_calls();

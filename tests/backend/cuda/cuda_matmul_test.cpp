@@ -2,7 +2,8 @@
 // random bf16 data: the GEMV kernel (1..16 rows) and the skinny GEMM (17..48
 // rows) on decode shapes of Llama-2-7B and Llama-3.1-8B and on odd sizes,
 // matmul_multi, f32 logits, the fused gated_mlp_up, and cuBLASLt GEMMs for
-// more rows (timed algorithm choice, and a first use inside a graph capture).
+// more rows (timed algorithm choice, the wide search of --gemm-search, and a
+// first use inside a graph capture).
 // Also checks batch invariance: a row's output is bitwise the same alone or
 // in a batch of 1..16 (GEMV), and the same in any batch of 17..48 (skinny
 // GEMM, which the backend uses for those rows only when asked: by default
@@ -345,6 +346,42 @@ TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
     EXPECT_EQ(first, second) << "T " << s.T << " in " << s.in << " out " << s.out;
     std::printf("[cuda_matmul] gemm T %ld in %ld out %ld%s: rel err %.2e\n", long(s.T), long(s.in), long(s.out),
                 s.f32 ? " f32" : "", err);
+  }
+}
+
+// --gemm-search (Backend::set_gemm_search): a decode-sized shape (up to 256
+// tokens) is searched once, and whatever configuration wins (split-K,
+// another tile, a cluster shape) still computes the product; larger shapes keep
+// the heuristic's candidates.
+TEST(CudaMatmul, GemmSearchKeepsTheProductAndSearchesDecodeShapesOnly) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  gpu->set_gemm_search(true);
+  struct Shape { int64_t T, in, out; bool f32; bool searched; };
+  for (const Shape& s : {Shape{64, 1024, 3072, false, true}, Shape{32, 2048, 1024, false, true},
+                         Shape{24, 1024, 4000, true, true}, Shape{256, 512, 1536, false, true},
+                         Shape{300, 512, 512, false, false}}) {
+    const auto x = random_bf16(size_t(s.T * s.in), 61);
+    const auto w = random_bf16(size_t(s.out * s.in), 62, 0.05f);
+    const auto want = reference_matmul(x, s.T, w, s.out, s.in);
+    auto wg = upload_matrix(*gpu, "w", s.out, s.in, w);
+    DevTensor xg = upload(*gpu, x, s.T, s.in);
+    DeviceBuffer buf = gpu->alloc(s.T * s.out * 4);
+    const Tensor y{buf.data(), s.f32 ? DType::F32 : DType::BF16, s.T, s.out};
+#ifdef SERVAL_WITH_CUDA
+    const int64_t before = cuda::gemm_searches(*gpu);
+#endif
+    gpu->matmul(xg.t, *wg, nullptr, y);  // searches
+    const auto first = download(*gpu, y);
+    gpu->matmul(xg.t, *wg, nullptr, y);  // runs the kept plan
+    const auto second = download(*gpu, y);
+#ifdef SERVAL_WITH_CUDA
+    EXPECT_EQ(cuda::gemm_searches(*gpu) - before, s.searched ? 1 : 0) << "T " << s.T;
+#endif
+    const double err = rel_err(second, want, want.size());
+    EXPECT_LT(err, s.f32 ? kF32Tol : kBf16Tol) << "T " << s.T << " in " << s.in << " out " << s.out;
+    EXPECT_EQ(first, second) << "T " << s.T << " in " << s.in << " out " << s.out;
+    std::printf("[cuda_matmul] searched gemm T %ld in %ld out %ld%s: rel err %.2e\n", long(s.T), long(s.in),
+                long(s.out), s.f32 ? " f32" : "", err);
   }
 }
 
