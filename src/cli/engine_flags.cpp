@@ -29,6 +29,9 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_flag("--gemm-search", f.gemm_search,
                "on a GPU: time many more cuBLASLt configurations for each decode-sized matmul at its first use "
                "(0.4-2.5 s per shape; +1-2% decode throughput at 32-256 sequences on an H200)");
+  sub.add_option("--gemm-search-cache", f.gemm_search_cache,
+                 "on a GPU: --gemm-search, reading its results from this file and adding new ones, so that a later "
+                 "run on the same GPU and cuBLASLt does not search again");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
   sub.add_option("--device", f.device, "cpu, cuda or auto (default: auto, cuda when there is a GPU)");
   sub.add_option("--dtype", f.dtype,
@@ -72,6 +75,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   ro.enforce_eager = f.enforce_eager;
   ro.batch_invariant = f.batch_invariant;
   ro.gemm_search = f.gemm_search;
+  ro.gemm_search_cache = f.gemm_search_cache;
   ro.max_num_batched_tokens = f.scheduler.max_num_batched_tokens;
   ro.max_num_seqs = int32_t(f.scheduler.max_num_seqs);
   ro.max_model_len = int32_t(f.scheduler.max_model_len);

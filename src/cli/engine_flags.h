@@ -23,6 +23,7 @@ struct EngineFlags {
   bool enforce_eager = false;          // no CUDA graphs
   bool batch_invariant = false;        // RunnerOptions::batch_invariant
   bool gemm_search = false;            // RunnerOptions::gemm_search
+  std::string gemm_search_cache;       // RunnerOptions::gemm_search_cache
   int threads = 0;
   std::string device = "auto";         // cuda when there is a GPU, else cpu
   std::string dtype = "auto";          // auto (bf16 on a GPU), bfloat16 or float32

@@ -163,9 +163,14 @@ class Backend {
   virtual void set_batch_invariant(bool on) = 0;
   // GEMM search: the first use of each small-batch matmul shape times many
   // more of its library's configurations than the default few (seconds per
-  // shape, for a few percent of decode throughput). A hint: backends whose
+  // shape, for a few percent of decode throughput); with a cache file, the
+  // results are read from it and new ones added, so a later run does not
+  // search again (a cache file implies the search). A hint: backends whose
   // matmuls are their own ignore it.
-  virtual void set_gemm_search(bool on) { (void)on; }
+  virtual void set_gemm_search(bool on, const std::string& cache_file) {
+    (void)on;
+    (void)cache_file;
+  }
 
   // ---- memory ----
   virtual DeviceBuffer alloc(int64_t bytes) = 0;

@@ -105,7 +105,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
                "max_num_seqs must be positive");
   backend_ = create_backend(opts.device, opts.threads, opts.dtype);
   backend_->set_batch_invariant(opts.batch_invariant);
-  backend_->set_gemm_search(opts.gemm_search);
+  backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
   const bool gpu = backend_->name() != "cpu";
   if (gpu) check_weights_fit(weights, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
   load_weights(weights);

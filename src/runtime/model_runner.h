@@ -38,7 +38,8 @@ struct RunnerOptions {
   // Backend::set_batch_invariant: a sequence's logits do not depend on what
   // else is in its steps (greedy output batched == alone, bit for bit); slower.
   bool batch_invariant = false;
-  bool gemm_search = false;  // Backend::set_gemm_search
+  bool gemm_search = false;       // Backend::set_gemm_search
+  std::string gemm_search_cache;  // its cache file ("": none)
 };
 
 class ModelRunner {

@@ -84,13 +84,15 @@ def test_batch_invariant_mode_keeps_the_golden_ids(serval, models, tmp_path):
 
 
 def test_gemm_search_is_a_hint_the_cpu_ignores(serval, models, tmp_path):
-    # --gemm-search widens cuBLASLt's algorithm search on a GPU; the CPU
-    # accepts it and computes exactly as before.
+    # --gemm-search (and its cache file) widens cuBLASLt's algorithm search on
+    # a GPU; the CPU accepts both, computes exactly as before, writes nothing.
     ref = reference_ids(models)
+    cache = tmp_path / "gemm-search.txt"
     _, results = run_batch(serval, models, tmp_path,
                            [{"prompt": PROMPT, "max_tokens": 64, "temperature": 0}], "--gemm-search",
-                           "--device", "cpu")
+                           "--gemm-search-cache", cache, "--device", "cpu")
     assert results[0]["choices"][0]["token_ids"] == ref[4:68]
+    assert not cache.exists()
 
 
 def test_n_samples_seeded_differ_and_reproduce(serval, models, tmp_path):

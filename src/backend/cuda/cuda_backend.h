@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_search_cache.h"
 #include "backend/cuda/cuda_stats.h"
 #include "runtime/backend.h"
 
@@ -56,9 +57,11 @@ class CudaBackend : public Backend {
   // decode rows too, through the prefill kernels, whose keys run in fixed
   // tiles from position 0 (no split-KV, no stream kernel).
   void set_batch_invariant(bool on) override;
-  void set_gemm_search(bool on) override { gemm_search_ = on; }
-  // Shapes the wide search has tuned (set_gemm_search).
+  void set_gemm_search(bool on, const std::string& cache_file) override;
+  // Shapes the wide search has tuned, and shapes whose configuration came
+  // from its cache file instead (set_gemm_search).
   int64_t gemm_searches() const { return gemm_searches_; }
+  int64_t gemm_search_cache_hits() const { return gemm_search_cache_hits_; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;
@@ -140,6 +143,8 @@ class CudaBackend : public Backend {
   void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
   void flush_l2();  // tune_matmul times candidates with a cold L2
   class LtRunTimer;  // runs and times one plan's candidates (cuda_matmul.cu)
+  bool searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
+                       cublasLtMatmulAlgo_t& algo) const;
   bool own_kernel_fits(const Tensor& x) const;
   // Our kernels for x @ W^T (own_kernel_fits): the GEMV, or the skinny GEMM.
   void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n);
@@ -174,7 +179,8 @@ class CudaBackend : public Backend {
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   bool gemm_search_ = false;  // set_gemm_search: tune_matmul's wide search (cuda_matmul_search.cu)
-  int64_t gemm_searches_ = 0;
+  std::unique_ptr<GemmSearchCache> gemm_search_cache_;  // its results across runs, if a file was given
+  int64_t gemm_searches_ = 0, gemm_search_cache_hits_ = 0;
   bool batch_invariant_ = false;
   DeviceBuffer split_k_partials_;  // matmul_add_rmsnorm's two f32 halves
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product

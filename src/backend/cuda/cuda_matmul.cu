@@ -226,6 +226,16 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
       p.algo = it->second;
     return;
   }
+  const bool search = gemm_search_ && s.n <= kSearchMaxTokens;
+  // The search's earlier result for this product, from its cache file.
+  const GemmSearchCache::Key cache_key = {bucket.m,        bucket.n,        bucket.k,        bucket.y_f32,
+                                          bucket.batch,    bucket.stride_w, bucket.stride_x, bucket.stride_y,
+                                          bucket.ld(),     act_dtype_ == DType::F32};
+  if (search && searched_before(p, s.y_f32, cache_key, p.algo)) {
+    tuned_algos_.emplace(key, p.algo);
+    ++gemm_search_cache_hits_;
+    return;
+  }
   cublasLtMatmulPreference_t pref = nullptr;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
   const uint64_t ws = uint64_t(ws_bytes);
@@ -236,7 +246,6 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  const bool search = gemm_search_ && s.n <= kSearchMaxTokens;
   if (st != CUBLAS_STATUS_SUCCESS || found == 0 || (found == 1 && !search)) {
     tuned_algos_.emplace(key, p.algo);
     return;
@@ -267,9 +276,43 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
                  1e3 * std::min(r.best_ms, best_ms), 1e3 * best_ms, r.tried, search_s, wins ? ": " : "",
                  wins ? describe_lt_algo(r.algo).c_str() : ", the heuristic's kept");
     if (wins) best = r.algo;
+    if (gemm_search_cache_) gemm_search_cache_->put(cache_key, lt_config_of(best));
   }
   p.algo = best;
   tuned_algos_.emplace(key, best);
+}
+
+// The search's choice for `key` in an earlier run (its cache file), if there
+// is one and cuBLASLt accepts it for p's operands.
+bool CudaBackend::searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
+                                  cublasLtMatmulAlgo_t& algo) const {
+  const auto config = gemm_search_cache_ ? gemm_search_cache_->find(key) : std::nullopt;
+  if (!config) return false;
+  const cudaDataType_t ab = act_dtype_ == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  cublasLtMatmulAlgo_t a{};
+  cublasLtMatmulHeuristicResult_t check{};
+  if (!lt_algo_from_config(lt_, ab, y_f32 ? CUDA_R_32F : ab, *config, a) ||
+      cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &a, &check) != CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > size_t(lt_workspace_.bytes()))
+    return false;
+  algo = a;
+  return true;
+}
+
+void CudaBackend::set_gemm_search(bool on, const std::string& cache_file) {
+  gemm_search_ = on || !cache_file.empty();
+  gemm_search_cache_.reset();
+  if (cache_file.empty()) return;
+  cudaDeviceProp prop{};
+  SERVAL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  // A configuration holds for this GPU model, SM count and library only.
+  gemm_search_cache_ = std::make_unique<GemmSearchCache>(
+      cache_file, str_cat(prop.name, ", ", num_sms_, " SMs, cuBLASLt ", cublasLtGetVersion()));
+  if (gemm_search_cache_->set_aside())
+    std::fprintf(stderr, "gemm search cache %s: written for another GPU or cuBLASLt; searching anew, it is replaced\n",
+                 cache_file.c_str());
+  else
+    std::fprintf(stderr, "gemm search cache %s: %zu products\n", cache_file.c_str(), gemm_search_cache_->size());
 }
 
 // Evicts the weights from L2 by writing twice its size (allocated at the
@@ -295,6 +338,10 @@ void CudaBackend::lt_matmul(const GemmShape& s, const void* w, const void* x, vo
 }
 
 int64_t gemm_searches(const Backend& be) { return cuda_backend_of(be, "gemm_searches").gemm_searches(); }
+
+int64_t gemm_search_cache_hits(const Backend& be) {
+  return cuda_backend_of(be, "gemm_search_cache_hits").gemm_search_cache_hits();
+}
 
 int64_t stacked_qkv_calls(const Backend& be) {
   return cuda_backend_of(be, "stacked_qkv_calls").stacked_qkv_calls();

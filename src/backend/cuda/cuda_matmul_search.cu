@@ -152,16 +152,38 @@ LtSearchResult search_lt_algo(const LtOperands& o, const std::vector<LtAlgo>& se
   return r;
 }
 
+LtConfig lt_config_of(const cublasLtMatmulAlgo_t& a) {
+  LtConfig c;
+  c.id = config_get<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID);
+  c.tile = config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID);
+  c.stages = config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+  c.split_k = config_get<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+  c.reduction = config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+  c.swizzle = config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
+  c.custom = config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+  c.cluster = config_get<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+  c.inner = config_get<uint16_t>(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
+  return c;
+}
+
+bool lt_algo_from_config(cublasLtHandle_t lt, cudaDataType_t ab, cudaDataType_t cd, const LtConfig& c,
+                         cublasLtMatmulAlgo_t& a) {
+  return cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, ab, ab, cd, cd, c.id, &a) ==
+             CUBLAS_STATUS_SUCCESS &&
+         config_set(a, CUBLASLT_ALGO_CONFIG_TILE_ID, c.tile) && config_set(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, c.stages) &&
+         config_set(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, c.split_k) &&
+         config_set(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, c.reduction) &&
+         config_set(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, c.swizzle) &&
+         config_set(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, c.custom) &&
+         config_set(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, c.cluster) &&
+         config_set(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, c.inner);
+}
+
 std::string describe_lt_algo(const cublasLtMatmulAlgo_t& a) {
-  std::string s = "id " + std::to_string(config_get<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID));
-  s += " tile " + std::to_string(config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID));
-  s += " stages " + std::to_string(config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID));
-  s += " split-k " + std::to_string(config_get<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
-  s += " reduction " + std::to_string(config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
-  s += " swizzle " + std::to_string(config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
-  s += " custom " + std::to_string(config_get<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
-  s += " cluster " + std::to_string(config_get<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-  return s;
+  const LtConfig c = lt_config_of(a);
+  return "id " + std::to_string(c.id) + " tile " + std::to_string(c.tile) + " stages " + std::to_string(c.stages) +
+         " split-k " + std::to_string(c.split_k) + " reduction " + std::to_string(c.reduction) + " swizzle " +
+         std::to_string(c.swizzle) + " custom " + std::to_string(c.custom) + " cluster " + std::to_string(c.cluster);
 }
 
 }  // namespace serval::cuda

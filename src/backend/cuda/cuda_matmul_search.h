@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_gemm_search_cache.h"
+
 namespace serval::cuda {
 
 // cuBLASLt's algorithm struct under a name: nvcc 13's front end fails on the
@@ -43,6 +45,12 @@ struct LtSearchResult {
 // timed once, the fastest few again over final_runs runs.
 LtSearchResult search_lt_algo(const LtOperands& o, const std::vector<LtAlgo>& seeds, LtTimer& timer,
                               int final_runs);
+
+// An algorithm's configuration, and back (for GemmSearchCache); false if
+// this cuBLASLt refuses it for these dtypes.
+LtConfig lt_config_of(const cublasLtMatmulAlgo_t& a);
+bool lt_algo_from_config(cublasLtHandle_t lt, cudaDataType_t ab, cudaDataType_t cd, const LtConfig& c,
+                         cublasLtMatmulAlgo_t& a);
 
 // "id 66 tile 20 stages 35 split-k 1 ..." (for the search's log line).
 std::string describe_lt_algo(const cublasLtMatmulAlgo_t& a);

@@ -16,6 +16,8 @@ int64_t stacked_qkv_calls(const Backend& be);
 // Matmul shapes whose algorithm the wide search chose (--gemm-search,
 // Backend::set_gemm_search); `be` must be the CUDA backend.
 int64_t gemm_searches(const Backend& be);
+// Products whose configuration came from the search's cache file instead.
+int64_t gemm_search_cache_hits(const Backend& be);
 // Sends 17..48-row matmuls to the skinny GEMM (on) or to cuBLASLt (off, the
 // default unless SERVAL_SKINNY_GEMM=1); `be` must be the CUDA backend.
 void use_skinny_gemm(Backend& be, bool on);

@@ -2,8 +2,8 @@
 // random bf16 data: the GEMV kernel (1..16 rows) and the skinny GEMM (17..48
 // rows) on decode shapes of Llama-2-7B and Llama-3.1-8B and on odd sizes,
 // matmul_multi, f32 logits, the fused gated_mlp_up, and cuBLASLt GEMMs for
-// more rows (timed algorithm choice, the wide search of --gemm-search, and a
-// first use inside a graph capture).
+// more rows (timed algorithm choice, the wide search of --gemm-search and its
+// cache file, and a first use inside a graph capture).
 // Also checks batch invariance: a row's output is bitwise the same alone or
 // in a batch of 1..16 (GEMV), and the same in any batch of 17..48 (skinny
 // GEMM, which the backend uses for those rows only when asked: by default
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "../../model/test_models.h"
 #ifdef SERVAL_WITH_CUDA
 #include "backend/cuda/cuda_stats.h"
 #endif
@@ -355,7 +356,7 @@ TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
 // the heuristic's candidates.
 TEST(CudaMatmul, GemmSearchKeepsTheProductAndSearchesDecodeShapesOnly) {
   SERVAL_CUDA_OR_SKIP(gpu);
-  gpu->set_gemm_search(true);
+  gpu->set_gemm_search(true, "");
   struct Shape { int64_t T, in, out; bool f32; bool searched; };
   for (const Shape& s : {Shape{64, 1024, 3072, false, true}, Shape{32, 2048, 1024, false, true},
                          Shape{24, 1024, 4000, true, true}, Shape{256, 512, 1536, false, true},
@@ -383,6 +384,36 @@ TEST(CudaMatmul, GemmSearchKeepsTheProductAndSearchesDecodeShapesOnly) {
     std::printf("[cuda_matmul] searched gemm T %ld in %ld out %ld%s: rel err %.2e\n", long(s.T), long(s.in),
                 long(s.out), s.f32 ? " f32" : "", err);
   }
+}
+
+// --gemm-search-cache: a first backend searches a product and writes its
+// choice; a second backend (a later run) takes it from the file without
+// searching and computes the same bits.
+TEST(CudaMatmul, GemmSearchCacheSkipsTheSearchInALaterRun) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  ScratchDir dir;
+  const std::string path = dir.file("gemm-search.txt");
+  const int64_t T = 40, in = 1024, out = 2048;
+  const auto x = random_bf16(size_t(T * in), 71);
+  const auto w = random_bf16(size_t(out * in), 72, 0.05f);
+  std::vector<std::vector<float>> got;
+  for (int run = 0; run < 2; ++run) {
+    std::unique_ptr<Backend> be = run == 0 ? std::move(gpu) : try_cuda_backend();
+    be->set_gemm_search(false, path);  // the cache file implies the search
+    auto wg = upload_matrix(*be, "w", out, in, w);
+    DevTensor xg = upload(*be, x, T, in);
+    DevTensor y = zeros(*be, T, out);
+    be->matmul(xg.t, *wg, nullptr, y.t);
+    got.push_back(download(*be, y.t));
+#ifdef SERVAL_WITH_CUDA
+    EXPECT_EQ(cuda::gemm_searches(*be), run == 0 ? 1 : 0) << "run " << run;
+    EXPECT_EQ(cuda::gemm_search_cache_hits(*be), run == 0 ? 0 : 1) << "run " << run;
+#endif
+    EXPECT_TRUE(std::filesystem::exists(path)) << "run " << run;
+  }
+  EXPECT_EQ(got[0], got[1]);
+  const auto want = reference_matmul(x, T, w, out, in);
+  EXPECT_LT(rel_err(got[1], want, want.size()), kBf16Tol);
 }
 
 TEST(CudaMatmul, FirstUseInsideAGraphCaptureWorks) {
