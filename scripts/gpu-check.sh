@@ -112,6 +112,11 @@ bench "7B prefill 512" $M7 --requests 1 --input-len 512 --output-len 2
 if [ $QUICK = 0 ]; then
   bench "7B 64 x (128 in, 128 out)" $M7 --requests 64 --input-len 128 --output-len 128
   bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128
+  # cuBLASLt's wider algorithm search (its products kept in a file, which a --keep rerun reuses).
+  for N in 64 256; do
+    bench "7B $N x (128 in, 128 out), --gemm-search" $M7 --requests $N --input-len 128 --output-len 128 \
+      --gemm-search-cache /tmp/gemm-search-7b.txt
+  done
   # What batch invariance costs: the GEMV for every matmul, the prefill kernels for every attention row.
   bench "7B batch-1 decode tg128, --batch-invariant" $M7 --requests 1 --input-len 1 --output-len 129 --batch-invariant
   bench "7B prefill 512, --batch-invariant" $M7 --requests 1 --input-len 512 --output-len 2 --batch-invariant

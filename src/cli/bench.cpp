@@ -45,6 +45,8 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--max-num-batched-tokens", {"engine", "sweep"}},
       {"--max-queued-requests", {"engine"}},
       {"--no-prefix-cache", {"engine"}},
+      {"--gemm-search", {"runner", "engine", "sweep"}},  // attention runs no matmul
+      {"--gemm-search-cache", {"runner", "engine", "sweep"}},
   };
   return m;
 }

@@ -134,6 +134,7 @@ def test_attention_mode_takes_the_shape_from_the_model(serval, models):
     (["--input-len", "0"], "must be positive"),
     (["--mode", "sweep", "--requests", "3"], "--requests does not apply to --mode sweep"),
     (["--mode", "runner", "--kv-cache-tokens", "64"], "--kv-cache-tokens does not apply to --mode runner"),
+    (["--mode", "attention", "--gemm-search"], "--gemm-search does not apply to --mode attention"),
     (["--mode", "engine", "--input", "/nonexistent/requests.jsonl"], "cannot open --input"),
     (["--mode", "engine", "--requests", "2", "--input-len", "100", "--output-len", "100",
       "--kv-cache-tokens", "64"], "need 13 KV blocks"),
