@@ -123,7 +123,7 @@ class CudaBackend : public Backend {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    bool tuned = false;  // algo chosen by timing (cuda_matmul.cu), not just the heuristic's first
+    bool tuned = false;  // algo chosen by timing (cuda_lt_matmul.cu), not just the heuristic's first
   };
   DType weight_target(const TensorView& view, int64_t& n) const;
   void upload_into(const TensorView& view, DType target, int64_t n, void* dst);
@@ -142,7 +142,7 @@ class CudaBackend : public Backend {
   void tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, const void* x, void* y);
   void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
   void flush_l2();  // tune_matmul times candidates with a cold L2
-  class LtRunTimer;  // runs and times one plan's candidates (cuda_matmul.cu)
+  class LtRunTimer;  // runs and times one plan's candidates (cuda_lt_matmul.cu)
   bool searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
                        cublasLtMatmulAlgo_t& algo) const;
   bool own_kernel_fits(const Tensor& x) const;
