@@ -1,5 +1,6 @@
 // GemmSearchCache: the file --gemm-search-cache names (format in the header).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -26,6 +27,12 @@ bool read_config(std::istream& is, LtConfig& c) {
 
 GemmSearchCache::GemmSearchCache(std::string path, std::string device)
     : path_(std::move(path)), device_(std::move(device)) {
+  // A path that cannot be written is an error now, at start-up, not at the
+  // first search's end.
+  const std::filesystem::path file(path_), dir = file.parent_path();
+  SERVAL_CHECK(!std::filesystem::is_directory(file), "--gemm-search-cache ", path_, " is a directory, not a file");
+  SERVAL_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--gemm-search-cache ", path_, ": directory ",
+               dir.string(), " does not exist");
   std::ifstream in(path_);
   if (!in) return;  // no file yet: the first put() writes it
   std::string line;

@@ -34,7 +34,8 @@ class GemmSearchCache {
   // Reads `path` if it exists. A file written for another `device` (GPU, SM
   // count, cuBLASLt version) is set aside: its entries are not used, and the
   // first put() replaces it. Throws serval::Error naming the file and line
-  // when a line is not one this class writes.
+  // when a line is not one this class writes, and when `path` is a directory
+  // or in one that does not exist.
   GemmSearchCache(std::string path, std::string device);
 
   std::optional<LtConfig> find(const Key& key) const;

@@ -222,7 +222,13 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
                  1e3 * std::min(r.best_ms, best_ms), 1e3 * best_ms, r.tried, search_s, wins ? ": " : "",
                  wins ? describe_lt_algo(r.algo).c_str() : ", the heuristic's kept");
     if (wins) best = r.algo;
-    if (gemm_search_cache_) gemm_search_cache_->put(cache_key, lt_config_of(best));
+    if (gemm_search_cache_) {
+      try {
+        gemm_search_cache_->put(cache_key, lt_config_of(best));
+      } catch (const Error& e) {  // (a full disk, say) the step goes on; only the file misses this product
+        std::fprintf(stderr, "gemm search: %s\n", e.what());
+      }
+    }
   }
   p.algo = best;
   tuned_algos_.emplace(key, best);

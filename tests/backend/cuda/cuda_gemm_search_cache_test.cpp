@@ -1,7 +1,7 @@
 // GemmSearchCache, the file of --gemm-search-cache: what put() writes a later
 // instance reads back; another device's file is set aside and then replaced;
 // a file that is not one, or a broken line, is an error naming the file and
-// line. Host code only: runs wherever the CUDA backend is built, GPU or not.
+// line, and so is a path that cannot be written. Host code only: runs wherever the CUDA backend is built, GPU or not.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -91,6 +91,23 @@ TEST(GemmSearchCache, ABrokenFileIsAnErrorNamingFileAndLine) {
     out << "{\"not\": \"a cache\"}\n";
   }
   EXPECT_THROW(GemmSearchCache(path, "dev"), Error);
+}
+
+TEST(GemmSearchCache, APathThatCannotBeWrittenIsAnErrorAtOnce) {
+  ScratchDir dir;
+  try {
+    GemmSearchCache cache(dir.file("no-such-dir/gemm.txt"), "dev");
+    FAIL() << "a file in a missing directory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+  }
+  std::filesystem::create_directories(dir.file("a-dir"));
+  try {
+    GemmSearchCache cache(dir.file("a-dir"), "dev");
+    FAIL() << "a directory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
 }
 #endif
 
