@@ -27,8 +27,8 @@ bool read_config(std::istream& is, LtConfig& c) {
 
 GemmSearchCache::GemmSearchCache(std::string path, std::string device)
     : path_(std::move(path)), device_(std::move(device)) {
-  // A path that cannot be written is an error now, at start-up, not at the
-  // first search's end.
+  // A directory, or a file in a missing one, is an error now, at start-up,
+  // not at the end of the first search.
   const std::filesystem::path file(path_), dir = file.parent_path();
   SERVAL_CHECK(!std::filesystem::is_directory(file), "--gemm-search-cache ", path_, " is a directory, not a file");
   SERVAL_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--gemm-search-cache ", path_, ": directory ",

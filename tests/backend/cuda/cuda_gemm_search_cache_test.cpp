@@ -1,7 +1,7 @@
 // GemmSearchCache, the file of --gemm-search-cache: what put() writes a later
 // instance reads back; another device's file is set aside and then replaced;
 // a file that is not one, or a broken line, is an error naming the file and
-// line, and so is a path that cannot be written. Host code only: runs wherever the CUDA backend is built, GPU or not.
+// line, and so is a directory or a file in a missing one. Host code only: runs wherever the CUDA backend is built, GPU or not.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -93,7 +93,7 @@ TEST(GemmSearchCache, ABrokenFileIsAnErrorNamingFileAndLine) {
   EXPECT_THROW(GemmSearchCache(path, "dev"), Error);
 }
 
-TEST(GemmSearchCache, APathThatCannotBeWrittenIsAnErrorAtOnce) {
+TEST(GemmSearchCache, ADirectoryOrAMissingOneIsAnErrorAtOnce) {
   ScratchDir dir;
   try {
     GemmSearchCache cache(dir.file("no-such-dir/gemm.txt"), "dev");
