@@ -11,7 +11,9 @@
 // at 32, 0-3% elsewhere (docs/BENCHMARKS.md, session 15). Its cost is the time
 // to load and run each kernel once: 0.4-3 s per shape.
 #include <algorithm>
+#include <array>
 #include <cfloat>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -26,8 +28,12 @@ constexpr int kRounds = 3;      // passes over the fields per descent
 constexpr int kFinalists = 8;   // timed again with more runs at the end
 constexpr int kMaxCustom = 15;  // custom options tried per algorithm (the H200's offer up to 7)
 
-using Key = std::vector<uint64_t>;
-Key key_of(const cublasLtMatmulAlgo_t& a) { return Key(std::begin(a.data), std::end(a.data)); }
+using Key = std::array<uint64_t, sizeof(cublasLtMatmulAlgo_t::data) / sizeof(uint64_t)>;
+Key key_of(const cublasLtMatmulAlgo_t& a) {
+  Key k;
+  std::copy(std::begin(a.data), std::end(a.data), k.begin());
+  return k;
+}
 
 template <typename T>
 T config_get(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
@@ -146,7 +152,6 @@ LtSearchResult search_lt_algo(const LtOperands& o, const std::vector<LtAlgo>& se
     if (ms < r.best_ms) {
       r.best_ms = ms;
       r.algo = ranked[i].second.algo;
-      r.found = true;
     }
   }
   return r;

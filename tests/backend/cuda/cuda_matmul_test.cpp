@@ -322,32 +322,39 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
   }
 }
 
+struct GemmCase { int64_t T, in, out; bool f32; };
+
+// y = x @ W^T through gpu.matmul on random bf16 data (seeds `seed`, `seed` + 1),
+// twice: the first call chooses the algorithm, the second runs the kept plan.
+// The result matches the reference, and both calls give the same bits.
+void check_gemm_twice(Backend& gpu, const GemmCase& s, uint32_t seed, const char* label) {
+  const auto x = random_bf16(size_t(s.T * s.in), seed);
+  const auto w = random_bf16(size_t(s.out * s.in), seed + 1, 0.05f);
+  const auto want = reference_matmul(x, s.T, w, s.out, s.in);
+  auto wg = upload_matrix(gpu, "w", s.out, s.in, w);
+  DevTensor xg = upload(gpu, x, s.T, s.in);
+  DeviceBuffer buf = gpu.alloc(s.T * s.out * 4);
+  const Tensor y{buf.data(), s.f32 ? DType::F32 : DType::BF16, s.T, s.out};
+  gpu.matmul(xg.t, *wg, nullptr, y);
+  const auto first = download(gpu, y);
+  gpu.matmul(xg.t, *wg, nullptr, y);
+  const auto second = download(gpu, y);
+  const double err = rel_err(second, want, want.size());
+  EXPECT_LT(err, s.f32 ? kF32Tol : kBf16Tol) << "T " << s.T << " in " << s.in << " out " << s.out;
+  EXPECT_EQ(first, second) << "T " << s.T << " in " << s.in << " out " << s.out;
+  std::printf("[cuda_matmul] %s T %ld in %ld out %ld%s: rel err %.2e\n", label, long(s.T), long(s.in), long(s.out),
+              s.f32 ? " f32" : "", err);
+}
+
 TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
   SERVAL_CUDA_OR_SKIP(gpu);
-  struct Shape { int64_t T, in, out; bool f32; };
   // 17..48 rows too: cuBLASLt's by default.
-  for (const Shape& s : {Shape{20, 4096, 4096, false}, Shape{48, 4096, 11008, false}, Shape{33, 4096, 32000, true},
-                         Shape{65, 4096, 4096, false}, Shape{96, 4096, 11008, false}, Shape{128, 11008, 4096, false},
-                         Shape{300, 4096, 1000, false}, Shape{300, 1024, 4096, false}, Shape{80, 4096, 3000, true},
-                         Shape{97, 512, 77, false}}) {
-    const auto x = random_bf16(size_t(s.T * s.in), 41);
-    const auto w = random_bf16(size_t(s.out * s.in), 42, 0.05f);
-    const auto want = reference_matmul(x, s.T, w, s.out, s.in);
-    auto wg = upload_matrix(*gpu, "w", s.out, s.in, w);
-    DevTensor xg = upload(*gpu, x, s.T, s.in);
-    DeviceBuffer buf = gpu->alloc(s.T * s.out * 4);
-    const Tensor y{buf.data(), s.f32 ? DType::F32 : DType::BF16, s.T, s.out};
-    // The first call times the candidates, the second runs the kept plan.
-    gpu->matmul(xg.t, *wg, nullptr, y);
-    const auto first = download(*gpu, y);
-    gpu->matmul(xg.t, *wg, nullptr, y);
-    const auto second = download(*gpu, y);
-    const double err = rel_err(second, want, want.size());
-    EXPECT_LT(err, s.f32 ? kF32Tol : kBf16Tol) << "T " << s.T << " in " << s.in << " out " << s.out;
-    EXPECT_EQ(first, second) << "T " << s.T << " in " << s.in << " out " << s.out;
-    std::printf("[cuda_matmul] gemm T %ld in %ld out %ld%s: rel err %.2e\n", long(s.T), long(s.in), long(s.out),
-                s.f32 ? " f32" : "", err);
-  }
+  for (const GemmCase& s : {GemmCase{20, 4096, 4096, false}, GemmCase{48, 4096, 11008, false},
+                            GemmCase{33, 4096, 32000, true}, GemmCase{65, 4096, 4096, false},
+                            GemmCase{96, 4096, 11008, false}, GemmCase{128, 11008, 4096, false},
+                            GemmCase{300, 4096, 1000, false}, GemmCase{300, 1024, 4096, false},
+                            GemmCase{80, 4096, 3000, true}, GemmCase{97, 512, 77, false}})
+    check_gemm_twice(*gpu, s, 41, "gemm");
 }
 
 // --gemm-search (Backend::set_gemm_search): a decode-sized shape (up to 256
@@ -357,32 +364,17 @@ TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
 TEST(CudaMatmul, GemmSearchKeepsTheProductAndSearchesDecodeShapesOnly) {
   SERVAL_CUDA_OR_SKIP(gpu);
   gpu->set_gemm_search(true, "");
-  struct Shape { int64_t T, in, out; bool f32; bool searched; };
-  for (const Shape& s : {Shape{64, 1024, 3072, false, true}, Shape{32, 2048, 1024, false, true},
-                         Shape{24, 1024, 4000, true, true}, Shape{256, 512, 1536, false, true},
-                         Shape{300, 512, 512, false, false}}) {
-    const auto x = random_bf16(size_t(s.T * s.in), 61);
-    const auto w = random_bf16(size_t(s.out * s.in), 62, 0.05f);
-    const auto want = reference_matmul(x, s.T, w, s.out, s.in);
-    auto wg = upload_matrix(*gpu, "w", s.out, s.in, w);
-    DevTensor xg = upload(*gpu, x, s.T, s.in);
-    DeviceBuffer buf = gpu->alloc(s.T * s.out * 4);
-    const Tensor y{buf.data(), s.f32 ? DType::F32 : DType::BF16, s.T, s.out};
+  struct Case { GemmCase shape; bool searched; };
+  for (const Case& c : {Case{{64, 1024, 3072, false}, true}, Case{{32, 2048, 1024, false}, true},
+                        Case{{24, 1024, 4000, true}, true}, Case{{256, 512, 1536, false}, true},
+                        Case{{300, 512, 512, false}, false}}) {
 #ifdef SERVAL_WITH_CUDA
     const int64_t before = cuda::gemm_searches(*gpu);
 #endif
-    gpu->matmul(xg.t, *wg, nullptr, y);  // searches
-    const auto first = download(*gpu, y);
-    gpu->matmul(xg.t, *wg, nullptr, y);  // runs the kept plan
-    const auto second = download(*gpu, y);
+    check_gemm_twice(*gpu, c.shape, 61, "searched gemm");  // the first call searches
 #ifdef SERVAL_WITH_CUDA
-    EXPECT_EQ(cuda::gemm_searches(*gpu) - before, s.searched ? 1 : 0) << "T " << s.T;
+    EXPECT_EQ(cuda::gemm_searches(*gpu) - before, c.searched ? 1 : 0) << "T " << c.shape.T;
 #endif
-    const double err = rel_err(second, want, want.size());
-    EXPECT_LT(err, s.f32 ? kF32Tol : kBf16Tol) << "T " << s.T << " in " << s.in << " out " << s.out;
-    EXPECT_EQ(first, second) << "T " << s.T << " in " << s.in << " out " << s.out;
-    std::printf("[cuda_matmul] searched gemm T %ld in %ld out %ld%s: rel err %.2e\n", long(s.T), long(s.in),
-                long(s.out), s.f32 ? " f32" : "", err);
   }
 }
 
