@@ -185,6 +185,17 @@ void BM_GemvLaunch(benchmark::State& state, Launch l) {
   time_launches(state, data, T, 4);
 }
 
+// The same shape on one copy of its weights, so that after the first launch
+// they come from L2 (what a prefetch into L2 could at best give).
+void BM_GemvLaunchWarm(benchmark::State& state, Launch l) {
+  const int64_t T = state.range(0);
+  std::vector<std::unique_ptr<LaunchData>> data;
+  data.push_back(std::make_unique<LaunchData>(l, T));
+  time_launches(state, data, T, 16);
+}
+BENCHMARK_CAPTURE(BM_GemvLaunchWarm, l2_o_4096x4096, Launch{4096, {4096}})
+    ->Arg(1)->Arg(16)->Arg(32)->UseManualTime();
+
 // All GEMV launches of one decode step (every layer's weights distinct: the
 // whole model is in GPU memory), back to back; replayed from a CUDA graph
 // (as the runner's decode steps are) or launched one by one.
@@ -271,11 +282,13 @@ void lt_ok(cublasStatus_t st, const char* what) {
     std::abort();
   }
 }
-void BM_LtGemm(benchmark::State& state, int count, int64_t out, int64_t in) {
+// warm: one copy of the weights, read 16 times per round (from L2 if it fits).
+void BM_LtGemm(benchmark::State& state, int count, int64_t out, int64_t in, bool warm = false) {
   const int64_t T = state.range(0);
   const int64_t w_elems = out * in, y_elems = T * out;
   const int64_t bytes = count * w_elems * 2;
-  const int copies = int(std::max<int64_t>(2, (int64_t(512) << 20) / bytes + 1));
+  const int copies = warm ? 1 : int(std::max<int64_t>(2, (int64_t(512) << 20) / bytes + 1));
+  const int rounds = warm ? 16 : 1;
   std::vector<std::unique_ptr<DevMem>> w;
   for (int i = 0; i < copies; ++i) w.push_back(std::make_unique<DevMem>(size_t(bytes)));
   DevMem x(size_t(T * in * 2)), y(size_t(count * y_elems * 2));
@@ -318,8 +331,9 @@ void BM_LtGemm(benchmark::State& state, int count, int64_t out, int64_t in) {
   const float one = 1.0f, zero = 0.0f;
   auto round = [&](const cublasLtMatmulAlgo_t& algo) {
     bool ok = true;
-    for (const auto& wi : w)
-      ok = ok && cublasLtMatmul(lt, op, &one, wi->p, a, x.p, b, &zero, y.p, c, y.p, c, &algo, ws.p, ws_bytes, s) ==
+    for (int r = 0; r < rounds; ++r)
+      for (const auto& wi : w)
+        ok = ok && cublasLtMatmul(lt, op, &one, wi->p, a, x.p, b, &zero, y.p, c, y.p, c, &algo, ws.p, ws_bytes, s) ==
                      CUBLAS_STATUS_SUCCESS;
     return ok;
   };
@@ -347,7 +361,7 @@ void BM_LtGemm(benchmark::State& state, int count, int64_t out, int64_t in) {
     state.SetIterationTime(t);
     total_s += t;
   }
-  report(state, bytes * copies, total_s);
+  report(state, bytes * copies * rounds, total_s);
   state.counters["algo"] = best;
   state.counters["found"] = found;
   cudaEventDestroy(e0);
@@ -369,6 +383,7 @@ LT_SHAPE(l2_gate_11008x4096, 1, 11008, 4096);
 LT_SHAPE(l2_gate_up_batched_2x11008x4096, 2, 11008, 4096);
 LT_SHAPE(l2_gate_up_stacked_22016x4096, 1, 22016, 4096);
 LT_SHAPE(l2_down_4096x11008, 1, 4096, 11008);
+BENCHMARK_CAPTURE(BM_LtGemm, l2_o_4096x4096_warm, 1, 4096, 4096, true)->Arg(32)->Arg(64)->Arg(128)->UseManualTime();
 
 }  // namespace
 }  // namespace serval
