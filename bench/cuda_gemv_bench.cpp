@@ -334,7 +334,7 @@ void BM_LtGemm(benchmark::State& state, int count, int64_t out, int64_t in, bool
     for (int r = 0; r < rounds; ++r)
       for (const auto& wi : w)
         ok = ok && cublasLtMatmul(lt, op, &one, wi->p, a, x.p, b, &zero, y.p, c, y.p, c, &algo, ws.p, ws_bytes, s) ==
-                     CUBLAS_STATUS_SUCCESS;
+                       CUBLAS_STATUS_SUCCESS;
     return ok;
   };
   auto time_round = [&](const cublasLtMatmulAlgo_t& algo) {
