@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (issue 5): the ceilings of this GPU, every
-# CUDA test, the Engine on CUDA, then the issue's benchmarks on random
+# CUDA test, the Engine on CUDA, whether cuBLASLt's kernels honour programmatic
+# dependent launch, then the issue's benchmarks on random
 # Llama-2-7B-shape (and, with --8b, Llama-3.1-8B-shape) bf16 models, then a
 # short table. Layout it expects (scripts/gpu-stage.sh builds it): serval,
 # serval_tests, lib.tar.xz (shared libraries the GPU host lacks), models/.
@@ -51,6 +52,16 @@ if [ $TESTS = 1 ]; then
   row "failed | $(grep -E "^\[  FAILED  \] [A-Z]" "$OUT_DIR/tests.log" | sed 's/\[  FAILED  \] //' | tr '\n' ' ')"
   echo "== Engine on CUDA (stories260K, JSONL batch)"
   row "$(timeout 120 ./gpu-engine-check.sh | tail -1)"
+fi
+
+# Whether cuBLASLt's kernels wait (griddepcontrol.wait) when made programmatic
+# dependents of the kernel before them: if a cuBLAS release starts to, the
+# decode graphs could overlap every matmul's launch with that kernel.
+if [ -x ./cuda_lt_pdl_bench ]; then
+  echo "== cuBLASLt matmuls as programmatic dependents (cuda_lt_pdl_bench 64)"
+  timeout 120 ./cuda_lt_pdl_bench 64 >"$OUT_DIR/lt-pdl.log" 2>&1
+  grep -E "^probe T|verdict|small kernel" "$OUT_DIR/lt-pdl.log"
+  row "cuBLASLt PDL | $(grep -m1 "probe verdict" "$OUT_DIR/lt-pdl.log" | sed 's/probe verdict: //')"
 fi
 
 bench() {  # label, model, then serval bench arguments
