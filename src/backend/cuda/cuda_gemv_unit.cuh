@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_elem.cuh"
 #include "backend/cuda/cuda_matmul_segments.cuh"
+#include "backend/cuda/cuda_rope.cuh"
 
 namespace serval::cuda::gemv_unit {
 
@@ -105,7 +106,7 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
   Out* y = static_cast<Out*>(p.y[seg]);
   if constexpr (kRope && !kGated && std::is_same_v<Out, bf16>) {
     // The pair (j, j + 1) as the GEMV would store it, rotated as the rope
-    // kernel would (same sincosf, same expressions), stored where that
+    // kernel would (same sincosf, same rope_rotate), stored where that
     // kernel would put it. Rows are whole heads, so both exist.
     const int j = base + 2 * q;
 #pragma unroll
@@ -118,9 +119,7 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
       if (seg < 2 && d < r.rope_dim) {
         float sn, cs;
         sincosf(float(r.positions[t]) * r.inv_freq[d / 2], &sn, &cs);
-        const float ra = a * cs - b * sn, rb = b * cs + a * sn;
-        a = ra;
-        b = rb;
+        rope_rotate(a, b, cs, sn, a, b);
       }
       bf16* dst = seg == 0 ? y + int64_t(t) * rows : (seg == 1 ? r.k_pool : r.v_pool) + r.slots[t] * rows;
       store1(dst, j, a);
