@@ -25,21 +25,21 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+// Any failing CUDA or cuBLASLt call ends the program, naming the call.
+static void check(bool ok, const char* call, const char* file, int line, const char* why) {
+  if (ok) return;
+  std::fprintf(stderr, "%s:%d %s: %s\n", file, line, call, why);
+  std::exit(1);
+}
+#define CK(x)                                                                   \
+  do {                                                                          \
+    const cudaError_t e_ = (x);                                                 \
+    check(e_ == cudaSuccess, #x, __FILE__, __LINE__, cudaGetErrorString(e_));   \
   } while (0)
-#define LK(x)                                                                      \
-  do {                                                                             \
-    cublasStatus_t s_ = (x);                                                       \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                             \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
+#define LK(x)                                                                             \
+  do {                                                                                    \
+    const cublasStatus_t s_ = (x);                                                        \
+    check(s_ == CUBLAS_STATUS_SUCCESS, #x, __FILE__, __LINE__, cublasLtGetStatusString(s_)); \
   } while (0)
 
 using bf16 = __nv_bfloat16;
