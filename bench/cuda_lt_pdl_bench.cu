@@ -9,10 +9,21 @@
 //    a kernel that does not wait reads the old x (zeros: "stale"); one that
 //    waits returns the product of the new x, bitwise as an ordinary launch
 //    does. Every heuristic candidate of the 7B decode shapes is probed.
-// 2. What is at stake: 32 layers of (small PDL kernel -> matmul) x 4, at T
+// 2. The same probe with a writer that releases its dependents only at its
+//    end, after its stores and a __threadfence(): the matmul then starts after
+//    every store has reached L2. That is outside the documented contract
+//    (only griddepcontrol.wait promises visibility), so the probe checks
+//    whether the hardware sees the new x anyway, many times per candidate.
+// 3. What is at stake: 32 layers of (small PDL kernel -> matmul) x 4, at T
 //    rows, replayed as a graph with ordinary edges and with programmatic edges
-//    into the matmuls. If the probe finds stale reads, the second graph
-//    computes garbage and its time is only an upper bound of the gain.
+//    into the matmuls, the small kernel releasing its dependents early (the
+//    probe says whether that computes garbage: then its time is only an upper
+//    bound) or at its end (the second probe).
+// 4. Whether the small kernel can hide the matmul's start another way: before
+//    its dependency wait it asks L2 to prefetch the start of each of the next
+//    matmul's K splits (a fraction of the weight; cp.async.bulk.prefetch.L2,
+//    which the kernel does not wait for), so the matmul's first stages come
+//    from L2 while HBM would otherwise idle between the two kernels.
 //
 // Usage: cuda_lt_pdl_bench [T]   (default 64)
 #include <cublasLt.h>
@@ -44,19 +55,53 @@ static void check(bool ok, const char* call, const char* file, int line, const c
 
 using bf16 = __nv_bfloat16;
 
+// Releases its dependents at once (kLate: only after its stores and a fence),
+// spins, then writes x = 1.
+template <bool kLate>
 __global__ void slow_writer(bf16* x, int n, long long spin_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" :::);
+  if (!kLate) asm volatile("griddepcontrol.launch_dependents;" :::);
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (t - t0 < (unsigned long long)spin_ns);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = __float2bfloat16(1.0f);
+  if (kLate) {
+    __threadfence();
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
 }
 
 // Stands for the small kernels between the matmuls (norm, rope, silu): waits,
-// releases its dependents, copies n elements.
+// releases its dependents (kLate: only after its stores and a fence), copies
+// n elements.
+template <bool kLate>
 __global__ void small_copy(const bf16* in, bf16* out, int n) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (!kLate) asm volatile("griddepcontrol.launch_dependents;" :::);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i];
+  if (kLate) {
+    __threadfence();
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+}
+
+// What small_copy_prefetch asks L2 for: of each of `rows` rows of `pitch`
+// bytes, `chunk` bytes at the start of each of `splits` equal column ranges
+// (rounded down to the 16 bytes the bulk prefetch needs).
+struct Prefetch {
+  const char* w;
+  int rows, splits;
+  unsigned pitch, chunk;
+};
+
+__global__ void small_copy_prefetch(const bf16* in, bf16* out, int n, Prefetch pf) {
+  const int jobs = pf.rows * pf.splits;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < jobs; j += gridDim.x * blockDim.x) {
+    const int row = j / pf.splits, split = j % pf.splits;
+    const char* a = pf.w + size_t(row) * pf.pitch + (size_t(split) * (pf.pitch / pf.splits) & ~size_t(15));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(pf.chunk) : "memory");
+  }
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i];
@@ -165,7 +210,7 @@ static int make_programmatic(cudaGraph_t g, const std::vector<const void*>& ours
   return changed;
 }
 
-static void launch_small(const bf16* in, bf16* out, int n, cudaStream_t s) {
+static void launch_small(bool late, const bf16* in, bf16* out, int n, cudaStream_t s, const Prefetch* pf = nullptr) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(64);
   cfg.blockDim = dim3(256);
@@ -175,18 +220,22 @@ static void launch_small(const bf16* in, bf16* out, int n, cudaStream_t s) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, small_copy, in, out, n));
+  if (pf)
+    CK(cudaLaunchKernelEx(&cfg, small_copy_prefetch, in, out, n, *pf));
+  else
+    CK(cudaLaunchKernelEx(&cfg, late ? small_copy<true> : small_copy<false>, in, out, n));
 }
 
 enum class Probe { kWaits, kStale, kOther, kNoEdge };
 
 // Probes one candidate.
-static Probe probe(const Gemm& g, const cublasLtMatmulAlgo_t& algo, const bf16* w, bf16* x, bf16* y,
+static Probe probe(bool late, const Gemm& g, const cublasLtMatmulAlgo_t& algo, const bf16* w, bf16* x, bf16* y,
                    cudaStream_t s) {
+  auto writer = late ? slow_writer<true> : slow_writer<false>;
   const size_t nx = size_t(g.t) * g.k, ny = size_t(g.t) * g.n;
   std::vector<uint16_t> ref(ny), got(ny);  // bf16 bits
   // Reference: x = 1, ordinary launch.
-  slow_writer<<<8, 256, 0, s>>>(x, int(nx), 0);
+  writer<<<8, 256, 0, s>>>(x, int(nx), 0);
   run_gemm(g, algo, w, x, y, s);
   CK(cudaStreamSynchronize(s));
   CK(cudaMemcpy(ref.data(), y, ny * 2, cudaMemcpyDeviceToHost));
@@ -194,10 +243,10 @@ static Probe probe(const Gemm& g, const cublasLtMatmulAlgo_t& algo, const bf16* 
   cudaGraph_t graph;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   CK(cudaMemsetAsync(x, 0, nx * 2, s));
-  slow_writer<<<8, 256, 0, s>>>(x, int(nx), 40000);
+  writer<<<8, 256, 0, s>>>(x, int(nx), 40000);
   run_gemm(g, algo, w, x, y, s);
   CK(cudaStreamEndCapture(s, &graph));
-  const int changed = make_programmatic(graph, {reinterpret_cast<const void*>(slow_writer)});
+  const int changed = make_programmatic(graph, {reinterpret_cast<const void*>(writer)});
   cudaGraphExec_t exec;
   CK(cudaGraphInstantiate(&exec, graph, 0));
   CK(cudaGraphLaunch(exec, s));
@@ -243,46 +292,90 @@ int main(int argc, char** argv) {
   fill_random<<<1024, 256>>>(x, size_t(256) * 22016, 7);
   CK(cudaDeviceSynchronize());
 
-  // 1. The probe, at T rows and at 32 and 256.
-  bool all_wait = true;
+  // 1. The probes, at T rows and at 32 and 256: the writer releasing its
+  // dependents at once, and at its end (kLateReps times per candidate).
+  constexpr int kLateReps = 20;
+  bool all_wait = true, all_late_fresh = true;
   cublasLtMatmulAlgo_t best[4];
   for (int tt : {T, 32, 256}) {
     for (int i = 0; i < 4; ++i) {
       Gemm g = make_gemm(shapes[i].n, shapes[i].k, tt);
       cublasLtMatmulHeuristicResult_t c[8];
       const int nc = candidates(g, c);
-      int count[4] = {};
-      for (int a = 0; a < nc; ++a) ++count[int(probe(g, c[a].algo, w[i][0], x, y, s))];
+      int count[4] = {}, late[4] = {};
+      for (int a = 0; a < nc; ++a) {
+        ++count[int(probe(false, g, c[a].algo, w[i][0], x, y, s))];
+        for (int r = 0; r < kLateReps; ++r) ++late[int(probe(true, g, c[a].algo, w[i][0], x, y, s))];
+      }
       all_wait = all_wait && count[int(Probe::kWaits)] == nc;
-      std::printf("probe T=%3d %-8s %d candidates: %d wait, %d stale, %d other results, %d start with no kernel\n", tt,
-                  shapes[i].name, nc, count[0], count[1], count[2], count[3]);
+      all_late_fresh = all_late_fresh && late[int(Probe::kWaits)] + late[int(Probe::kNoEdge)] == nc * kLateReps;
+      std::printf("probe T=%3d %-8s %d candidates: %d wait, %d stale, %d other results, %d start with no kernel"
+                  " | writer releasing at its end, %d runs: %d fresh, %d stale, %d other, %d no kernel\n",
+                  tt, shapes[i].name, nc, count[0], count[1], count[2], count[3], nc * kLateReps, late[0], late[1],
+                  late[2], late[3]);
       if (tt == T) best[i] = c[0].algo;
     }
   }
   std::printf("probe verdict: %s\n", all_wait ? "every candidate waits: programmatic edges into cuBLASLt are safe"
                                               : "some candidates do not wait: programmatic edges into cuBLASLt are NOT safe");
+  std::printf("late-release verdict: %s\n",
+              all_late_fresh ? "every run read the new x when the writer released at its end (fence, then release)"
+                             : "some runs read a stale x even with the release at the writer's end");
 
   // 2. Timing: 32 layers of (small -> qkv -> small -> o -> small -> gate_up -> small -> down).
   Gemm g[4];
   for (int i = 0; i < 4; ++i) g[i] = make_gemm(shapes[i].n, shapes[i].k, T);
-  auto capture = [&](bool programmatic, bool small_kernels = true) {
+  enum class Edges { kOrdinary, kEarly, kLate };
+  // K splits of each matmul's chosen algorithm (where the prefetch starts).
+  int splits[4];
+  for (int i = 0; i < 4; ++i) {
+    uint32_t sk = 1;
+    size_t got = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&best[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof(sk), &got) !=
+            CUBLAS_STATUS_SUCCESS ||
+        sk < 1)
+      sk = 1;
+    splits[i] = int(sk);
+    std::printf("%s: %d K splits\n", shapes[i].name, splits[i]);
+  }
+  auto capture = [&](Edges edges, bool small_kernels = true, int prefetch_div = 0) {
+    const bool late = edges == Edges::kLate, programmatic = edges != Edges::kOrdinary;
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int l = 0; l < kLayers; ++l)
       for (int i = 0; i < 4; ++i) {
-        if (small_kernels) launch_small(y, x, T * shapes[i].k, s);
+        const unsigned pitch = unsigned(shapes[i].k) * 2;
+        const Prefetch pf{reinterpret_cast<const char*>(w[i][l]), shapes[i].n, splits[i], pitch,
+                          prefetch_div ? (pitch / unsigned(splits[i]) / unsigned(prefetch_div)) & ~15u : 0u};
+        if (small_kernels) launch_small(late, y, x, T * shapes[i].k, s, prefetch_div ? &pf : nullptr);
         run_gemm(g[i], best[i], w[i][l], x, y, s);
       }
     CK(cudaStreamEndCapture(s, &graph));
     int changed = 0;
-    if (programmatic) changed = make_programmatic(graph, {reinterpret_cast<const void*>(small_copy)});
+    if (programmatic)
+      changed = make_programmatic(
+          graph, {late ? reinterpret_cast<const void*>(small_copy<true>) : reinterpret_cast<const void*>(small_copy<false>)});
     cudaGraphExec_t exec;
     CK(cudaGraphInstantiate(&exec, graph, 0));
     cudaGraphDestroy(graph);
     if (programmatic) std::printf("%d edges made programmatic\n", changed);
     return exec;
   };
-  cudaGraphExec_t plain = capture(false), prog = capture(true), bare = capture(false, false);
+  cudaGraphExec_t plain = capture(Edges::kOrdinary), prog = capture(Edges::kEarly), late = capture(Edges::kLate),
+                  bare = capture(Edges::kOrdinary, false);
+  // The late graph must compute what the ordinary one does, bit for bit.
+  auto result_of = [&](cudaGraphExec_t ex) {
+    fill_random<<<1024, 256, 0, s>>>(y, size_t(256) * 22016, 11);
+    CK(cudaGraphLaunch(ex, s));
+    CK(cudaStreamSynchronize(s));
+    std::vector<uint16_t> out(size_t(T) * 4096);
+    CK(cudaMemcpy(out.data(), y, out.size() * 2, cudaMemcpyDeviceToHost));
+    return out;
+  };
+  const std::vector<uint16_t> want = result_of(plain);
+  int late_equal = 0;
+  for (int r = 0; r < 10; ++r) late_equal += result_of(late) == want;
+  std::printf("late-release graph equals the ordinary graph's output in %d of 10 replays\n", late_equal);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -301,11 +394,20 @@ int main(int argc, char** argv) {
   for (const Shape& sh : shapes) bytes += double(sh.n) * sh.k * 2 * kLayers;
   std::printf("T=%d, 32 layers x 4 matmuls (%.2f GB of weights; %.3f ms at 4,261 GB/s), ms per pass:\n", T, bytes / 1e9,
               bytes / 4261e9 * 1e3);
+  for (int div : {32, 16, 8, 4, 2}) {
+    cudaGraphExec_t pf = capture(Edges::kOrdinary, true, div);
+    const float a = time(plain), b = time(pf), a2 = time(plain), b2 = time(pf);
+    std::printf("  L2 prefetch of 1/%d of each weight by the small kernel before it: %.3f / %.3f ms vs %.3f / %.3f "
+                "(%+.1f%%)\n",
+                div, b, b2, a, a2, 100.0 * (b + b2 - a - a2) / (a + a2));
+    cudaGraphExecDestroy(pf);
+  }
   for (int r = 0; r < 4; ++r) {
-    const float a = time(plain), b = time(prog), c = time(bare);
-    std::printf("  small kernel before each matmul, ordinary edges %.3f | programmatic edges %.3f (%+.1f%%%s) | "
-                "matmuls alone %.3f (%+.1f%%)\n",
-                a, b, 100.0 * (b - a) / a, all_wait ? "" : ", incorrect: an upper bound", c, 100.0 * (c - a) / a);
+    const float a = time(plain), b = time(prog), d = time(late), c = time(bare);
+    std::printf("  small kernel before each matmul, ordinary edges %.3f | programmatic edges, early release %.3f "
+                "(%+.1f%%%s) | programmatic edges, release at the end %.3f (%+.1f%%) | matmuls alone %.3f (%+.1f%%)\n",
+                a, b, 100.0 * (b - a) / a, all_wait ? "" : ", incorrect: an upper bound", d, 100.0 * (d - a) / a, c,
+                100.0 * (c - a) / a);
   }
   std::printf("done\n");
   return 0;

@@ -60,7 +60,7 @@ fi
 if [ -x ./cuda_lt_pdl_bench ]; then
   echo "== cuBLASLt matmuls as programmatic dependents (cuda_lt_pdl_bench 64)"
   timeout 120 ./cuda_lt_pdl_bench 64 >"$OUT_DIR/lt-pdl.log" 2>&1
-  grep -E "^probe T|verdict|small kernel" "$OUT_DIR/lt-pdl.log"
+  grep -E "^probe T|verdict|small kernel|late-release|L2 prefetch" "$OUT_DIR/lt-pdl.log"
   row "cuBLASLt PDL | $(grep -m1 "probe verdict" "$OUT_DIR/lt-pdl.log" | sed 's/probe verdict: //')"
 fi
 
