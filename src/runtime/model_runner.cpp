@@ -363,8 +363,7 @@ Tensor BackendModelRunner::run(const Batch& batch) {
     // step of another shape) would leave them reading freed memory.
     if (backend_->graph_epoch() != graphs_epoch_) graphs_->clear();
     const BatchView bv = graphs_->upload(batch, B);
-    const bool long_context = bv.mean_context_len >= kLongDecodeContext;
-    if (DeviceGraph* g = graphs_->find(B, long_context)) {
+    if (DeviceGraph* g = graphs_->find(bv)) {
       g->replay();
       ++graph_replays_;
       return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
@@ -381,7 +380,7 @@ Tensor BackendModelRunner::run(const Batch& batch) {
       try { backend_->end_capture(); } catch (...) {}
       throw;
     }
-    graphs_->store(B, long_context, backend_->end_capture());
+    graphs_->store(bv, backend_->end_capture());
     return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
   }
   ensure_workspace(batch.num_tokens(), R);

@@ -7,6 +7,13 @@
 
 namespace serval {
 
+namespace {
+// The context bounds graphs are recorded for: 128, 1024, 8192, ... A few
+// classes only, since every (size, bound) pair is a graph recorded at its
+// first step.
+constexpr int64_t kFirstContextBound = 128, kContextBoundStep = 8;
+}  // namespace
+
 StepGraphs::StepGraphs(Backend& backend, int32_t max_batch, int32_t max_context, int32_t block_size,
                        int32_t pad_block)
     : backend_(backend),
@@ -96,15 +103,25 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B) {
   v.num_logits_rows = B;
   v.max_blocks_per_seq = stride_;
   v.max_query_len = 1;
-  v.max_context_len = max_context_;  // an upper bound: kernels launched for it serve any context
   int64_t context_sum = 0;
-  for (int32_t s = 0; s < S; ++s) context_sum += b.context_len[size_t(s)];
+  int32_t longest = 1;
+  for (int32_t s = 0; s < S; ++s) {
+    context_sum += b.context_len[size_t(s)];
+    longest = std::max(longest, b.context_len[size_t(s)]);
+  }
+  v.max_context_len = context_bound(longest);  // an upper bound: kernels launched for it serve every step below it
   v.mean_context_len = context_sum >= int64_t(kLongDecodeContext) * S ? kLongDecodeContext : 0;
   return v;
 }
 
-DeviceGraph* StepGraphs::find(int32_t padded, bool long_context) const {
-  auto it = graphs_.find(key(padded, long_context));
+int32_t StepGraphs::context_bound(int32_t longest) const {
+  int64_t bound = kFirstContextBound;
+  while (bound < longest && bound < max_context_) bound *= kContextBoundStep;
+  return int32_t(std::min<int64_t>(bound, max_context_));
+}
+
+DeviceGraph* StepGraphs::find(const BatchView& view) const {
+  auto it = graphs_.find(key(view));
   return it == graphs_.end() ? nullptr : it->second.get();
 }
 

@@ -12,7 +12,11 @@
 // the pool that no request owns; their logits are computed and ignored.
 // Steps whose real sequences average kLongDecodeContext tokens of context or
 // more get graphs of their own (BatchView::mean_context_len says which), so a
-// backend may record other kernels for them.
+// backend may record other kernels for them. So do steps by the bound on their
+// contexts (BatchView::max_context_len): the first of 128, 1024, 8192, ...
+// (at most max_context) that holds the longest one. Kernels recorded for a
+// tighter bound launch less: the CUDA backend's decode attention splits no
+// context of 128 tokens, and launches no merge then.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,11 +41,13 @@ class StepGraphs {
   // view (B tokens, B sequences, B logits rows; max_context_len is the bound,
   // mean_context_len the class: kLongDecodeContext or 0).
   BatchView upload(const Batch& batch, int32_t padded);
+  // The bound recorded for steps whose longest context is `longest`.
+  int32_t context_bound(int32_t longest) const;
 
-  DeviceGraph* find(int32_t padded, bool long_context) const;
-  void store(int32_t padded, bool long_context, std::unique_ptr<DeviceGraph> graph) {
-    graphs_[key(padded, long_context)] = std::move(graph);
-  }
+  // The graph recorded for steps like `view` (an upload()'s): its size, class
+  // and bound.
+  DeviceGraph* find(const BatchView& view) const;
+  void store(const BatchView& view, std::unique_ptr<DeviceGraph> graph) { graphs_[key(view)] = std::move(graph); }
   // Forgets every graph (the buffers they read were reallocated).
   void clear() { graphs_.clear(); }
   int64_t size() const { return int64_t(graphs_.size()); }
@@ -52,7 +58,9 @@ class StepGraphs {
         total;
   };
 
-  static int64_t key(int32_t padded, bool long_context) { return int64_t(padded) * 2 + (long_context ? 1 : 0); }
+  static int64_t key(const BatchView& v) {
+    return (int64_t(v.num_seqs) << 33) | (int64_t(v.max_context_len) << 1) | (v.mean_context_len > 0 ? 1 : 0);
+  }
 
   Backend& backend_;
   int32_t max_batch_, max_context_, block_size_, pad_block_, stride_;

@@ -1,7 +1,7 @@
 // StepGraphs on the CPU backend (its memory and copies; graphs are stand-ins):
 // which decode steps it takes, the ladder it pads them to, the metadata it
-// uploads, and that steps averaging kLongDecodeContext tokens or more find
-// graphs of their own.
+// uploads, and that steps averaging kLongDecodeContext tokens or more, and
+// steps under each context bound, find graphs of their own.
 #include "runtime/step_graphs.h"
 
 #include <gtest/gtest.h>
@@ -60,7 +60,7 @@ TEST(StepGraphs, UploadsPaddedMetadataWithTheBound) {
   const BatchView v = graphs.upload(b, 4);
   EXPECT_EQ(v.num_seqs, 4);
   EXPECT_EQ(v.num_tokens, 4);
-  EXPECT_EQ(v.max_context_len, kMaxContext);  // the bound, not the step's 100
+  EXPECT_EQ(v.max_context_len, 128);  // the bound of a longest context of 100, not 100
   EXPECT_EQ(v.mean_context_len, 0);           // a short step
   // The CPU backend's device memory is host memory: read the rows back.
   EXPECT_EQ(std::vector<int32_t>(v.context_len, v.context_len + 4), (std::vector<int32_t>{5, 9, 100, 1}));
@@ -81,15 +81,42 @@ TEST(StepGraphs, LongContextStepsHaveGraphsOfTheirOwn) {
   // A long step padded with short rows is still long: the class is the real rows'.
   EXPECT_EQ(graphs.upload(decode_step({5000, 3000, 2500}), 4).mean_context_len, kLongDecodeContext);
 
-  graphs.store(2, false, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(2, false), nullptr);
-  EXPECT_EQ(graphs.find(2, true), nullptr);
-  graphs.store(2, true, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(2, true), graphs.find(2, false));
+  const BatchView short_step = graphs.upload(decode_step({1024, 1024}), 2);
+  graphs.store(short_step, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(short_step), nullptr);
+  EXPECT_EQ(graphs.find(at), nullptr);  // the same bound (8192), but long
+  graphs.store(at, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(at), graphs.find(short_step));
   EXPECT_EQ(graphs.size(), 2);
   graphs.clear();
-  EXPECT_EQ(graphs.find(2, false), nullptr);
-  EXPECT_EQ(graphs.find(2, true), nullptr);
+  EXPECT_EQ(graphs.find(short_step), nullptr);
+  EXPECT_EQ(graphs.find(at), nullptr);
+}
+
+TEST(StepGraphs, StepsUnderEachContextBoundHaveGraphsOfTheirOwn) {
+  auto be = create_backend("cpu", 1);
+  StepGraphs graphs(*be, 8, kMaxContext, kBlockSize, kPadBlock);
+  // 128, 1024, 8192 (= kMaxContext): the first that holds the longest context.
+  EXPECT_EQ(graphs.context_bound(1), 128);
+  EXPECT_EQ(graphs.context_bound(128), 128);
+  EXPECT_EQ(graphs.context_bound(129), 1024);
+  EXPECT_EQ(graphs.context_bound(1025), kMaxContext);
+  EXPECT_EQ(graphs.context_bound(kMaxContext), kMaxContext);
+  StepGraphs small(*be, 8, 300, kBlockSize, kPadBlock);
+  EXPECT_EQ(small.context_bound(200), 300);  // never past the longest context allowed
+
+  // The bound follows the longest real row; padding rows do not count.
+  const BatchView a = graphs.upload(decode_step({5, 128}), 4);
+  EXPECT_EQ(a.max_context_len, 128);
+  const BatchView b = graphs.upload(decode_step({5, 129}), 4);
+  EXPECT_EQ(b.max_context_len, 1024);
+  graphs.store(a, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(a), nullptr);
+  EXPECT_EQ(graphs.find(b), nullptr);
+  graphs.store(b, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(a), graphs.find(b));
+  // Another size under the same bound is another graph.
+  EXPECT_EQ(graphs.find(graphs.upload(decode_step({5}), 1)), nullptr);
 }
 
 }  // namespace
