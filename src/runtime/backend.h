@@ -106,6 +106,9 @@ struct BatchView {
   int32_t num_tokens = 0;                 // T
   int32_t num_seqs = 0;                   // S
   int32_t num_logits_rows = 0;            // R
+  // logits_rows is 0, 1, ..., T - 1 (a decode step): the final norm and the LM
+  // head may read every row in place, without a gather.
+  bool logits_rows_all = false;
   int32_t max_blocks_per_seq = 0;
   int32_t max_query_len = 0;    // longest run of new tokens of one sequence
   int32_t max_context_len = 0;  // longest context_len

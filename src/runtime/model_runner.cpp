@@ -330,6 +330,8 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
   v.num_tokens = b.num_tokens();
   v.num_seqs = b.num_seqs();
   v.num_logits_rows = int32_t(b.logits_rows.size());
+  v.logits_rows_all = v.num_logits_rows == v.num_tokens;
+  for (int32_t i = 0; v.logits_rows_all && i < v.num_logits_rows; ++i) v.logits_rows_all = b.logits_rows[i] == i;
   v.max_blocks_per_seq = b.max_blocks_per_seq;
   int64_t context_sum = 0;
   for (int32_t s = 0; s < v.num_seqs; ++s) {
@@ -440,6 +442,10 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
     be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate
     if (l + 1 < layers_.size()) {
       be.matmul_add_rmsnorm(gate, *L.down, proj, x, *layers_[l + 1].attn_norm, eps, xn);
+    } else if (R > 0 && bv.logits_rows_all) {
+      // Every row needs logits (a decode step): the final norm follows the
+      // last projection as the other norms do, with no gather between.
+      be.matmul_add_rmsnorm(gate, *L.down, proj, x, *output_norm_, eps, xn);
     } else {
       be.matmul(gate, *L.down, nullptr, proj);
       be.add(x, proj);
@@ -447,11 +453,13 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
   }
   if (R == 0) return;
   // Only the rows that need logits go through the final norm and the LM head.
-  const Tensor rows{ws_.rows.data(), DType::F32, R, Hd};
   const Tensor rows_n = act(ws_.xn, R, Hd);
   const Tensor out{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
-  be.gather_rows(x, bv.logits_rows, rows);
-  be.rmsnorm(rows, *output_norm_, eps, rows_n);
+  if (!bv.logits_rows_all) {
+    const Tensor rows{ws_.rows.data(), DType::F32, R, Hd};
+    be.gather_rows(x, bv.logits_rows, rows);
+    be.rmsnorm(rows, *output_norm_, eps, rows_n);
+  }
   be.matmul(rows_n, output_ ? *output_ : *tok_embd_, nullptr, out);
 }
 

@@ -101,6 +101,7 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B) {
   v.num_tokens = B;
   v.num_seqs = B;
   v.num_logits_rows = B;
+  v.logits_rows_all = true;
   v.max_blocks_per_seq = stride_;
   v.max_query_len = 1;
   int64_t context_sum = 0;

@@ -131,6 +131,36 @@ TEST_P(RunnerVsReference, PrefillAndDecodeMatchReference) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, RunnerVsReference, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// When every row of a step wants logits (a decode step), the last layer's
+// projection goes into the residual and the final norm in one op; otherwise
+// the rows are gathered and normed apart. Both give a row the same logits.
+TEST(ModelRunner, LogitsOfEveryRowMatchThoseOfAGatheredRow) {
+  const TinySpec spec;
+  const ModelConfig cfg = tiny_config(spec);
+  const WeightStore weights = tiny_weights(cfg, spec);
+  RunnerOptions opts;
+  opts.block_size = 4;
+  opts.kv_cache_tokens = 128;
+  std::vector<float> every, one;
+  for (const bool gathered : {false, true}) {
+    auto runner = ModelRunner::create(cfg, weights, opts);
+    std::vector<int32_t> blocks(32);
+    for (int i = 0; i < 32; ++i) blocks[i] = i;
+    PagedSeqs seqs(4, blocks, 8);
+    const int a = seqs.add_sequence(), b = seqs.add_sequence();
+    std::vector<float> logits;
+    runner->forward(seqs.step({a, b}, {{1, 7, 30}, {12, 60}}, false), logits);
+    Batch decode = seqs.step({a, b}, {{5}, {41}}, false);  // logits rows 0, 1: every row
+    if (gathered) decode.logits_rows = {1};
+    runner->forward(decode, gathered ? one : every);
+  }
+  const size_t V = size_t(cfg.vocab_size);
+  ASSERT_EQ(every.size(), 2 * V);
+  ASSERT_EQ(one.size(), V);
+  std::vector<double> want(one.begin(), one.end());
+  EXPECT_LT(rel_error(std::vector<float>(every.begin() + V, every.end()), want), 1e-6);
+}
+
 TEST(ModelRunner, MissingOrMisShapedTensorsFailWithTheirName) {
   TinySpec spec;
   const ModelConfig cfg = tiny_config(spec);
