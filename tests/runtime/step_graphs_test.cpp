@@ -61,7 +61,7 @@ TEST(StepGraphs, UploadsPaddedMetadataWithTheBound) {
   EXPECT_EQ(v.num_seqs, 4);
   EXPECT_EQ(v.num_tokens, 4);
   EXPECT_EQ(v.max_context_len, 128);  // the bound of a longest context of 100, not 100
-  EXPECT_EQ(v.mean_context_len, 0);           // a short step
+  EXPECT_EQ(v.mean_context_len, 0);   // a short step
   // The CPU backend's device memory is host memory: read the rows back.
   EXPECT_EQ(std::vector<int32_t>(v.context_len, v.context_len + 4), (std::vector<int32_t>{5, 9, 100, 1}));
   EXPECT_EQ(std::vector<int32_t>(v.positions, v.positions + 4), (std::vector<int32_t>{4, 8, 99, 0}));
@@ -81,15 +81,15 @@ TEST(StepGraphs, LongContextStepsHaveGraphsOfTheirOwn) {
   // A long step padded with short rows is still long: the class is the real rows'.
   EXPECT_EQ(graphs.upload(decode_step({5000, 3000, 2500}), 4).mean_context_len, kLongDecodeContext);
 
-  const BatchView short_step = graphs.upload(decode_step({1024, 1024}), 2);
-  graphs.store(short_step, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(short_step), nullptr);
-  EXPECT_EQ(graphs.find(at), nullptr);  // the same bound (8192), but long
+  ASSERT_EQ(below.max_context_len, at.max_context_len);  // the same size and bound (8192); one is long
+  graphs.store(below, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(below), nullptr);
+  EXPECT_EQ(graphs.find(at), nullptr);
   graphs.store(at, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(at), graphs.find(short_step));
+  EXPECT_NE(graphs.find(at), graphs.find(below));
   EXPECT_EQ(graphs.size(), 2);
   graphs.clear();
-  EXPECT_EQ(graphs.find(short_step), nullptr);
+  EXPECT_EQ(graphs.find(below), nullptr);
   EXPECT_EQ(graphs.find(at), nullptr);
 }
 
