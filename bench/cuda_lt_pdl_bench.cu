@@ -55,35 +55,42 @@ static void check(bool ok, const char* call, const char* file, int line, const c
 
 using bf16 = __nv_bfloat16;
 
+// Releases this block's dependents: at once, or (kLate) once its stores are
+// fenced, so that a dependent that does not wait starts after them.
+template <bool kLate>
+__device__ __forceinline__ void release_dependents() {
+  if (kLate) __threadfence();
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // Releases its dependents at once (kLate: only after its stores and a fence),
 // spins, then writes x = 1.
 template <bool kLate>
 __global__ void slow_writer(bf16* x, int n, long long spin_ns) {
-  if (!kLate) asm volatile("griddepcontrol.launch_dependents;" :::);
+  if (!kLate) release_dependents<false>();
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (t - t0 < (unsigned long long)spin_ns);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = __float2bfloat16(1.0f);
-  if (kLate) {
-    __threadfence();
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
+  if (kLate) release_dependents<true>();
 }
 
-// Stands for the small kernels between the matmuls (norm, rope, silu): waits,
-// releases its dependents (kLate: only after its stores and a fence), copies
-// n elements.
+// The small kernels' work (they stand for norm, rope, silu between the
+// matmuls): waits, releases its dependents (kLate: only after its stores and
+// a fence), copies n elements.
+template <bool kLate>
+__device__ __forceinline__ void wait_and_copy(const bf16* in, bf16* out, int n) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (!kLate) release_dependents<false>();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i];
+  if (kLate) release_dependents<true>();
+}
+
 template <bool kLate>
 __global__ void small_copy(const bf16* in, bf16* out, int n) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (!kLate) asm volatile("griddepcontrol.launch_dependents;" :::);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i];
-  if (kLate) {
-    __threadfence();
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
+  wait_and_copy<kLate>(in, out, n);
 }
 
 // What small_copy_prefetch asks L2 for: of each of `rows` rows of `pitch`
@@ -102,9 +109,7 @@ __global__ void small_copy_prefetch(const bf16* in, bf16* out, int n, Prefetch p
     const char* a = pf.w + size_t(row) * pf.pitch + (size_t(split) * (pf.pitch / pf.splits) & ~size_t(15));
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(pf.chunk) : "memory");
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i];
+  wait_and_copy<false>(in, out, n);
 }
 
 __global__ void fill_random(bf16* w, size_t n, unsigned seed) {
