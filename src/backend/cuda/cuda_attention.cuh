@@ -36,11 +36,13 @@ struct AttnParamsT {
   // Split-KV decode: the launch has num_splits splits per (sequence, KV head);
   // each sequence divides its own context among them on the device (see
   // attention_decode_splits). With more than one split, each leaves its
-  // unnormalized output and its (max, sum) per head in the partials, and a
-  // merge kernel writes `out`.
+  // unnormalized output and its (max, sum) per head in the partials, and the
+  // last split of a (sequence, KV head, head block) to finish, counted in
+  // merge_count (zero between launches), merges them into `out`.
   int num_splits = 1;
   float* part_out = nullptr;  // [S, kv_heads, splits, group, D]
   float* part_ml = nullptr;   // [S, kv_heads, splits, group, 2]
+  int* merge_count = nullptr;  // [S, kv_heads, head blocks]: attention_decode_merge_counters
   // A sequence whose context the first split holds whole gets its output from
   // that split, and the merge skips it (SERVAL_NO_DIRECT_SPLIT=1: merged too).
   bool whole_split_direct = true;
@@ -69,8 +71,10 @@ bool launch_attention_decode(const AttnParams& p, cudaStream_t stream);
 // (an upper bound of every context: under CUDA graphs the model's maximum),
 // never on the real contexts, so a captured launch serves every later step.
 int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms);
-// Floats of partials that a launch with p.num_splits > 1 needs.
+// Floats of partials that a launch with p.num_splits > 1 needs, and its
+// merge counters.
 int64_t attention_decode_partial_floats(const AttnParams& p);
+int64_t attention_decode_merge_counters(const AttnParams& p);
 
 // The stream decode kernel: its grid for this launch shape (0 where it does
 // not apply: too many sequences, or no kernel for head_dim), the partials and

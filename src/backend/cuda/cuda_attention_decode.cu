@@ -10,11 +10,13 @@
 // m16n8k16 (bf16 in, f32 accumulate; P goes from the first MMA's accumulators
 // straight into the second's operand) and keeps its own online softmax; the
 // warps are combined at the end. With one split the block writes the output;
-// otherwise it leaves partials and a merge kernel combines the splits, except
-// for a sequence whose context the first split holds whole (short contexts
-// under a split count planned for the longest, as CUDA graphs plan it): that
-// split writes the output, the same bits as with one split, and the merge
-// skips the sequence (batch 1 on the H200: +1%, one launch's work less per layer).
+// otherwise it leaves partials, and the last split of its (sequence, KV head)
+// to finish merges them (an arrival counter), so no merge kernel runs: on the
+// H200 that kernel (a boundary, and one L2 round trip per split) made the
+// 8B shape's batch-1 attention at 4k contexts 16.6 us instead of 11.7. A
+// sequence whose context the first split holds whole (short contexts under a
+// split count planned for the longest, as CUDA graphs plan it) gets its
+// output from that split, the same bits as with one split.
 //
 // CUDA graphs: the grid depends only on the launch shape and the split count
 // (attention_decode_splits); each sequence spreads its own context over the
@@ -50,6 +52,106 @@ __device__ __forceinline__ bool first_split_holds_all(const AttnParams& p, int n
   return p.whole_split_direct && split_tiles(n_tiles, p.num_splits) >= n_tiles;
 }
 
+// The splits that hold keys of a sequence of n_tiles tiles (the first ones;
+// the rest are empty and leave nothing to merge).
+__device__ __forceinline__ int live_splits(int n_tiles, int num_splits) {
+  const int tps = split_tiles(n_tiles, num_splits);
+  return (n_tiles + tps - 1) / tps;
+}
+
+// A partial written by another block of this kernel, from L2 (ld.cg). As a
+// volatile asm, so that the loads of a round stay ahead of their uses.
+__device__ __forceinline__ float4 load_partial(const float* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
+// Adds 1 to a split's arrival counter and returns the count before: a
+// release of the block's partials and an acquire of the others'.
+__device__ __forceinline__ int arrive(int* count) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+  return old;
+}
+
+// Shared floats of a merge: each head's split weights, then its 1 / sum.
+constexpr int kMergeSmemFloats = kHeadsPerBlock * (kMaxSplits + 1);
+
+// Writes heads h0 .. h0 + GL - 1 of (sequence s, KV head kvh) to orow from
+// the partials of its `live` splits: out = sum_i w_i o_i / sum_i w_i l_i with
+// w_i = 2^(m_i - max m), summed in split order. The partials come from other
+// blocks through L2 (ld.cg), so every load of a round is issued before any is
+// used, and the first round flies while the weights are worked out: a merge
+// of up to 16 splits costs about two L2 round trips. Every thread of the
+// block calls it (there is a block barrier); sm: kMergeSmemFloats.
+template <int D>
+__device__ void merge_splits(const AttnParams& p, int s, int kvh, int h0, int GL, int live, bf16* orow, float* sm) {
+  float* w_s = sm;  // [head][split]
+  float* inv_s = sm + kHeadsPerBlock * kMaxSplits;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, G = p.group;
+  const int64_t row0 = (int64_t(s) * p.kv_heads + kvh) * p.num_splits * G + h0;  // split i, head h: + i G + h
+  const int64_t stride = int64_t(G) * D;  // from one split's output row to the next
+
+  // Outputs in float4 columns (head, 4 d's). A round takes kRound splits of a
+  // column; loads past the last split re-read it and weigh 0 (a weight of 0
+  // adds exactly 0: the partials are finite), so no load waits on a condition.
+  constexpr int kRound = 16;
+  const int cols = GL * (D / 4);
+  float4 v[kRound];
+  auto load_round = [&](int e, int i0) {
+    const float* src = p.part_out + (row0 + e / (D / 4)) * D + 4 * (e % (D / 4));
+#pragma unroll
+    for (int j = 0; j < kRound; ++j) v[j] = load_partial(src + min(i0 + j, live - 1) * stride);
+  };
+  if (tid < cols) load_round(tid, 0);  // in flight while the weights are worked out
+
+  for (int h = warp; h < GL; h += kWarps) {
+    float m_i[kMaxSplits / 32], l_i[kMaxSplits / 32], M = -CUDART_INF_F;
+#pragma unroll
+    for (int u = 0; u < kMaxSplits / 32; ++u) {
+      const int i = lane + 32 * u;
+      float2 ml = make_float2(-CUDART_INF_F, 0.0f);
+      if (i < live) ml = __ldcg(reinterpret_cast<const float2*>(p.part_ml + (row0 + int64_t(i) * G + h) * 2));
+      m_i[u] = ml.x;
+      l_i[u] = ml.y;
+      M = fmaxf(M, ml.x);
+    }
+    M = warp_max(M);
+    float L = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kMaxSplits / 32; ++u) {
+      const int i = lane + 32 * u;
+      const float w = m_i[u] == -CUDART_INF_F ? 0.0f : exp2f(m_i[u] - M);
+      if (i < live) w_s[h * kMaxSplits + i] = w;
+      L += w * l_i[u];
+    }
+    L = warp_sum(L);
+    if (lane == 0) inv_s[h] = 1.0f / L;
+  }
+  __syncthreads();
+
+  for (int e = tid; e < cols; e += kThreads) {
+    const int h = e / (D / 4), d = 4 * (e % (D / 4));
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i0 = 0; i0 < live; i0 += kRound) {
+      if (e != tid || i0 > 0) load_round(e, i0);
+#pragma unroll
+      for (int j = 0; j < kRound; ++j) {
+        const float w = i0 + j < live ? w_s[h * kMaxSplits + i0 + j] : 0.0f;
+        acc.x = fmaf(w, v[j].x, acc.x);
+        acc.y = fmaf(w, v[j].y, acc.y);
+        acc.z = fmaf(w, v[j].z, acc.z);
+        acc.w = fmaf(w, v[j].w, acc.w);
+      }
+    }
+    const float inv = inv_s[h];
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(orow + h * D + d);
+    o[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+    o[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  }
+}
+
 // Shared memory of the split kernel for head_dim D: the warps' rings, with the
 // combine buffer over them once they are drained.
 template <int D>
@@ -61,6 +163,7 @@ struct SplitSmem : DecodeSmem<D> {
   // After the rings (or the combine buffer over them): (m, l) per warp and
   // head, then the block's (M, L) per head.
   static constexpr int BYTES = MAIN_BYTES + (kWarps + 1) * kHeadsPerBlock * 2 * 4;
+  static_assert(MAIN_BYTES >= kMergeSmemFloats * 4, "the merge's weights go over the rings");
 };
 
 using namespace ptx;
@@ -113,14 +216,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   pdl_wait();
   if (!is_decode) return;
   const bool whole = first_split_holds_all(p, n_tiles);
-  if (tile0 >= n_tiles) {  // past this sequence's context: weigh nothing in the merge
-    if (p.num_splits > 1 && !whole)
-      for (int h = tid; h < GL; h += kThreads) {
-        p.part_ml[(part_row + h) * 2] = -CUDART_INF_F;
-        p.part_ml[(part_row + h) * 2 + 1] = 0.0f;
-      }
-    return;
-  }
+  if (tile0 >= n_tiles) return;  // past this sequence's context: nothing to merge
   uint32_t qa[DP / 16][4];
   load_q<D, NH>(qa, p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D, GL, g, t);
 
@@ -219,54 +315,23 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
     p.part_ml[(part_row + tid) * 2] = fin_s[tid * 2];
     p.part_ml[(part_row + tid) * 2 + 1] = fin_s[tid * 2 + 1];
   }
-}
+  if (direct) return;
 
-// Merges the splits of one (sequence, query head): out = sum_i w_i o_i / sum_i
-// w_i l_i with w_i = 2^(m_i - max m). Empty splits (m = -inf) weigh nothing
-// and their outputs are not read.
-__global__ void __launch_bounds__(128) attn_merge_kernel(AttnParams p) {
-  __shared__ float w_s[kMaxSplits];
-  __shared__ float inv_l_s;
-  pdl_wait();
-  const int head = blockIdx.x, s = blockIdx.y;
-  const int q0 = p.query_start[s];
-  if (p.query_start[s + 1] - q0 != 1) return;
-  if (first_split_holds_all(p, (p.positions[q0] + kTile) / kTile)) return;  // the decode kernel wrote it
-  const int G = p.group, kvh = head / G, h = head % G, D = p.head_dim, S = p.num_splits;
-  const int64_t row0 = (int64_t(s) * p.kv_heads + kvh) * S;  // split i: partial row (row0 + i) * G + h
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float m_i[kMaxSplits / 32], M = -CUDART_INF_F;
-#pragma unroll
-    for (int u = 0; u < kMaxSplits / 32; ++u) {
-      const int i = lane + 32 * u;
-      m_i[u] = i < S ? p.part_ml[((row0 + i) * G + h) * 2] : -CUDART_INF_F;
-      M = fmaxf(M, m_i[u]);
-    }
-    M = warp_max(M);
-    float L = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kMaxSplits / 32; ++u) {
-      const int i = lane + 32 * u;
-      if (i < S) {
-        const float w = m_i[u] == -CUDART_INF_F ? 0.0f : exp2f(m_i[u] - M);
-        w_s[i] = w;
-        L += w * p.part_ml[((row0 + i) * G + h) * 2 + 1];
-      }
-    }
-    L = warp_sum(L);
-    if (lane == 0) inv_l_s = 1.0f / L;
+  // The last of the sequence's live splits to get here merges them. The
+  // block's partials are ordered before its count by the barrier and the
+  // count's release; the last block's reads after the count by its acquire
+  // and the barrier. The counter goes back to zero for the next launch.
+  __shared__ int last;
+  __syncthreads();  // also: every thread is done with the combine buffer the merge reuses
+  if (tid == 0) {
+    int* count = p.merge_count + int64_t(s) * gridDim.x + blockIdx.x;
+    const int live = live_splits(n_tiles, p.num_splits);
+    last = arrive(count) == live - 1;
+    if (last) *count = 0;
   }
   __syncthreads();
-  bf16* orow = p.out + (int64_t(q0) * p.num_heads + head) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int i = 0; i < S; ++i) {
-      const float w = w_s[i];
-      if (w != 0.0f) acc += w * p.part_out[((row0 + i) * G + h) * D + d];
-    }
-    orow[d] = __float2bfloat16(acc * inv_l_s);
-  }
+  if (!last) return;
+  merge_splits<D>(p, s, kvh, h0, GL, live_splits(n_tiles, p.num_splits), orow, reinterpret_cast<float*>(smem));
 }
 
 // Blocks of one instantiation that an SM holds at once (set up once, so that
@@ -296,9 +361,6 @@ void launch_decode(const AttnParams& p, cudaStream_t stream) {
   // Programmatic dependent launches: the kernels wait for the previous one
   // (griddepcontrol.wait) first thing.
   launch_pdl(attn_decode_kernel<D, NH>, grid, dim3(kThreads), size_t(SplitSmem<D>::BYTES), stream, p);
-  if (p.num_splits > 1)
-    launch_pdl(attn_merge_kernel, dim3(unsigned(p.num_heads), unsigned(p.num_seqs)),
-               dim3(unsigned(std::clamp(D, 32, 128))), 0, stream, p);
 }
 
 }  // namespace
@@ -333,8 +395,14 @@ int64_t attention_decode_partial_floats(const AttnParams& p) {
   return int64_t(p.num_seqs) * p.kv_heads * p.num_splits * p.group * (p.head_dim + 2);
 }
 
+int64_t attention_decode_merge_counters(const AttnParams& p) {
+  return int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group);
+}
+
 bool launch_attention_decode(const AttnParams& p, cudaStream_t stream) {
   SERVAL_CHECK(p.num_splits >= 1 && p.num_splits <= kMaxSplits, "decode attention: ", p.num_splits, " splits");
+  SERVAL_CHECK(p.num_splits == 1 || (p.part_out != nullptr && p.merge_count != nullptr),
+               "decode attention: ", p.num_splits, " splits need partials and merge counters");
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (two_head_tiles(p.group))

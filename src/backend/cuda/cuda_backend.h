@@ -187,6 +187,7 @@ class CudaBackend : public Backend {
   int64_t stacked_qkv_calls_ = 0;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   DeviceBuffer attn_piece_ready_;  // stream decode: per-warp flags, zero between launches
+  DeviceBuffer attn_merge_count_;  // split-KV decode: arrival counters, zero between launches
   AttentionStream attention_stream_ = attention_stream_from_env();
   int64_t stream_attention_calls_ = 0;
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
