@@ -101,6 +101,7 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
     p.part_out = part;
     p.part_ml = part + floats / (p.head_dim + 2) * p.head_dim;
   }
+  if (p.stream_blocks == 0) p.early_kv = attention_decode_early_kv(p, num_sms_);
   if (p.stream_blocks == 0 && p.num_splits > 1)
     p.merge_count = static_cast<int*>(scratch(attn_merge_count_, attention_decode_merge_counters(p) * 4));
 

@@ -43,6 +43,10 @@ struct AttnParamsT {
   float* part_out = nullptr;  // [S, kv_heads, splits, group, D]
   float* part_ml = nullptr;   // [S, kv_heads, splits, group, 2]
   int* merge_count = nullptr;  // [S, kv_heads, head blocks]: attention_decode_merge_counters
+  // Whether the decode kernel copies its first K/V tiles (those before the
+  // step's new key) before waiting for the kernel before it: when the whole
+  // grid is resident (attention_decode_early_kv).
+  bool early_kv = false;
   // A sequence whose context the first split holds whole gets its output from
   // that split, and the merge skips it (SERVAL_NO_DIRECT_SPLIT=1: merged too).
   bool whole_split_direct = true;
@@ -71,6 +75,9 @@ bool launch_attention_decode(const AttnParams& p, cudaStream_t stream);
 // (an upper bound of every context: under CUDA graphs the model's maximum),
 // never on the real contexts, so a captured launch serves every later step.
 int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms);
+// Whether a split-KV launch of this shape and p.num_splits is one wave of
+// resident blocks (AttnParams::early_kv).
+bool attention_decode_early_kv(const AttnParams& p, int num_sms);
 // Floats of partials that a launch with p.num_splits > 1 needs, and its
 // merge counters.
 int64_t attention_decode_partial_floats(const AttnParams& p);

@@ -213,6 +213,24 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   int64_t first[kStages];
 #pragma unroll
   for (int st = 0; st < kStages; ++st) first[st] = key_offset(st);  // the table loads overlap
+  unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
+  const WarpRing<D> ring{smem_u32(ring_p)};
+  ring.zero_padding(ring_p, lane);
+  // Keys before this step's token were written by earlier steps: the kernel
+  // before us writes only the new key and value, and it started after every
+  // kernel before it had finished. So, when the whole grid is resident
+  // (p.early_kv), the warp's first tiles that end before the new key are
+  // copied now, while that kernel drains (one cp.async group per slot, in
+  // slot order, as prime_ring would). With more blocks than slots, the first
+  // wave's early copies only delay the kernel before (64 sequences: -0.7%).
+  int early = 0;
+#pragma unroll
+  for (int st = 0; st < kStages; ++st)
+    if (p.early_kv && st == early && st < nt && (tile0 + warp + st * kWarps + 1) * kTile < n_ctx) {
+      ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
+      cp_async_commit();
+      ++early;
+    }
   pdl_wait();
   if (!is_decode) return;
   const bool whole = first_split_holds_all(p, n_tiles);
@@ -220,10 +238,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   uint32_t qa[DP / 16][4];
   load_q<D, NH>(qa, p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D, GL, g, t);
 
-  unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
-  const WarpRing<D> ring{smem_u32(ring_p)};
-  ring.zero_padding(ring_p, lane);
-  prime_ring(ring, first, nt, lane, p.k_pool, p.v_pool);
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) {
+    if (st < early) continue;
+    if (st < nt) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
+    cp_async_commit();
+  }
   int64_t pending = key_offset(kStages);  // the next tile's offsets, loaded one tile ahead
 
   WarpState<D, NH> st;
@@ -354,6 +374,15 @@ int resident_blocks() {
   return per_sm;
 }
 
+// The same for the instantiation that serves p (0: no kernel for its head_dim).
+int resident_blocks_for(const AttnParams& p) {
+  int per_sm = 0;
+  with_head_dim(p.head_dim, [&](auto d) {
+    per_sm = two_head_tiles(p.group) ? resident_blocks<decltype(d)::value, 2>() : resident_blocks<decltype(d)::value, 1>();
+  });
+  return per_sm;
+}
+
 template <int D, int NH>
 void launch_decode(const AttnParams& p, cudaStream_t stream) {
   resident_blocks<D, NH>();  // sets the shared-memory limit on first use
@@ -366,10 +395,7 @@ void launch_decode(const AttnParams& p, cudaStream_t stream) {
 }  // namespace
 
 int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms) {
-  int per_sm = 0;
-  with_head_dim(p.head_dim, [&](auto d) {
-    per_sm = two_head_tiles(p.group) ? resident_blocks<decltype(d)::value, 2>() : resident_blocks<decltype(d)::value, 1>();
-  });
+  const int per_sm = resident_blocks_for(p);
   if (per_sm == 0) return 1;  // no kernel for this head_dim: the launch reports it
   // Split only while the blocks of the batch fill less than ~a wave, and
   // never into splits shorter than kMinSplitTiles of the bound. Among the
@@ -389,6 +415,11 @@ int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_
   for (int n = 1; n <= max_splits; ++n)
     if (efficiency(n) >= 0.85 * best) return n;
   return 1;
+}
+
+bool attention_decode_early_kv(const AttnParams& p, int num_sms) {
+  const int64_t blocks = int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group) * p.num_splits;
+  return blocks <= int64_t(resident_blocks_for(p)) * num_sms;
 }
 
 int64_t attention_decode_partial_floats(const AttnParams& p) {
