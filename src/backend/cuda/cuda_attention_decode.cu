@@ -82,9 +82,9 @@ constexpr int kMergeSmemFloats = kHeadsPerBlock * (kMaxSplits + 1);
 // the partials of its `live` splits: out = sum_i w_i o_i / sum_i w_i l_i with
 // w_i = 2^(m_i - max m), summed in split order. The partials come from other
 // blocks through L2 (ld.cg), so every load of a round is issued before any is
-// used, and the first round flies while the weights are worked out: a merge
-// of up to 16 splits costs about two L2 round trips. Every thread of the
-// block calls it (there is a block barrier); sm: kMergeSmemFloats.
+// used, and the first round flies while the weights are worked out: up to
+// 16 splits cost about one L2 round trip, each 16 more one more. Every thread
+// of the block calls it (there is a block barrier); sm: kMergeSmemFloats.
 template <int D>
 __device__ void merge_splits(const AttnParams& p, int s, int kvh, int h0, int GL, int live, bf16* orow, float* sm) {
   float* w_s = sm;  // [head][split]
