@@ -38,6 +38,16 @@ struct NoGraph : DeviceGraph {
   void replay() override {}
 };
 
+// Steps like `first` and steps like `second` find graphs of their own: one
+// stored for `first` is not found for `second`, and each finds its own.
+void expect_graphs_of_their_own(StepGraphs& graphs, const BatchView& first, const BatchView& second) {
+  graphs.store(first, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(first), nullptr);
+  EXPECT_EQ(graphs.find(second), nullptr);
+  graphs.store(second, std::make_unique<NoGraph>());
+  EXPECT_NE(graphs.find(second), graphs.find(first));
+}
+
 TEST(StepGraphs, PadsDecodeStepsUpTheLadder) {
   auto be = create_backend("cpu", 1);
   StepGraphs graphs(*be, 64, kMaxContext, kBlockSize, kPadBlock);
@@ -82,11 +92,7 @@ TEST(StepGraphs, LongContextStepsHaveGraphsOfTheirOwn) {
   EXPECT_EQ(graphs.upload(decode_step({5000, 3000, 2500}), 4).mean_context_len, kLongDecodeContext);
 
   ASSERT_EQ(below.max_context_len, at.max_context_len);  // the same size and bound (8192); one is long
-  graphs.store(below, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(below), nullptr);
-  EXPECT_EQ(graphs.find(at), nullptr);
-  graphs.store(at, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(at), graphs.find(below));
+  expect_graphs_of_their_own(graphs, below, at);
   EXPECT_EQ(graphs.size(), 2);
   graphs.clear();
   EXPECT_EQ(graphs.find(below), nullptr);
@@ -110,11 +116,7 @@ TEST(StepGraphs, StepsUnderEachContextBoundHaveGraphsOfTheirOwn) {
   EXPECT_EQ(a.max_context_len, 128);
   const BatchView b = graphs.upload(decode_step({5, 129}), 4);
   EXPECT_EQ(b.max_context_len, 1024);
-  graphs.store(a, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(a), nullptr);
-  EXPECT_EQ(graphs.find(b), nullptr);
-  graphs.store(b, std::make_unique<NoGraph>());
-  EXPECT_NE(graphs.find(a), graphs.find(b));
+  expect_graphs_of_their_own(graphs, a, b);
   // Another size under the same bound is another graph.
   EXPECT_EQ(graphs.find(graphs.upload(decode_step({5}), 1)), nullptr);
 }

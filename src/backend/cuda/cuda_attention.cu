@@ -101,9 +101,11 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
     p.part_out = part;
     p.part_ml = part + floats / (p.head_dim + 2) * p.head_dim;
   }
-  if (p.stream_blocks == 0) p.early_kv = attention_decode_early_kv(p, num_sms_);
-  if (p.stream_blocks == 0 && p.num_splits > 1)
-    p.merge_count = static_cast<int*>(scratch(attn_merge_count_, attention_decode_merge_counters(p) * 4));
+  if (p.stream_blocks == 0) {
+    p.early_kv = attention_decode_early_kv(p, num_sms_);
+    if (p.num_splits > 1)
+      p.merge_count = static_cast<int*>(scratch(attn_merge_count_, attention_decode_merge_counters(p) * 4));
+  }
 
   bool ok = true;
   if (b.max_query_len > 1) ok = launch_attention_prefill(p, b.max_query_len, stream_);

@@ -45,20 +45,6 @@ __device__ __forceinline__ int split_tiles(int n_tiles, int num_splits) {
   return max(kMinSplitTiles, (n_tiles + num_splits - 1) / num_splits);
 }
 
-// Whether the first split holds a sequence's whole context of n_tiles tiles
-// (a short one, under a split count planned for the longest): that split then
-// writes the output itself, and the merge skips the sequence.
-__device__ __forceinline__ bool first_split_holds_all(const AttnParams& p, int n_tiles) {
-  return p.whole_split_direct && split_tiles(n_tiles, p.num_splits) >= n_tiles;
-}
-
-// The splits that hold keys of a sequence of n_tiles tiles (the first ones;
-// the rest are empty and leave nothing to merge).
-__device__ __forceinline__ int live_splits(int n_tiles, int num_splits) {
-  const int tps = split_tiles(n_tiles, num_splits);
-  return (n_tiles + tps - 1) / tps;
-}
-
 // A partial written by another block of this kernel, from L2 (ld.cg). As a
 // volatile asm, so that the loads of a round stay ahead of their uses.
 __device__ __forceinline__ float4 load_partial(const float* p) {
@@ -195,6 +181,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   const int n_ctx = is_decode ? p.positions[q0] + 1 : 0;
   const int n_tiles = (n_ctx + kTile - 1) / kTile;
   const int tps = split_tiles(n_tiles, p.num_splits);
+  const int live = (n_tiles + tps - 1) / tps;  // the first splits hold keys; the rest are empty
   const int tile0 = split * tps, tile_end = min(n_tiles, tile0 + tps);
   const int64_t part_row = ((int64_t(s) * p.kv_heads + kvh) * p.num_splits + split) * G + h0;
   // This warp's tiles: tile0 + warp, + kWarps, ... below tile_end.
@@ -220,9 +207,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   // before us writes only the new key and value, and it started after every
   // kernel before it had finished. So, when the whole grid is resident
   // (p.early_kv), the warp's first tiles that end before the new key are
-  // copied now, while that kernel drains (one cp.async group per slot, in
-  // slot order, as prime_ring would). With more blocks than slots, the first
-  // wave's early copies only delay the kernel before (64 sequences: -0.7%).
+  // copied now, while that kernel drains (one cp.async group per slot, in slot
+  // order; prime_ring issues the rest after the wait). With more blocks than
+  // slots, the first wave's early copies only delay the kernel before (64
+  // sequences: -0.7%).
   int early = 0;
 #pragma unroll
   for (int st = 0; st < kStages; ++st)
@@ -233,17 +221,14 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
     }
   pdl_wait();
   if (!is_decode) return;
-  const bool whole = first_split_holds_all(p, n_tiles);
+  // The first split holds the whole context (a short one, under a split
+  // count planned for the longest): it writes the output itself.
+  const bool whole = p.whole_split_direct && live == 1;
   if (tile0 >= n_tiles) return;  // past this sequence's context: nothing to merge
   uint32_t qa[DP / 16][4];
   load_q<D, NH>(qa, p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D, GL, g, t);
 
-#pragma unroll
-  for (int st = 0; st < kStages; ++st) {
-    if (st < early) continue;
-    if (st < nt) ring.issue(st, first[st], lane, p.k_pool, p.v_pool);
-    cp_async_commit();
-  }
+  prime_ring(ring, first, nt, lane, p.k_pool, p.v_pool, early);
   int64_t pending = key_offset(kStages);  // the next tile's offsets, loaded one tile ahead
 
   WarpState<D, NH> st;
@@ -345,13 +330,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   __syncthreads();  // also: every thread is done with the combine buffer the merge reuses
   if (tid == 0) {
     int* count = p.merge_count + int64_t(s) * gridDim.x + blockIdx.x;
-    const int live = live_splits(n_tiles, p.num_splits);
     last = arrive(count) == live - 1;
     if (last) *count = 0;
   }
   __syncthreads();
   if (!last) return;
-  merge_splits<D>(p, s, kvh, h0, GL, live_splits(n_tiles, p.num_splits), orow, reinterpret_cast<float*>(smem));
+  merge_splits<D>(p, s, kvh, h0, GL, live, orow, reinterpret_cast<float*>(smem));
 }
 
 // Blocks of one instantiation that an SM holds at once (set up once, so that

@@ -79,13 +79,15 @@ struct WarpRing {
 };
 
 // Issues the first kStages tiles (those of `count` that exist, pool offsets
-// `first`) into slots 0, 1, ...: one cp.async group per slot, empty or not,
-// so that wait_group counts tiles.
+// `first`) into slots from_slot, from_slot + 1, ... (the slots before it are
+// issued already): one cp.async group per slot, empty or not, so that
+// wait_group counts tiles.
 template <int D>
 __device__ __forceinline__ void prime_ring(const WarpRing<D>& ring, const int64_t (&first)[kStages], int64_t count,
-                                           int lane, const bf16* k_pool, const bf16* v_pool) {
+                                           int lane, const bf16* k_pool, const bf16* v_pool, int from_slot = 0) {
 #pragma unroll
   for (int st = 0; st < kStages; ++st) {
+    if (st < from_slot) continue;
     if (st < count) ring.issue(st, first[st], lane, k_pool, v_pool);
     ptx::cp_async_commit();
   }
