@@ -182,10 +182,11 @@ class Backend {
   // Copies a tensor into host f32 (converting from the activation dtype).
   virtual void tensor_to_host(const Tensor& t, float* dst) = 0;
   virtual void synchronize() = 0;
-  // Copies `rows` rows of `row_bytes` from a host array with pitch `src_pitch`
-  // to device memory with pitch `dst_pitch` (bytes); waits like copy_to_device.
-  virtual void copy_rows_to_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                                   int64_t row_bytes, int64_t rows);
+  // copy_to_device in stream order, without waiting for the copy: the bytes are
+  // taken from `src` before it returns, so `src` may be reused at once. Per-step
+  // metadata goes this way, since each wait costs a round trip to the device
+  // while the GPU idles. Default: copy_to_device.
+  virtual void copy_to_device_async(void* dst, const void* src, int64_t bytes) { copy_to_device(dst, src, bytes); }
   // Free and total memory of the device in bytes (the CPU: available host memory).
   virtual void memory_info(int64_t& free_bytes, int64_t& total_bytes) = 0;
 

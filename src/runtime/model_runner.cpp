@@ -316,7 +316,7 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
   char* host = reinterpret_cast<char*>(meta_host_.data());
   for (const Part& p : parts)
     if (p.bytes > 0) std::memcpy(host + p.offset, p.src, size_t(p.bytes));
-  backend_->copy_to_device(meta_dev_.data(), host, total);
+  backend_->copy_to_device_async(meta_dev_.data(), host, total);
 
   const char* dev = static_cast<const char*>(meta_dev_.data());
   BatchView v;

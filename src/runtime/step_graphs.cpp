@@ -41,11 +41,9 @@ StepGraphs::StepGraphs(Backend& backend, int32_t max_batch, int32_t max_context,
   layout_.context_len = place(B * 4);
   layout_.logits_rows = place(B * 4);
   layout_.slot_mapping = place(B * 8);
-  layout_.header_bytes = at;
   layout_.block_table = place(B * stride_ * 4);
-  layout_.total = at;
-  meta_ = backend_.alloc(layout_.total);  // zeroed: stale table rows name block 0, a real block
-  host_.assign(size_t(layout_.header_bytes / 8), 0);
+  meta_ = backend_.alloc(at);  // zeroed: stale table rows name block 0, a real block
+  host_.assign(size_t(at / 8), 0);
 }
 
 bool StepGraphs::eligible(const Batch& b) const {
@@ -83,12 +81,25 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B) {
     ctx[i] = 1;
     slots[i] = int64_t(pad_block_) * block_size_;
   }
+  // Table rows as wide as the bound needs (a graph's kernels read that
+  // width), after the header: one copy of the header and the real rows. A
+  // padding row reads key 0 through whatever (valid) block id its row holds,
+  // and that output is never used.
+  int64_t context_sum = 0;
+  int32_t longest = 1;
+  for (int32_t s = 0; s < S; ++s) {
+    context_sum += b.context_len[size_t(s)];
+    longest = std::max(longest, b.context_len[size_t(s)]);
+  }
+  const int32_t bound = context_bound(longest);
+  const int32_t width = (bound + block_size_ - 1) / block_size_;
+  const int32_t copied = std::min(width, b.max_blocks_per_seq);
+  int32_t* table = i32(layout_.block_table);
+  for (int32_t s = 0; s < S; ++s)
+    std::memcpy(table + int64_t(s) * width, b.block_table.data() + int64_t(s) * b.max_blocks_per_seq,
+                size_t(copied) * 4);
   char* dev = static_cast<char*>(meta_.data());
-  backend_.copy_to_device(dev, h, layout_.header_bytes);
-  // Only the real rows' tables: a padding row reads key 0 through whatever
-  // (valid) block id its row holds, and that output is never used.
-  backend_.copy_rows_to_device(dev + layout_.block_table, int64_t(stride_) * 4, b.block_table.data(),
-                               int64_t(b.max_blocks_per_seq) * 4, int64_t(b.max_blocks_per_seq) * 4, S);
+  backend_.copy_to_device_async(dev, h, layout_.block_table + int64_t(S) * width * 4);
 
   BatchView v;
   v.token_ids = reinterpret_cast<const int32_t*>(dev + layout_.token_ids);
@@ -102,15 +113,9 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B) {
   v.num_seqs = B;
   v.num_logits_rows = B;
   v.logits_rows_all = true;
-  v.max_blocks_per_seq = stride_;
+  v.max_blocks_per_seq = width;
   v.max_query_len = 1;
-  int64_t context_sum = 0;
-  int32_t longest = 1;
-  for (int32_t s = 0; s < S; ++s) {
-    context_sum += b.context_len[size_t(s)];
-    longest = std::max(longest, b.context_len[size_t(s)]);
-  }
-  v.max_context_len = context_bound(longest);  // an upper bound: kernels launched for it serve every step below it
+  v.max_context_len = bound;  // an upper bound: kernels launched for it serve every step below it
   v.mean_context_len = context_sum >= int64_t(kLongDecodeContext) * S ? kLongDecodeContext : 0;
   return v;
 }

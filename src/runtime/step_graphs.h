@@ -6,8 +6,9 @@
 // gaps between the small kernels.
 //
 // A graph replays the addresses it was recorded with, so decode metadata goes
-// to one fixed device buffer laid out for the largest B, block tables with a
-// fixed row stride (the blocks of the longest context allowed). Padding rows
+// to one fixed device buffer laid out for the largest B, in one copy that
+// does not wait; block table rows as wide as the step's context bound (below)
+// needs, so short steps send short rows. Padding rows
 // are sequences of one token at position 0 whose K/V go to a spare block of
 // the pool that no request owns; their logits are computed and ignored.
 // Steps whose real sequences average kLongDecodeContext tokens of context or
@@ -54,8 +55,7 @@ class StepGraphs {
 
  private:
   struct Layout {
-    int64_t token_ids, positions, query_start, context_len, logits_rows, slot_mapping, block_table, header_bytes,
-        total;
+    int64_t token_ids, positions, query_start, context_len, logits_rows, slot_mapping, block_table;
   };
 
   static int64_t key(const BatchView& v) {
@@ -67,7 +67,7 @@ class StepGraphs {
   std::vector<int32_t> ladder_;
   Layout layout_{};
   DeviceBuffer meta_;
-  std::vector<int64_t> host_;  // the header part, 8-byte aligned
+  std::vector<int64_t> host_;  // the buffer's host image, 8-byte aligned
   std::map<int64_t, std::unique_ptr<DeviceGraph>> graphs_;
 };
 

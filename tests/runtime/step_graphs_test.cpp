@@ -77,7 +77,17 @@ TEST(StepGraphs, UploadsPaddedMetadataWithTheBound) {
   EXPECT_EQ(std::vector<int32_t>(v.positions, v.positions + 4), (std::vector<int32_t>{4, 8, 99, 0}));
   EXPECT_EQ(std::vector<int32_t>(v.query_start, v.query_start + 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
   EXPECT_EQ(v.slot_mapping[3], int64_t(kPadBlock) * kBlockSize);  // the padding row writes the spare block
-  EXPECT_EQ(v.block_table[2 * v.max_blocks_per_seq + 6], b.block_table[2 * size_t(b.max_blocks_per_seq) + 6]);
+  // Table rows as wide as the bound (128 tokens: 8 blocks), each row's first blocks.
+  ASSERT_EQ(v.max_blocks_per_seq, 128 / kBlockSize);
+  for (int32_t s = 0; s < 3; ++s)
+    for (int32_t k = 0; k < v.max_blocks_per_seq; ++k)
+      EXPECT_EQ(v.block_table[s * v.max_blocks_per_seq + k], b.block_table[size_t(s * b.max_blocks_per_seq + k)]);
+  // A step under the next bound sends wider rows to the same buffer.
+  const Batch longer = decode_step({5, 900});
+  const BatchView w = graphs.upload(longer, 2);
+  ASSERT_EQ(w.max_blocks_per_seq, 1024 / kBlockSize);
+  EXPECT_EQ(w.block_table, v.block_table);
+  EXPECT_EQ(w.block_table[w.max_blocks_per_seq + 56], longer.block_table[size_t(longer.max_blocks_per_seq) + 56]);
 }
 
 TEST(StepGraphs, LongContextStepsHaveGraphsOfTheirOwn) {

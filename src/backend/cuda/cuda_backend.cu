@@ -48,6 +48,7 @@ CudaBackend::~CudaBackend() {
   }
   if (lt_) cublasLtDestroy(lt_);
   if (host_staging_) cudaFreeHost(host_staging_);
+  if (upload_arena_) cudaFreeHost(upload_arena_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -73,23 +74,41 @@ void CudaBackend::copy_to_device(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;
   // The caller may reuse `src` as soon as we return: wait for the copy.
   SERVAL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, stream_));
-  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync_stream();
+}
+
+void CudaBackend::copy_to_device_async(void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  SERVAL_CHECK(!capturing_, "cuda backend: cannot copy to the device while a graph is being captured");
+  const int64_t piece = (bytes + 255) / 256 * 256;
+  if (upload_arena_used_ + piece > upload_arena_bytes_) {
+    sync_stream();  // every piece handed out has been copied: the arena is free again
+    if (piece > upload_arena_bytes_) {
+      if (upload_arena_) SERVAL_CUDA_CHECK(cudaFreeHost(upload_arena_));
+      upload_arena_ = nullptr;
+      const int64_t grown = std::max({piece, upload_arena_bytes_ * 2, int64_t(1) << 20});
+      upload_arena_bytes_ = 0;
+      SERVAL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&upload_arena_), size_t(grown)));
+      upload_arena_bytes_ = grown;
+    }
+  }
+  char* staged = upload_arena_ + upload_arena_used_;
+  std::memcpy(staged, src, size_t(bytes));
+  SERVAL_CUDA_CHECK(cudaMemcpyAsync(dst, staged, size_t(bytes), cudaMemcpyHostToDevice, stream_));
+  upload_arena_used_ += piece;
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;
   SERVAL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
-  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync_stream();
 }
 
-void CudaBackend::synchronize() { SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() { sync_stream(); }
 
-void CudaBackend::copy_rows_to_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                                      int64_t row_bytes, int64_t rows) {
-  if (rows <= 0 || row_bytes <= 0) return;
-  SERVAL_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(row_bytes),
-                                      size_t(rows), cudaMemcpyHostToDevice, stream_));
+void CudaBackend::sync_stream() {
   SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  upload_arena_used_ = 0;
 }
 
 void CudaBackend::memory_info(int64_t& free_bytes, int64_t& total_bytes) {
@@ -114,7 +133,7 @@ void CudaBackend::tensor_to_host(const Tensor& t, float* dst) {
     SERVAL_CUDA_CHECK(cudaMallocHost(&host_staging_, size_t(host_staging_bytes_)));
   }
   SERVAL_CUDA_CHECK(cudaMemcpyAsync(host_staging_, t.data, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
-  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync_stream();
   if (t.dtype == DType::F32) {
     const float* h = static_cast<const float*>(host_staging_);
 #pragma omp parallel for schedule(static) if (n > (1 << 18))

@@ -68,8 +68,7 @@ class CudaBackend : public Backend {
   void copy_to_host(void* dst, const void* src, int64_t bytes) override;
   void tensor_to_host(const Tensor& t, float* dst) override;
   void synchronize() override;
-  void copy_rows_to_device(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
-                           int64_t rows) override;
+  void copy_to_device_async(void* dst, const void* src, int64_t bytes) override;
   void memory_info(int64_t& free_bytes, int64_t& total_bytes) override;
 
   bool supports_graphs() const override { return true; }
@@ -164,6 +163,8 @@ class CudaBackend : public Backend {
   // kept) for ops that graphs may record: growing it drops recorded graphs
   // (graph_epoch). host_op_scratch: the same for ops never recorded (sample()).
   void* scratch(DeviceBuffer& buf, int64_t bytes);
+  // Waits for the stream; every copy_to_device_async before it has landed.
+  void sync_stream();
   void* host_op_scratch(DeviceBuffer& buf, int64_t bytes);
 
   int device_ = 0;
@@ -194,6 +195,10 @@ class CudaBackend : public Backend {
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)
   void* host_staging_ = nullptr;  // pinned, for tensor_to_host
   int64_t host_staging_bytes_ = 0;
+  // copy_to_device_async's pinned arena: each copy takes the next piece, and a
+  // wait for the stream (sync_stream) frees them all.
+  char* upload_arena_ = nullptr;
+  int64_t upload_arena_bytes_ = 0, upload_arena_used_ = 0;
   std::shared_ptr<void> sampler_state_;  // the GPU sampler's buffers (cuda_sampling.cu)
 };
 

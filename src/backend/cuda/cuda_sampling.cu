@@ -1,11 +1,11 @@
 // CudaBackend::sample, host side. Per call: one Task per spec, the penalty
 // entries (each distinct token of prompt ∪ output once, with its output
 // count: O(prompt + output) per row, never O(vocab)) and the bans are packed
-// into one pinned buffer and sent in one copy; the kernels
-// (cuda_sampling_kernels.cu) run on stream_ after the LM head; the results
-// come back in one copy. Errors are raised in spec order with the CPU
-// sampler's messages; token ids outside the vocabulary are caught here,
-// before anything is queued.
+// into one pinned buffer and sent in one copy (none when the device holds
+// those bytes from the call before); the kernels (cuda_sampling_kernels.cu)
+// run on stream_ after the LM head and write the results into pinned memory.
+// Errors are raised in spec order with the CPU sampler's messages; token ids
+// outside the vocabulary are caught here, before anything is queued.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,9 +24,13 @@ using sampling::Task;
 struct SamplerState {
   void* host_in = nullptr;   // pinned: tasks, penalty entries, bans
   int64_t host_in_bytes = 0;
-  void* host_out = nullptr;  // pinned: results
+  void* host_out = nullptr;  // pinned: results, written by the kernels themselves
   int64_t host_out_bytes = 0;
-  DeviceBuffer dev_in, dev_out, work;
+  DeviceBuffer dev_in, work;
+  // What dev_in holds (a decode step of plain greedy rows sends the same
+  // tasks as the step before it, and need not send them again).
+  std::vector<char> sent;
+  const void* sent_to = nullptr;
   std::vector<Task> greedy_tasks, general_tasks;
   std::vector<int32_t> task_of_spec;  // >= 0: greedy_tasks index; else ~general_tasks index
   std::vector<PenaltyEntry> patches;
@@ -190,13 +194,21 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs
   if (!st.patches.empty()) std::memcpy(in + patches_at, st.patches.data(), st.patches.size() * sizeof(PenaltyEntry));
   if (!st.bans.empty()) std::memcpy(in + bans_at, st.bans.data(), st.bans.size() * sizeof(int32_t));
 
-  // ---- device buffers (grown geometrically; sampling is never in a graph), copy in, kernels, copy out
+  // ---- device buffers (grown geometrically; sampling is never in a graph), copy in (unless
+  // dev_in holds these bytes already), kernels writing the pinned results, one wait. Each CUDA
+  // call here costs microseconds of the step, during which the GPU idles.
   const int64_t work_stride = (vocab + 3) / 4 * 4;  // rows 16-byte aligned
   char* dev_in = static_cast<char*>(host_op_scratch(st.dev_in, in_bytes));
-  void* dev_out = host_op_scratch(st.dev_out, out_bytes);
   float* work =
       work_rows > 0 ? static_cast<float*>(host_op_scratch(st.work, int64_t(work_rows) * work_stride * 4)) : nullptr;
-  SERVAL_CUDA_CHECK(cudaMemcpyAsync(dev_in, st.host_in, size_t(in_bytes), cudaMemcpyHostToDevice, stream_));
+  const bool sent = st.sent_to == dev_in && int64_t(st.sent.size()) == in_bytes &&
+                    std::memcmp(st.sent.data(), in, size_t(in_bytes)) == 0;
+  if (!sent) {
+    st.sent_to = nullptr;
+    SERVAL_CUDA_CHECK(cudaMemcpyAsync(dev_in, st.host_in, size_t(in_bytes), cudaMemcpyHostToDevice, stream_));
+    st.sent.assign(in, in + in_bytes);
+    st.sent_to = dev_in;
+  }
   sampling::SamplingLaunch l;
   l.tasks = reinterpret_cast<const Task*>(dev_in);
   l.patches = reinterpret_cast<const PenaltyEntry*>(dev_in + patches_at);
@@ -205,16 +217,16 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs
   l.vocab = vocab;
   l.work = work;
   l.work_stride = work_stride;
-  l.results = static_cast<Result*>(dev_out);
+  l.results = static_cast<Result*>(st.host_out);  // pinned memory is the device's too (unified addressing)
   l.list_limit = sampling::sampling_list_limit();
   try {
     sampling::launch_sampling(l, int(num_greedy), int(n - num_greedy), stream_);
-    SERVAL_CUDA_CHECK(cudaMemcpyAsync(st.host_out, dev_out, size_t(out_bytes), cudaMemcpyDeviceToHost, stream_));
+    sync_stream();
   } catch (...) {
+    st.sent_to = nullptr;
     cudaStreamSynchronize(stream_);  // the next call may rewrite the pinned buffers
     throw;
   }
-  SERVAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
 
   // ---- results, in spec order
   const Result* results = static_cast<const Result*>(st.host_out);

@@ -2,6 +2,7 @@
 // the CPU backend on the same bf16-rounded inputs. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "cuda_test_util.h"
@@ -197,6 +198,38 @@ TEST(CudaOps, KvWriteAndCopyKvBlockPlaceRowsAtTheirSlots) {
     check(14, 2);  // slot 6 copied with block 1
     check(13, 3);  // slot 5
   }
+}
+
+// copy_to_device_async takes its bytes before it returns (the source is
+// rewritten at once here), and its copies land in order: copies to one
+// address leave the last. A copy larger than the staging arena makes it wait
+// and grow while earlier copies are in flight.
+TEST(CudaOps, AsyncCopiesLandInOrderAndTakeTheirBytesAtOnce) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  constexpr int kCopies = 300;
+  constexpr int64_t kInts = 1024;    // 4 KB each: 300 of them overflow a 1 MiB arena
+  constexpr int64_t kBig = 3 << 20;  // ints: 12 MB in one copy
+  DeviceBuffer each = gpu->alloc(kCopies * kInts * 4), same = gpu->alloc(kInts * 4), big = gpu->alloc(kBig * 4);
+  std::vector<int32_t> src(static_cast<size_t>(kBig));
+  for (int c = 0; c < kCopies; ++c) {
+    std::fill(src.begin(), src.begin() + kInts, c);
+    gpu->copy_to_device_async(static_cast<int32_t*>(each.data()) + c * kInts, src.data(), kInts * 4);
+    gpu->copy_to_device_async(same.data(), src.data(), kInts * 4);
+    if (c == kCopies / 2) {
+      std::iota(src.begin(), src.end(), 7);
+      gpu->copy_to_device_async(big.data(), src.data(), kBig * 4);
+    }
+    std::fill(src.begin(), src.end(), -1);  // the staged bytes must not change
+  }
+  std::vector<int32_t> got(static_cast<size_t>(kCopies * kInts));
+  gpu->copy_to_host(got.data(), each.data(), kCopies * kInts * 4);
+  for (int64_t i = 0; i < kCopies * kInts; ++i) ASSERT_EQ(got[size_t(i)], int32_t(i / kInts)) << i;
+  std::vector<int32_t> last(static_cast<size_t>(kInts));
+  gpu->copy_to_host(last.data(), same.data(), kInts * 4);
+  EXPECT_EQ(last, std::vector<int32_t>(static_cast<size_t>(kInts), kCopies - 1));
+  std::vector<int32_t> bigs(static_cast<size_t>(kBig));
+  gpu->copy_to_host(bigs.data(), big.data(), kBig * 4);
+  for (int64_t i = 0; i < kBig; ++i) ASSERT_EQ(bigs[size_t(i)], int32_t(i + 7)) << i;
 }
 
 }  // namespace

@@ -338,6 +338,28 @@ std::vector<float> small_rows(float* topp_cut) {
   return v;
 }
 
+// A call whose tasks are the same bytes as the call before sends none (the
+// device holds them): the same greedy rows over new logits, then the rows
+// swapped (tasks of the same size, other bytes), then those again.
+TEST(CudaSampling, RepeatedTasksSampleTheNewLogits) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  const int64_t rows = 3;
+  std::vector<Request> reqs(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    reqs[size_t(r)].row = r;
+    reqs[size_t(r)].params = greedy_params();
+  }
+  for (int call = 0; call < 6; ++call) {
+    if (call == 2 || call == 4) std::swap(reqs[0].row, reqs[2].row);
+    const std::vector<float> host = random_logits(rows, kMidVocab, uint32_t(100 + call));
+    DeviceLogits d = to_device(*gpu, host, rows, kMidVocab);
+    const std::vector<SampleResult> out = gpu_sample(*gpu, d.t, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(out[i].token, argmax_of(host.data() + int64_t(reqs[i].row) * kMidVocab, kMidVocab))
+          << "call " << call << ", spec " << i;
+  }
+}
+
 TEST(CudaSampling, SampledDistributionsMatchCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
   float topp_cut = 0.0f;
