@@ -3,8 +3,8 @@
 // of random tokens (ignore_eos, so each produces exactly --output-len tokens)
 // or the lines of a JSONL file, all submitted at once. A warm-up run of
 // staggered requests first sees decode steps of every batch size up to
-// --max-num-seqs, so lazy set-up (CUDA graph capture, matmul plans) stays out
-// of the figures. The steps are timed by a StepRecorder around the runner.
+// --max-num-seqs at each class of context the run reaches, so lazy set-up
+// (CUDA graph capture, matmul plans) stays out of the figures. The steps are timed by a StepRecorder around the runner.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +20,7 @@
 #include "cli/bench_step_recorder.h"
 #include "cli/generate_options.h"
 #include "core/error.h"
+#include "runtime/step_graphs.h"
 
 namespace serval::cli {
 namespace {
@@ -126,22 +127,36 @@ int run_bench_engine(const BenchOptions& o) {
     }
   }
 
-  // Warm-up: W requests of short prompts wanting 1..W tokens, so the decode
-  // batch shrinks from W to 1 one sequence per step.
+  // Warm-up: for each class of decode graphs that the measured requests'
+  // contexts reach (StepGraphs::class_starts), W requests of one prompt that
+  // long wanting 1..W tokens, so that the decode batch shrinks from W to 1 one
+  // sequence per step at that context. The prompt goes first on its own, so
+  // that the prefix cache serves it to the W others.
   const int64_t max_seqs = o.engine.scheduler.max_num_seqs;
   const int32_t W = o.warmup_requests >= 0 ? o.warmup_requests
                                            : int32_t(std::min<int64_t>(int64_t(requests.size()), max_seqs));
   // Each must fit the context and the pool on its own (the engine preempts
   // when they do not fit together).
   const int64_t room = std::min<int64_t>(context, (m.runner->num_blocks() - 1) * m.runner->block_size());
-  const int32_t warmup_len = int32_t(std::clamp<int64_t>(room / 2, 1, 32));
-  std::vector<EngineRequest> warmup;
-  for (int32_t i = 0; i < W; ++i) {
+  int64_t longest = 0;  // the longest context a measured request reaches
+  for (const EngineRequest& r : requests)
+    longest = std::max<int64_t>(longest, int64_t(r.prompt_ids.size()) + r.stop.max_tokens);
+  std::vector<std::vector<EngineRequest>> warmup;  // phases, each run after the one before
+  std::vector<int64_t> warmup_lens;                // the phases' prompt lengths
+  for (int32_t start : StepGraphs::class_starts(int32_t(std::min<int64_t>(longest, INT32_MAX)))) {
+    const int64_t len = start == 1 ? std::clamp<int64_t>(room / 2, 1, 32) : start;
+    if (W == 0 || (start > 1 && len + W > room)) continue;
     EngineRequest r = defaults;
-    r.prompt_ids = random_prompt(rng, cfg.vocab_size, warmup_len);
-    r.params.seed = uint64_t(i);
-    r.stop.max_tokens = int32_t(std::clamp<int64_t>(i + 1, 1, room - warmup_len));
-    warmup.push_back(std::move(r));
+    r.prompt_ids = random_prompt(rng, cfg.vocab_size, int32_t(len));
+    r.stop.max_tokens = 1;
+    warmup_lens.push_back(len);
+    warmup.push_back({r});
+    warmup.emplace_back();
+    for (int32_t i = 0; i < W; ++i) {
+      r.params.seed = uint64_t(i);
+      r.stop.max_tokens = int32_t(std::clamp<int64_t>(i + 1, 1, room - len));
+      warmup.back().push_back(r);
+    }
   }
 
   EngineOptions eo = engine_options(o.engine);
@@ -163,21 +178,20 @@ int run_bench_engine(const BenchOptions& o) {
     if (bad > 0) fail(bad, " of ", requests.size(), " requests cannot run (nothing was run):", errors);
   }
 
-  if (W > 0) {
+  for (const auto& phase : warmup) {
     try {
-      engine.check(warmup.back());
+      engine.check(phase.back());
     } catch (const Error& e) {
       fail("bench: the warm-up requests cannot run (", e.what(), "); use --warmup-requests 0");
     }
   }
-  double warmup_s = 0;
-  if (W > 0) {
-    const auto t0 = Clock::now();
-    for (const Outcome& r : run_all(engine, warmup, nullptr))
+  const auto t_warmup = Clock::now();
+  for (const auto& phase : warmup)
+    for (const Outcome& r : run_all(engine, phase, nullptr))
       SERVAL_CHECK(!r.failed, "bench: a warm-up request failed: ", r.error);
-    warmup_s = seconds(Clock::now() - t0);
-  }
+  const double warmup_s = seconds(Clock::now() - t_warmup);
   const std::string before = engine.metrics_registry().expose();
+  const int64_t graphs_before = m.runner->graphs_captured();
   recorder.clear();
 
   std::vector<double> itl_s;
@@ -221,6 +235,7 @@ int run_bench_engine(const BenchOptions& o) {
                  {"output_tokens", output_tokens},
                  {"load_s", load_s},
                  {"warmup_requests", W},
+                 {"warmup_prompt_lens", warmup_lens},
                  {"warmup_s", warmup_s},
                  {"duration_s", wall_s},
                  {"requests_per_s", double(requests.size()) / wall_s},
@@ -247,6 +262,8 @@ int run_bench_engine(const BenchOptions& o) {
   j["max_num_seqs"] = max_seqs;
   j["max_num_batched_tokens"] = o.engine.scheduler.max_num_batched_tokens;
   j["graphs_captured"] = m.runner->graphs_captured();
+  // Recorded during the measured run, its time included: what the warm-up missed.
+  j["graphs_captured_in_run"] = m.runner->graphs_captured() - graphs_before;
   j["bandwidth_gbs"] = o.limits.bandwidth_gbs;
   j["peak_tflops"] = o.limits.peak_tflops;
   if (o.json) std::printf("%s\n", j.dump().c_str());

@@ -126,6 +126,15 @@ int32_t StepGraphs::context_bound(int32_t longest) const {
   return int32_t(std::min<int64_t>(bound, max_context_));
 }
 
+std::vector<int32_t> StepGraphs::class_starts(int32_t max_context) {
+  std::vector<int32_t> starts = {1};
+  for (int64_t bound = kFirstContextBound; bound < max_context; bound *= kContextBoundStep)
+    starts.push_back(int32_t(bound + 1));
+  if (kLongDecodeContext < max_context) starts.push_back(kLongDecodeContext);
+  std::sort(starts.begin(), starts.end());
+  return starts;
+}
+
 DeviceGraph* StepGraphs::find(const BatchView& view) const {
   auto it = graphs_.find(key(view));
   return it == graphs_.end() ? nullptr : it->second.get();

@@ -44,6 +44,11 @@ class StepGraphs {
   BatchView upload(const Batch& batch, int32_t padded);
   // The bound recorded for steps whose longest context is `longest`.
   int32_t context_bound(int32_t longest) const;
+  // Where decode steps start to need graphs of another class, in order: 1,
+  // then one past each bound (129, 1025, 8193, ...) and kLongDecodeContext,
+  // below `max_context`. A warm-up whose steps run at each of these contexts
+  // records the graphs later steps of those lengths replay.
+  static std::vector<int32_t> class_starts(int32_t max_context);
 
   // The graph recorded for steps like `view` (an upload()'s): its size, class
   // and bound.

@@ -131,5 +131,20 @@ TEST(StepGraphs, StepsUnderEachContextBoundHaveGraphsOfTheirOwn) {
   EXPECT_EQ(graphs.find(graphs.upload(decode_step({5}), 1)), nullptr);
 }
 
+TEST(StepGraphs, ClassStartsAreWhereStepsNeedAnotherGraph) {
+  EXPECT_EQ(StepGraphs::class_starts(kMaxContext), (std::vector<int32_t>{1, 129, 1025, kLongDecodeContext}));
+  EXPECT_EQ(StepGraphs::class_starts(100000),
+            (std::vector<int32_t>{1, 129, 1025, kLongDecodeContext, 8193, 65537}));
+  EXPECT_EQ(StepGraphs::class_starts(300), (std::vector<int32_t>{1, 129}));
+  // A step at each start finds no graph of a step one token shorter.
+  auto be = create_backend("cpu", 1);
+  for (int32_t start : StepGraphs::class_starts(kMaxContext)) {
+    if (start == 1) continue;
+    StepGraphs graphs(*be, 8, kMaxContext, kBlockSize, kPadBlock);
+    expect_graphs_of_their_own(graphs, graphs.upload(decode_step({start - 1}), 1),
+                               graphs.upload(decode_step({start}), 1));
+  }
+}
+
 }  // namespace
 }  // namespace serval::testing
