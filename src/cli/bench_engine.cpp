@@ -143,6 +143,16 @@ int run_bench_engine(const BenchOptions& o) {
     longest = std::max<int64_t>(longest, int64_t(r.prompt_ids.size()) + r.stop.max_tokens);
   std::vector<std::vector<EngineRequest>> warmup;  // phases, each run after the one before
   std::vector<int64_t> warmup_lens;                // the phases' prompt lengths
+  if (W > 0 && m.runner->uses_graphs()) {
+    // First a prompt that fills a step's token budget, which sizes the
+    // scratch buffers that grow with a step's tokens (growing one later drops
+    // every graph recorded before it).
+    EngineRequest r = defaults;
+    const int64_t len = std::clamp<int64_t>(o.engine.scheduler.max_num_batched_tokens, 1, room - 1);
+    r.prompt_ids = random_prompt(rng, cfg.vocab_size, int32_t(len));
+    r.stop.max_tokens = 1;
+    warmup.push_back({r});
+  }
   for (int32_t start : StepGraphs::class_starts(int32_t(std::min<int64_t>(longest, INT32_MAX)))) {
     const int64_t len = start == 1 ? std::clamp<int64_t>(room / 2, 1, 32) : start;
     if (W == 0 || (start > 1 && len + W > room)) continue;
@@ -262,7 +272,8 @@ int run_bench_engine(const BenchOptions& o) {
   j["max_num_seqs"] = max_seqs;
   j["max_num_batched_tokens"] = o.engine.scheduler.max_num_batched_tokens;
   j["graphs_captured"] = m.runner->graphs_captured();
-  // Recorded during the measured run, its time included: what the warm-up missed.
+  // Recorded during the measured run, its time included: what the warm-up
+  // missed, or recorded again after a scratch buffer grew.
   j["graphs_captured_in_run"] = m.runner->graphs_captured() - graphs_before;
   j["bandwidth_gbs"] = o.limits.bandwidth_gbs;
   j["peak_tflops"] = o.limits.peak_tflops;

@@ -41,6 +41,7 @@ class StepRecorder : public ModelRunner {
   int64_t activation_bytes() const override { return inner_.activation_bytes(); }
   int64_t graph_replays() const override { return inner_.graph_replays(); }
   int64_t graphs_captured() const override { return inner_.graphs_captured(); }
+  bool uses_graphs() const override { return inner_.uses_graphs(); }
 
   // The steps recorded since the last clear() (thread-safe: the engine loop records).
   std::vector<StepRecord> steps() const;

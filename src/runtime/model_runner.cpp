@@ -49,7 +49,8 @@ class BackendModelRunner : public ModelRunner {
   int64_t weight_bytes() const override { return weight_bytes_; }
   int64_t activation_bytes() const override { return ws_.bytes; }
   int64_t graph_replays() const override { return graph_replays_; }
-  int64_t graphs_captured() const override { return graphs_ ? graphs_->size() : 0; }
+  int64_t graphs_captured() const override { return graphs_captured_; }
+  bool uses_graphs() const override { return graphs_ != nullptr; }
 
  private:
   std::unique_ptr<DeviceWeight> upload(const WeightStore& ws, const std::string& name,
@@ -88,7 +89,7 @@ class BackendModelRunner : public ModelRunner {
   Workspace ws_;
   std::unique_ptr<StepGraphs> graphs_;  // null: eager only
   int64_t graphs_epoch_ = 0;            // backend graph_epoch() the graphs were recorded at
-  int64_t graph_replays_ = 0;
+  int64_t graph_replays_ = 0, graphs_captured_ = 0;
   // Batch metadata: packed on the host, copied to the device in one transfer.
   std::vector<int64_t> meta_host_;
   DeviceBuffer meta_dev_;
@@ -383,6 +384,7 @@ Tensor BackendModelRunner::run(const Batch& batch) {
       throw;
     }
     graphs_->store(bv, backend_->end_capture());
+    ++graphs_captured_;
     return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
   }
   ensure_workspace(batch.num_tokens(), R);

@@ -81,9 +81,12 @@ class ModelRunner {
   // Device memory the runner holds (weights, activations, KV pool), 0 if unknown.
   virtual int64_t weight_bytes() const { return 0; }
   virtual int64_t activation_bytes() const { return 0; }
-  // Decode steps replayed from graphs so far, and graphs captured.
+  // Decode steps replayed from graphs so far, and graphs captured so far (one
+  // dropped and captured again counts twice).
   virtual int64_t graph_replays() const { return 0; }
   virtual int64_t graphs_captured() const { return 0; }
+  // Whether decode steps run from graphs (not eager only).
+  virtual bool uses_graphs() const { return false; }
 
  private:
   Sampler host_sampler_;  // forward_sample's default
