@@ -82,6 +82,12 @@ bool attention_decode_early_kv(const AttnParams& p, int num_sms);
 // merge counters.
 int64_t attention_decode_partial_floats(const AttnParams& p);
 int64_t attention_decode_merge_counters(const AttnParams& p);
+// The most of each that any split launch of p's heads (kv_heads, group,
+// head_dim) can need, over every batch size and context bound. Scratch sized
+// for them once never grows again, which would drop every recorded graph (a
+// step the warm-up never saw, such as an eager mixed step, would otherwise).
+void attention_decode_split_scratch_bound(const AttnParams& p, int num_sms, int64_t& partial_floats,
+                                          int64_t& merge_counters);
 
 // The stream decode kernel: its grid for this launch shape (0 where it does
 // not apply: too many sequences, or no kernel for head_dim), the partials and

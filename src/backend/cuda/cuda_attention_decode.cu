@@ -378,17 +378,13 @@ void launch_decode(const AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms) {
-  const int per_sm = resident_blocks_for(p);
-  if (per_sm == 0) return 1;  // no kernel for this head_dim: the launch reports it
-  // Split only while the blocks of the batch fill less than ~a wave, and
-  // never into splits shorter than kMinSplitTiles of the bound. Among the
-  // split counts, take the fewest that reach 85% of the best wave efficiency
-  // (blocks / (resident slots x whole waves)), as FlashAttention's heuristic does.
-  const int64_t base = int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group);
-  const int64_t slots = int64_t(per_sm) * std::max(num_sms, 1);
-  const int bound_tiles = ceil_div(std::max(max_context_bound, 1), kTile);
-  const int max_splits = std::min(kMaxSplits, ceil_div(bound_tiles, kMinSplitTiles));
+namespace {
+
+// Split only while the blocks of the batch (`base`) fill less than ~a wave of
+// `slots`. Among the split counts up to max_splits, take the fewest that reach
+// 85% of the best wave efficiency (blocks / (resident slots x whole waves)), as
+// FlashAttention's heuristic does.
+int splits_for(int64_t base, int64_t slots, int max_splits) {
   if (max_splits <= 1 || base * 5 >= slots * 4) return 1;
   auto efficiency = [&](int splits) {
     const double waves = double(base * splits) / double(slots);
@@ -399,6 +395,35 @@ int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_
   for (int n = 1; n <= max_splits; ++n)
     if (efficiency(n) >= 0.85 * best) return n;
   return 1;
+}
+
+}  // namespace
+
+int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms) {
+  const int per_sm = resident_blocks_for(p);
+  if (per_sm == 0) return 1;  // no kernel for this head_dim: the launch reports it
+  // Never splits shorter than kMinSplitTiles of the bound.
+  const int bound_tiles = ceil_div(std::max(max_context_bound, 1), kTile);
+  return splits_for(int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group), int64_t(per_sm) * std::max(num_sms, 1),
+                    std::min(kMaxSplits, ceil_div(bound_tiles, kMinSplitTiles)));
+}
+
+void attention_decode_split_scratch_bound(const AttnParams& p, int num_sms, int64_t& partial_floats,
+                                          int64_t& merge_counters) {
+  partial_floats = merge_counters = 0;
+  const int per_sm = resident_blocks_for(p);
+  if (per_sm == 0) return;
+  const int64_t slots = int64_t(per_sm) * std::max(num_sms, 1);
+  const int64_t per_seq = int64_t(p.kv_heads) * head_blocks(p.group);
+  // Past 80% of a wave nothing splits, so the batch sizes to try end there.
+  for (int64_t seqs = 1; seqs * per_seq * 5 < slots * 4; ++seqs) {
+    for (int max_splits = 2; max_splits <= kMaxSplits; ++max_splits) {
+      const int n = splits_for(seqs * per_seq, slots, max_splits);
+      if (n == 1) continue;
+      partial_floats = std::max(partial_floats, seqs * p.kv_heads * n * p.group * (p.head_dim + 2));
+      merge_counters = std::max(merge_counters, seqs * per_seq);
+    }
+  }
 }
 
 bool attention_decode_early_kv(const AttnParams& p, int num_sms) {

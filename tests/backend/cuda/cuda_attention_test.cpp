@@ -313,6 +313,28 @@ TEST(CudaAttention, UpperBoundContextLength) {
   expect_matches_cpu(*gpu, bound_cases(), 600);
 }
 
+// The first split launch sizes the partials and merge counters for every
+// split launch of its heads: decode steps of any batch size under any bound
+// after it grow no scratch (graph_epoch stays), which would drop every
+// recorded graph. Each still matches the CPU.
+TEST(CudaAttention, SplitScratchIsSizedOnceForEveryBatchAndBound) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  use_stream(*gpu, Stream::kOff);
+  for (const auto& [kv_heads, group] : {std::pair{8, 4}, std::pair{32, 1}, std::pair{1, 8}}) {
+    const std::string shape = "kv" + std::to_string(kv_heads) + "_g" + std::to_string(group);
+    expect_matches_cpu(*gpu, {{shape + "_first", kv_heads, group, 128, 16, random_decodes(1, 100, 200, 70), 1024}}, 960);
+    const int64_t epoch = gpu->graph_epoch();
+    for (int32_t bound : {128, 1024, 8192, 131072})
+      for (int seqs : {1, 2, 3, 5, 9, 17, 31, 39, 64}) {
+        const std::string name = shape + "_b" + std::to_string(seqs) + "_bound" + std::to_string(bound);
+        expect_matches_cpu(*gpu, {{name, kv_heads, group, 128, 16, random_decodes(seqs, 1, 128, uint32_t(seqs)), bound}},
+                           961);
+        EXPECT_EQ(gpu->graph_epoch(), epoch) << name;
+      }
+  }
+  use_stream(*gpu, Stream::kAuto);
+}
+
 // Contexts the first split holds whole (up to 8 tiles of 16 keys) under a
 // bound that plans many splits: that split writes the output itself and the
 // merge skips the sequence; the result must be bitwise what one split gives
