@@ -8,11 +8,12 @@
 // each (ignore_eos), all submitted at once, at most N running; the client
 // drains each request's events in turn, blocking (as a server's handler
 // would). Reported: host microseconds per engine step (prefill and decode
-// steps together) and per generated token.
+// steps together), wall and CPU of the engine's threads, and per generated token.
 //
 // Run: SERVAL_MODELS=... build/bench/engine_step_bench (the tokenizer of
 // llama-2-tiny-random; skips without it).
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -51,6 +52,14 @@ class FreeRunner : public ModelRunner {
   ModelConfig cfg_;
 };
 
+// User + system CPU seconds of the process (RUSAGE_SELF) or of the calling thread (RUSAGE_THREAD).
+double cpu_seconds(int who) {
+  rusage u{};
+  getrusage(who, &u);
+  auto s = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
 std::unique_ptr<Tokenizer> tokenizer() {
   const char* env = std::getenv("SERVAL_MODELS");
   const std::filesystem::path path =
@@ -69,9 +78,10 @@ void BM_EngineHostStep(benchmark::State& state) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, kVocab - 1);
   int64_t steps = 0, tokens = 0;
-  double seconds = 0;
+  double seconds = 0, loop_cpu = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
+    const double cpu0 = cpu_seconds(RUSAGE_SELF) - cpu_seconds(RUSAGE_THREAD);
     FreeRunner runner;
     EngineOptions eo;
     eo.scheduler.max_num_seqs = n;
@@ -89,10 +99,15 @@ void BM_EngineHostStep(benchmark::State& state) {
     }
     for (RequestHandle& h : handles)
       while (auto ev = h.next()) tokens += int64_t(ev->token_ids.size());
+    engine.shutdown();  // the loop thread's CPU time is all in
     steps += runner.steps;
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    loop_cpu += cpu_seconds(RUSAGE_SELF) - cpu_seconds(RUSAGE_THREAD) - cpu0;
   }
   state.counters["us_per_step"] = seconds / double(steps) * 1e6;
+  // CPU time of every thread but the reader's (the engine loop's, almost all):
+  // steadier than the wall time when the two threads share few cores.
+  state.counters["loop_cpu_us_per_step"] = loop_cpu / double(steps) * 1e6;
   state.counters["us_per_token"] = seconds / double(tokens) * 1e6;
   state.counters["steps"] = double(steps) / double(state.iterations());
 }
