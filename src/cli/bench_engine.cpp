@@ -4,7 +4,8 @@
 // or the lines of a JSONL file, all submitted at once. A warm-up run of
 // staggered requests first sees decode steps of every batch size up to
 // --max-num-seqs at each class of context the run reaches, so lazy set-up
-// (CUDA graph capture, matmul plans) stays out of the figures. The steps are timed by a StepRecorder around the runner.
+// (CUDA graph capture, matmul plans) stays out of the figures. The steps are
+// timed by a StepRecorder around the runner.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -148,7 +149,8 @@ int run_bench_engine(const BenchOptions& o) {
     // scratch buffers that grow with a step's tokens (growing one later drops
     // every graph recorded before it).
     EngineRequest r = defaults;
-    const int64_t len = std::clamp<int64_t>(o.engine.scheduler.max_num_batched_tokens, 1, room - 1);
+    const int64_t budget = o.engine.scheduler.max_num_batched_tokens;
+    const int64_t len = std::clamp<int64_t>(budget, 1, std::max<int64_t>(room - 1, 1));
     r.prompt_ids = random_prompt(rng, cfg.vocab_size, int32_t(len));
     r.stop.max_tokens = 1;
     warmup.push_back({r});
