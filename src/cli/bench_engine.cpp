@@ -144,23 +144,23 @@ int run_bench_engine(const BenchOptions& o) {
     longest = std::max<int64_t>(longest, int64_t(r.prompt_ids.size()) + r.stop.max_tokens);
   std::vector<std::vector<EngineRequest>> warmup;  // phases, each run after the one before
   std::vector<int64_t> warmup_lens;                // the phases' prompt lengths
+  auto one_token = [&](int64_t len) {              // a random prompt of len tokens, wanting 1
+    EngineRequest r = defaults;
+    r.prompt_ids = random_prompt(rng, cfg.vocab_size, int32_t(len));
+    r.stop.max_tokens = 1;
+    return r;
+  };
   if (W > 0 && m.runner->uses_graphs()) {
     // First a prompt that fills a step's token budget, which sizes the
     // scratch buffers that grow with a step's tokens (growing one later drops
     // every graph recorded before it).
-    EngineRequest r = defaults;
     const int64_t budget = o.engine.scheduler.max_num_batched_tokens;
-    const int64_t len = std::clamp<int64_t>(budget, 1, std::max<int64_t>(room - 1, 1));
-    r.prompt_ids = random_prompt(rng, cfg.vocab_size, int32_t(len));
-    r.stop.max_tokens = 1;
-    warmup.push_back({r});
+    warmup.push_back({one_token(std::clamp<int64_t>(budget, 1, std::max<int64_t>(room - 1, 1)))});
   }
   for (int32_t start : StepGraphs::class_starts(int32_t(std::min<int64_t>(longest, INT32_MAX)))) {
     const int64_t len = start == 1 ? std::clamp<int64_t>(room / 2, 1, 32) : start;
     if (W == 0 || (start > 1 && len + W > room)) continue;
-    EngineRequest r = defaults;
-    r.prompt_ids = random_prompt(rng, cfg.vocab_size, int32_t(len));
-    r.stop.max_tokens = 1;
+    EngineRequest r = one_token(len);
     warmup_lens.push_back(len);
     warmup.push_back({r});
     warmup.emplace_back();

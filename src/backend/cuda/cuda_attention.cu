@@ -96,22 +96,23 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
   const int64_t floats = p.stream_blocks > 0  ? attention_decode_stream_partial_floats(p)
                          : p.num_splits > 1 ? attention_decode_partial_floats(p)
                                             : 0;
-  int64_t counters = p.stream_blocks == 0 && p.num_splits > 1 ? attention_decode_merge_counters(p) : 0;
-  if (counters > 0 && (attn_partials_.bytes() < floats * 4 || attn_merge_count_.bytes() < counters * 4)) {
+  const int64_t counters = p.stream_blocks == 0 && p.num_splits > 1 ? attention_decode_merge_counters(p) : 0;
+  int64_t part_bytes = floats * 4, count_bytes = counters * 4;
+  if (counters > 0 && (attn_partials_.bytes() < part_bytes || attn_merge_count_.bytes() < count_bytes)) {
     // Grown at once to what any split launch of these heads needs.
     int64_t most_floats = 0, most_counters = 0;
     attention_decode_split_scratch_bound(p, num_sms_, most_floats, most_counters);
-    scratch(attn_partials_, std::max(floats, most_floats) * 4);
-    scratch(attn_merge_count_, std::max(counters, most_counters) * 4);
+    part_bytes = std::max(floats, most_floats) * 4;
+    count_bytes = std::max(counters, most_counters) * 4;
   }
   if (floats > 0) {
-    float* part = static_cast<float*>(scratch(attn_partials_, floats * 4));
+    float* part = static_cast<float*>(scratch(attn_partials_, part_bytes));
     p.part_out = part;
     p.part_ml = part + floats / (p.head_dim + 2) * p.head_dim;
   }
   if (p.stream_blocks == 0) {
     p.early_kv = attention_decode_early_kv(p, num_sms_);
-    if (counters > 0) p.merge_count = static_cast<int*>(scratch(attn_merge_count_, counters * 4));
+    if (counters > 0) p.merge_count = static_cast<int*>(scratch(attn_merge_count_, count_bytes));
   }
 
   bool ok = true;
