@@ -1,5 +1,7 @@
 #include "cli/bench_cost.h"
 
+#include <algorithm>
+
 namespace serval::cli {
 
 StepCost::StepCost(const ModelConfig& c, const std::string& device) {
@@ -21,6 +23,11 @@ double StepCost::attention_flops(int64_t n_new, int64_t context_len) const {
 
 double StepCost::matmul_flops(int64_t tokens, int64_t logits_rows) const {
   return 2.0 * (matrix_params_ - lm_head_params_) * double(tokens) + 2.0 * lm_head_params_ * double(logits_rows);
+}
+
+double StepCost::op_limit_s(const Limits& l, double matmul_flops, double kv_bytes, double attention_flops) const {
+  return std::max(l.seconds_for_bytes(weight_bytes_), l.seconds_for_flops(matmul_flops)) +
+         std::max(l.seconds_for_bytes(kv_bytes), l.seconds_for_flops(attention_flops));
 }
 
 }  // namespace serval::cli

@@ -46,6 +46,18 @@ class StepCost {
     return matmul_flops(batch, batch) + double(batch) * attention_flops(1, context_len);
   }
 
+  // A step's floor when its ops run one after another, as Serval's do: the
+  // matmuls take max(weight bytes / bandwidth, matmul FLOPs / peak), then
+  // attention max(K/V bytes / bandwidth, attention FLOPs / peak). At a few
+  // hundred tokens the matmuls are bound by FLOPs while attention is bound by
+  // bytes, so this is tighter than the whole step's max(bytes, FLOPs), which
+  // only an engine overlapping attention with the matmuls could approach.
+  double op_limit_s(const Limits& l, double matmul_flops, double kv_bytes, double attention_flops) const;
+  double decode_op_limit_s(const Limits& l, int64_t batch, int64_t context_len) const {
+    return op_limit_s(l, matmul_flops(batch, batch), double(batch) * kv_read_bytes(context_len),
+                      double(batch) * attention_flops(1, context_len));
+  }
+
  private:
   double matrix_params_ = 0, lm_head_params_ = 0, weight_bytes_ = 0, kv_bytes_per_token_ = 0;
   double attn_flops_per_pair_ = 0;  // one query token against one key, every layer

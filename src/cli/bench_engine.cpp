@@ -175,7 +175,7 @@ int run_bench_engine(const BenchOptions& o) {
   eo.scheduler.max_queued_requests =
       std::max<int64_t>({eo.scheduler.max_queued_requests, int64_t(requests.size()), int64_t(W)});
   const StepCost cost(cfg, m.runner->device());
-  StepRecorder recorder(*m.runner, cost);
+  StepRecorder recorder(*m.runner, cost, o.limits);
   Engine engine(recorder, *m.tokenizer, eo);
   {
     std::string errors;
@@ -264,10 +264,13 @@ int run_bench_engine(const BenchOptions& o) {
   j["step_time_fraction"] = ratio(all.seconds, wall_s);
   // Every step against max(bytes / bandwidth, FLOPs / peak).
   j["step_roofline_fraction"] = ratio(all.limit_s, all.seconds);
+  // Every step against its ops one after another (StepCost::op_limit_s).
+  j["step_op_limit_fraction"] = ratio(all.op_limit_s, all.seconds);
   j["decode_steps"] = decode.steps;
   j["mean_decode_batch"] = ratio(decode.seqs, double(decode.steps));
   j["decode_step_ms"] = ratio(decode.seconds, double(decode.steps)) * 1e3;
   j["decode_roofline_fraction"] = ratio(decode.bytes_s, decode.seconds);
+  j["decode_op_limit_fraction"] = ratio(decode.op_limit_s, decode.seconds);
   j["preemptions"] = int64_t(delta("serval:num_preemptions_total"));
   j["prefix_cache_hit_tokens"] = int64_t(delta("serval:prefix_cache_hits_total"));
   j["kv_cache_tokens"] = m.runner->num_blocks() * m.runner->block_size();

@@ -72,10 +72,10 @@ int run_bench_runner(const BenchOptions& o) {
   const StepCost cost(cfg, runner.device());
   // The whole run twice; the first is a warm-up (cuBLASLt plans for each shape,
   // lazy kernel loading, workspace growth, decode graphs) and its figures are dropped.
-  double prefill_s = 0, decode_s = 0, prefill_flops = 0, decode_bytes = 0;
+  double prefill_s = 0, decode_s = 0, prefill_flops = 0, decode_bytes = 0, decode_op_limit_s = 0;
   int64_t prefill_steps = 0;
   for (int pass = 0; pass < 2; ++pass) {
-    prefill_flops = decode_bytes = 0;
+    prefill_flops = decode_bytes = decode_op_limit_s = 0;
     prefill_steps = 0;
     const auto t_prefill = Clock::now();
     for (int32_t s = 0, done = 0; s < N;) {
@@ -118,6 +118,7 @@ int run_bench_runner(const BenchOptions& o) {
       }
       step(b, all);
       decode_bytes += cost.decode_bytes(N, pos + 1);
+      decode_op_limit_s += cost.decode_op_limit_s(o.limits, N, pos + 1);
     }
     decode_s = seconds_since(t_decode);
   }
@@ -127,6 +128,7 @@ int run_bench_runner(const BenchOptions& o) {
   const double decode_tps = decode_steps > 0 ? double(N) * decode_steps / decode_s : 0;
   const double step_ms = decode_steps > 0 ? decode_s / decode_steps * 1e3 : 0;
   const double decode_roofline = decode_steps > 0 ? o.limits.seconds_for_bytes(decode_bytes) / decode_s : 0;
+  const double decode_op_limit = decode_steps > 0 ? decode_op_limit_s / decode_s : 0;
   const double mfu = o.limits.seconds_for_flops(prefill_flops) / prefill_s;
   const double total_tps = double(N) * (o.input_len + o.output_len - 1) / (prefill_s + decode_s);
   const BenchJson j = {{"mode", "runner"},
@@ -145,6 +147,7 @@ int run_bench_runner(const BenchOptions& o) {
                        {"decode_step_ms", step_ms},
                        {"decode_tokens_per_s", decode_tps},
                        {"decode_roofline_fraction", decode_roofline},
+                       {"decode_op_limit_fraction", decode_op_limit},
                        {"total_tokens_per_s", total_tps},
                        {"graph_replays", runner.graph_replays()},
                        {"bandwidth_gbs", o.limits.bandwidth_gbs},
@@ -156,8 +159,10 @@ int run_bench_runner(const BenchOptions& o) {
                 runner.device().c_str());
     std::printf("prefill: %.0f tok/s in %lld steps (%.1f ms), %.1f%% of bf16 peak %.0f TFLOP/s\n", prefill_tps,
                 (long long)prefill_steps, prefill_s * 1e3, 100 * mfu, o.limits.peak_tflops);
-    std::printf("decode: %.1f tok/s, %.3f ms/step over %d steps, %.1f%% of the %.0f GB/s roofline\n", decode_tps,
-                step_ms, decode_steps, 100 * decode_roofline, o.limits.bandwidth_gbs);
+    std::printf("decode: %.1f tok/s, %.3f ms/step over %d steps, %.1f%% of the %.0f GB/s roofline, %.1f%% of the "
+                "op-by-op limit\n",
+                decode_tps, step_ms, decode_steps, 100 * decode_roofline, o.limits.bandwidth_gbs,
+                100 * decode_op_limit);
   }
   return 0;
 }

@@ -13,6 +13,7 @@ void StepTotals::add(const StepRecord& r, const Limits& limits) {
   seqs += r.num_seqs;
   bytes_s += limits.seconds_for_bytes(r.bytes);
   limit_s += std::max(limits.seconds_for_bytes(r.bytes), limits.seconds_for_flops(r.flops));
+  op_limit_s += r.op_limit_s;
 }
 
 void StepRecorder::forward(const Batch& batch, std::vector<float>& logits) {
@@ -34,13 +35,16 @@ void StepRecorder::record(const Batch& b, double seconds) {
   r.num_tokens = b.num_tokens();
   r.decode = r.num_tokens == r.num_seqs;
   r.seconds = seconds;
-  r.bytes = cost_.weight_bytes();
-  r.flops = cost_.matmul_flops(r.num_tokens, int64_t(b.logits_rows.size()));
+  const double matmul_flops = cost_.matmul_flops(r.num_tokens, int64_t(b.logits_rows.size()));
+  double kv_bytes = 0, attention_flops = 0;
   for (int32_t s = 0; s < r.num_seqs; ++s) {
     const int32_t n_new = b.query_start[size_t(s) + 1] - b.query_start[size_t(s)];
-    r.bytes += cost_.kv_read_bytes(b.context_len[size_t(s)]);
-    r.flops += cost_.attention_flops(n_new, b.context_len[size_t(s)]);
+    kv_bytes += cost_.kv_read_bytes(b.context_len[size_t(s)]);
+    attention_flops += cost_.attention_flops(n_new, b.context_len[size_t(s)]);
   }
+  r.bytes = cost_.weight_bytes() + kv_bytes;
+  r.flops = matmul_flops + attention_flops;
+  r.op_limit_s = cost_.op_limit_s(limits_, matmul_flops, kv_bytes, attention_flops);
   std::lock_guard<std::mutex> lock(mutex_);
   steps_.push_back(r);
 }

@@ -17,18 +17,21 @@ struct StepRecord {
   double seconds = 0;      // forward_sample, sampled tokens on the host
   double bytes = 0;        // weights + K/V read
   double flops = 0;
+  double op_limit_s = 0;   // StepCost::op_limit_s
 };
 
 // Sums over a set of steps.
 struct StepTotals {
   int64_t steps = 0;
-  double seconds = 0, seqs = 0, bytes_s = 0, limit_s = 0;  // bytes_s: bytes / bandwidth; limit_s: max(bytes, FLOPs)
+  // bytes_s: bytes / bandwidth; limit_s: max(bytes, FLOPs); op_limit_s: op by op (StepCost::op_limit_s)
+  double seconds = 0, seqs = 0, bytes_s = 0, limit_s = 0, op_limit_s = 0;
   void add(const StepRecord& r, const Limits& limits);
 };
 
 class StepRecorder : public ModelRunner {
  public:
-  StepRecorder(ModelRunner& inner, const StepCost& cost) : inner_(inner), cost_(cost) {}
+  StepRecorder(ModelRunner& inner, const StepCost& cost, const Limits& limits)
+      : inner_(inner), cost_(cost), limits_(limits) {}
 
   void forward(const Batch& batch, std::vector<float>& logits) override;
   void forward_sample(const Batch& batch, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
@@ -52,6 +55,7 @@ class StepRecorder : public ModelRunner {
 
   ModelRunner& inner_;
   StepCost cost_;
+  Limits limits_;
   mutable std::mutex mutex_;
   std::vector<StepRecord> steps_;
 };

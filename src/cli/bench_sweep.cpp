@@ -120,6 +120,7 @@ int run_bench_sweep(const BenchOptions& o) {
                                 {"roofline_ms", "limit ms", 1, 3},
                                 {"roofline_fraction", "roofline %", 100, 1},
                                 {"flop_fraction", "FLOP %", 100, 1},
+                                {"op_limit_fraction", "op limit %", 100, 1},
                                 {"aliased", "aliased x", 1, 1}});
   SamplingParams greedy;
   greedy.temperature = 0;
@@ -145,6 +146,7 @@ int run_bench_sweep(const BenchOptions& o) {
       const int64_t nb = (C + bs - 1) / bs;
       const double bytes = cost.decode_bytes(B, C), flops = cost.decode_flops(B, C);
       const double limit_s = o.limits.seconds_for_bytes(bytes);
+      const double op_limit_s = cost.decode_op_limit_s(o.limits, B, C);
       printer.print({{"mode", "sweep"},
                      {"device", runner.device()},
                      {"batch", B},
@@ -159,6 +161,8 @@ int run_bench_sweep(const BenchOptions& o) {
                      {"roofline_fraction", limit_s / step_s},
                      {"flops_per_step", flops},
                      {"flop_fraction", o.limits.seconds_for_flops(flops) / step_s},
+                     {"op_limit_ms", op_limit_s * 1e3},
+                     {"op_limit_fraction", op_limit_s / step_s},
                      {"kv_blocks", std::min<int64_t>(int64_t(B) * nb, used_blocks)},
                      {"aliased", std::max(1.0, double(int64_t(B) * nb) / double(used_blocks))},
                      {"graph", runner.graph_replays() - replays == o.steps},

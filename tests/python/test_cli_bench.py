@@ -32,8 +32,10 @@ def test_runner_mode_keeps_its_keys(serval, models):
     assert p["decode_steps"] == 5
     assert_positive(p, ["load_s", "prefill_s", "prefill_tokens_per_s", "prefill_mfu", "decode_s",
                         "decode_step_ms", "decode_tokens_per_s", "decode_roofline_fraction",
-                        "total_tokens_per_s", "bandwidth_gbs", "peak_tflops"])
+                        "decode_op_limit_fraction", "total_tokens_per_s", "bandwidth_gbs", "peak_tflops"])
     assert p["decode_roofline_fraction"] < 1 and p["prefill_mfu"] < 1
+    # Op by op the floor is at least the bytes' alone.
+    assert p["decode_roofline_fraction"] <= p["decode_op_limit_fraction"] < 1
 
 
 def test_runner_mode_table(serval, models):
@@ -46,7 +48,7 @@ ENGINE_KEYS = ["requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "d
                "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
                "itl_ms_p99", "mean_running_batch", "steps", "mean_step_ms", "decode_steps",
                "decode_step_ms", "decode_roofline_fraction", "step_roofline_fraction",
-               "kv_cache_tokens"]
+               "decode_op_limit_fraction", "step_op_limit_fraction", "kv_cache_tokens"]
 
 
 def test_engine_mode_random_requests(serval, models):
@@ -65,6 +67,9 @@ def test_engine_mode_random_requests(serval, models):
     # 60 tokens, at most 4 per step: at least 15 steps, and the first of each request
     # comes from a prefill step.
     assert p["steps"] >= 15 and p["decode_steps"] < p["steps"]
+    # The op-by-op floor sums each op's max(bytes, FLOPs): never below the step's max.
+    assert p["step_roofline_fraction"] <= p["step_op_limit_fraction"] < 1
+    assert p["decode_roofline_fraction"] <= p["decode_op_limit_fraction"] < 1
 
 
 def test_engine_mode_warms_up_each_class_of_context_the_run_reaches(serval, models):
@@ -98,8 +103,14 @@ def test_sweep_mode_points_and_aliasing(serval, models):
         assert p["mode"] == "sweep" and p["steps"] == 3
         assert_positive(p, ["step_ms", "tokens_per_s", "weight_bytes", "kv_bytes_per_step",
                             "bytes_per_step", "roofline_ms", "roofline_fraction", "flops_per_step",
-                            "flop_fraction", "kv_blocks", "aliased"])
+                            "flop_fraction", "op_limit_ms", "op_limit_fraction", "kv_blocks", "aliased"])
         assert p["bytes_per_step"] == pytest.approx(p["weight_bytes"] + p["kv_bytes_per_step"])
+        # Op by op: matmuls then attention, each at its max(bytes, FLOPs).
+        bw, peak = p["bandwidth_gbs"] * 1e9, p["peak_tflops"] * 1e12
+        assert p["op_limit_ms"] >= p["roofline_ms"]
+        assert p["op_limit_ms"] <= (p["bytes_per_step"] / bw + p["flops_per_step"] / peak) * 1e3 * (1 + 1e-9)
+        # stories260K at 4 sequences is bound by bytes in every op: the two limits agree.
+        assert p["op_limit_ms"] == pytest.approx(p["roofline_ms"])
         assert p["tokens_per_s"] == pytest.approx(p["batch"] / (p["step_ms"] / 1e3))
     # 4 x 80 tokens = 20 blocks of 16 but the pool has 10: shared blocks, said so.
     assert points[3]["aliased"] == pytest.approx(2.0) and points[3]["kv_blocks"] == 10
