@@ -1,8 +1,10 @@
 // What one engine step costs the host: the whole Engine loop (scheduling,
 // batch building, sampling specs, commit, detokenization, events, metrics)
 // around a model runner that costs nothing (it answers every row at once). On
-// a GPU that cost is time the device waits: the 8B offline bench spends 2-3%
-// of its wall time outside the runner (docs/BENCHMARKS.md, session 21).
+// a GPU the part of it outside a step (scheduling, batch building, commit) is
+// time the device waits; publishing a step's events overlaps the next step.
+// The 8B offline bench spent 2-3% of its wall time outside the runner before
+// that overlap (docs/BENCHMARKS.md, session 21).
 //
 // Workload: N requests of 512 random prompt tokens, 256 greedy output tokens
 // each (ignore_eos), all submitted at once, at most N running; the client

@@ -259,8 +259,9 @@ int run_bench_engine(const BenchOptions& o) {
   j["steps"] = all.steps;
   j["mean_running_batch"] = ratio(all.seqs, double(all.steps));
   j["mean_step_ms"] = ratio(all.seconds, double(all.steps)) * 1e3;
-  // The share of the wall time spent inside forward steps; the rest is the
-  // engine loop (scheduling, batch building, detokenization) and idle gaps.
+  // The share of the wall time spent inside forward steps (start_sample to
+  // finish_sample, during which the engine publishes the step before); the
+  // rest is the engine loop's scheduling, batch building and commit, and idle gaps.
   j["step_time_fraction"] = ratio(all.seconds, wall_s);
   // Every step against max(bytes / bandwidth, FLOPs / peak).
   j["step_roofline_fraction"] = ratio(all.limit_s, all.seconds);

@@ -17,24 +17,36 @@ void StepTotals::add(const StepRecord& r, const Limits& limits) {
 }
 
 void StepRecorder::forward(const Batch& batch, std::vector<float>& logits) {
+  StepRecord r = describe(batch);
   const auto t0 = Clock::now();
   inner_.forward(batch, logits);
-  record(batch, std::chrono::duration<double>(Clock::now() - t0).count());
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  record(r);
 }
 
 void StepRecorder::forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
                                   std::vector<SampleResult>& out) {
-  const auto t0 = Clock::now();
-  inner_.forward_sample(batch, specs, out);
-  record(batch, std::chrono::duration<double>(Clock::now() - t0).count());
+  start_sample(batch, specs);
+  finish_sample(out);
 }
 
-void StepRecorder::record(const Batch& b, double seconds) {
+void StepRecorder::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
+  started_ = describe(batch);
+  started_at_ = Clock::now();
+  inner_.start_sample(batch, specs);
+}
+
+void StepRecorder::finish_sample(std::vector<SampleResult>& out) {
+  inner_.finish_sample(out);
+  started_.seconds = std::chrono::duration<double>(Clock::now() - started_at_).count();
+  record(started_);
+}
+
+StepRecord StepRecorder::describe(const Batch& b) const {
   StepRecord r;
   r.num_seqs = b.num_seqs();
   r.num_tokens = b.num_tokens();
   r.decode = r.num_tokens == r.num_seqs;
-  r.seconds = seconds;
   const double matmul_flops = cost_.matmul_flops(r.num_tokens, int64_t(b.logits_rows.size()));
   double kv_bytes = 0, attention_flops = 0;
   for (int32_t s = 0; s < r.num_seqs; ++s) {
@@ -45,6 +57,10 @@ void StepRecorder::record(const Batch& b, double seconds) {
   r.bytes = cost_.weight_bytes() + kv_bytes;
   r.flops = matmul_flops + attention_flops;
   r.op_limit_s = cost_.op_limit_s(limits_, matmul_flops, kv_bytes, attention_flops);
+  return r;
+}
+
+void StepRecorder::record(StepRecord r) {
   std::lock_guard<std::mutex> lock(mutex_);
   steps_.push_back(r);
 }

@@ -3,6 +3,7 @@
 // records each step's shape and wall time, so serval bench --mode engine can
 // report steps, the mean running batch and each step against its roofline
 // without touching the engine.
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -35,6 +36,9 @@ class StepRecorder : public ModelRunner {
 
   void forward(const Batch& batch, std::vector<float>& logits) override;
   void forward_sample(const Batch& batch, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
+  // Timed from the start to the tokens, whatever the caller does in between.
+  void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override;
+  void finish_sample(std::vector<SampleResult>& out) override;
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override { inner_.copy_blocks(src_dst); }
   const ModelConfig& config() const override { return inner_.config(); }
   int32_t block_size() const override { return inner_.block_size(); }
@@ -51,13 +55,17 @@ class StepRecorder : public ModelRunner {
   void clear();
 
  private:
-  void record(const Batch& batch, double seconds);
+  // The step's shape and cost; its time comes with the tokens (finish_sample).
+  StepRecord describe(const Batch& batch) const;
+  void record(StepRecord r);
 
   ModelRunner& inner_;
   StepCost cost_;
   Limits limits_;
   mutable std::mutex mutex_;
   std::vector<StepRecord> steps_;
+  StepRecord started_;  // between start_sample and finish_sample
+  std::chrono::steady_clock::time_point started_at_;
 };
 
 }  // namespace serval::cli

@@ -154,27 +154,30 @@ int64_t Engine::num_unfinished() const {
 }
 
 void Engine::loop() {
+  std::optional<StepOutputs> done;  // the last committed step's, emitted during the next
   for (;;) {
     std::vector<std::unique_ptr<Pending>> inbox;
     std::vector<int64_t> aborts;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       // Sleep while idle; when work is in flight, pick up the inbox and go on.
-      if (!sched_.has_unfinished())
+      if (!sched_.has_unfinished() && !done)
         cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !aborts_.empty(); });
       if (stopping_) break;
       inbox.swap(inbox_);
       aborts.swap(aborts_);
     }
-    IterationStats it;
-    EventMap events;
-    std::vector<Outgoing> out;
-    for (auto& p : inbox) admit(*p, it, out);
+    StepOutputs now;
+    for (auto& p : inbox) admit(*p, now.it, now.out);
     for (int64_t id : aborts) sched_.abort(id);
-    step(it, events);
+    const bool committed = step(now, done);
     if (options_.check_invariants) kv_.check_invariants();
-    publish(events, out, it);
+    if (committed)
+      done = std::move(now);
+    else
+      emit(now);
   }
+  if (done) emit(*done);
   abort_everything();
 }
 
@@ -210,81 +213,106 @@ void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
   active_.emplace(p.id, std::move(a));
 }
 
-void Engine::step(IterationStats& it, EventMap& events) {
+bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
+  auto emit_previous = [&] {
+    if (!previous) return;
+    emit(*previous);
+    previous.reset();
+  };
   const auto start = EngineClock::now();
   StepPlan plan = sched_.schedule(start);
-  std::string error;
-  std::vector<SampleKey> sampled_keys;  // rows, then forks
-  if (!plan.empty()) {
-    for (const ScheduledChunk& c : plan.items) {
-      Active& a = *active_.at(c.seq->id());
-      if (!a.first_scheduled) {
-        a.first_scheduled = start;
-        // Before its first chunk is computed, a request's computed tokens
-        // are exactly its prefix-cache hit.
-        a.num_cached_tokens = c.seq->num_computed_tokens();
-      }
-      const int64_t prompt_left = c.seq->num_prompt_tokens() - c.seq->num_computed_tokens();
-      it.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
+  IterationStats& it = now.it;
+  it.num_preemptions = plan.num_preempted;
+  if (plan.empty()) {
+    emit_previous();
+    if (plan.finished.empty() && sched_.has_unfinished()) {
+      // Nothing could be scheduled (should be rare): do not spin.
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
     }
-    for (const Sequence* s : plan.sample_rows) sampled_keys.emplace_back(s->id(), s->sample_index());
-    for (const StepPlan::Fork& f : plan.forks)
-      sampled_keys.emplace_back(f.seq->id(), f.seq->sample_index());
-    const size_t num_rows = plan.sample_rows.size();
-    std::vector<SampledToken> sampled(num_rows + plan.forks.size());
+    return false;
+  }
+  for (const ScheduledChunk& c : plan.items) {
+    Active& a = *active_.at(c.seq->id());
+    if (!a.first_scheduled) {
+      a.first_scheduled = start;
+      // Before its first chunk is computed, a request's computed tokens
+      // are exactly its prefix-cache hit.
+      a.num_cached_tokens = c.seq->num_computed_tokens();
+    }
+    const int64_t prompt_left = c.seq->num_prompt_tokens() - c.seq->num_computed_tokens();
+    it.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
+  }
+  std::vector<SampleKey> sampled_keys;  // rows, then forks
+  for (const Sequence* s : plan.sample_rows) sampled_keys.emplace_back(s->id(), s->sample_index());
+  for (const StepPlan::Fork& f : plan.forks) sampled_keys.emplace_back(f.seq->id(), f.seq->sample_index());
+  const size_t num_rows = plan.sample_rows.size();
+  std::vector<SampledToken> sampled(num_rows + plan.forks.size());
+  std::string& error = now.error;
+  bool started = false;
+  try {
+    if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
+    batch_builder_.build(plan.items, batch_);
+    SERVAL_CHECK(batch_.logits_rows.size() == num_rows, "batch builder made ", batch_.logits_rows.size(),
+                 " logits rows for ", num_rows, " sampled sequences");
+    // One spec per sample; a forked sample draws from its parent's row. The
+    // draws are made here, from each request's Rng, so that a seed picks
+    // the same token on every backend.
+    specs_.resize(sampled.size());
+    banned_.resize(sampled.size());
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      Sequence& s = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
+      banned_[i] = s.stop().banned_tokens(int64_t(s.output_ids().size()));
+      SampleSpec& spec = specs_[i];
+      spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
+      spec.params = &s.params();
+      spec.prompt_ids = s.prompt_ids();
+      spec.output_ids = s.output_ids();
+      spec.banned = banned_[i];
+      spec.uniform = s.params().greedy() ? 0.0 : s.rng().uniform();
+    }
+    runner_.start_sample(batch_, specs_);
+    started = true;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // While the device runs the step. Stop strings found here end their
+  // samples at this step's commit (the scheduler holds aborts while a step is in flight).
+  emit_previous();
+  if (started) {
     try {
-      if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
-      batch_builder_.build(plan.items, batch_);
-      SERVAL_CHECK(batch_.logits_rows.size() == num_rows, "batch builder made ",
-                   batch_.logits_rows.size(), " logits rows for ", num_rows, " sampled sequences");
-      // One spec per sample; a forked sample draws from its parent's row. The
-      // draws are made here, from each request's Rng, so that a seed picks
-      // the same token on every backend.
-      specs_.resize(sampled.size());
-      banned_.resize(sampled.size());
-      for (size_t i = 0; i < sampled.size(); ++i) {
-        Sequence& s = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
-        banned_[i] = s.stop().banned_tokens(int64_t(s.output_ids().size()));
-        SampleSpec& spec = specs_[i];
-        spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
-        spec.params = &s.params();
-        spec.prompt_ids = s.prompt_ids();
-        spec.output_ids = s.output_ids();
-        spec.banned = banned_[i];
-        spec.uniform = s.params().greedy() ? 0.0 : s.rng().uniform();
-      }
-      runner_.forward_sample(batch_, specs_, results_);
-      SERVAL_CHECK(results_.size() == sampled.size(), "model runner sampled ", results_.size(),
-                   " tokens for ", sampled.size(), " samples");
+      runner_.finish_sample(results_);
+      SERVAL_CHECK(results_.size() == sampled.size(), "model runner sampled ", results_.size(), " tokens for ",
+                   sampled.size(), " samples");
       for (size_t i = 0; i < sampled.size(); ++i)
         sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
     } catch (const std::exception& e) {
       error = e.what();
     }
-    if (error.empty()) {
-      sched_.commit(plan, sampled);
-      it.num_generation_tokens = int64_t(sampled.size());
-    } else {
-      sched_.fail_step(plan);
-      sampled_keys.clear();
-    }
   }
-  it.num_preemptions = plan.num_preempted;
+  if (!error.empty()) {
+    sched_.fail_step(plan);
+    return false;
+  }
+  sched_.commit(plan, sampled);
+  it.num_generation_tokens = int64_t(sampled.size());
+  now.sampled_keys = std::move(sampled_keys);
+  return true;
+}
+
+void Engine::emit(StepOutputs& o) {
+  EventMap events;
   const auto now = EngineClock::now();
-  // Requests still running: their new token; a stop string ends them here.
-  for (const auto& [id, index] : sampled_keys) {
+  // Samples still running: their new tokens; a stop string ends them.
+  for (const auto& [id, index] : o.sampled_keys) {
     const Sequence* s = sched_.find(id, index);
     if (s == nullptr) continue;  // finished: drain_finished publishes it
     Active& a = *active_.at(id);
-    emit_tokens(a, *s, events[{id, index}], it, now);
+    emit_tokens(a, *s, events[{id, index}], o.it, now);
     if (a.samples[size_t(index)]->stop_hit) sched_.abort_sample(id, index);
   }
-  drain_finished(events, it, error);
-  if (plan.empty() && plan.finished.empty() && sched_.has_unfinished()) {
-    // Nothing could be scheduled (should be rare): do not spin.
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait_for(lock, std::chrono::milliseconds(1));
-  }
+  drain_finished(events, o.it, o.error);
+  publish(events, o.out, o.it);
 }
 
 void Engine::append_text(Sample& a, const std::string& piece, RequestEvent& ev) {
@@ -303,7 +331,10 @@ void Engine::emit_tokens(Active& a, const Sequence& seq, RequestEvent& ev, Itera
   Sample& sample = *a.samples.at(size_t(seq.sample_index()));
   const std::vector<int32_t>& ids = seq.output_ids();
   const std::vector<Logprobs>& lps = seq.output_logprobs();
-  for (size_t i = sample.published; i < ids.size() && !sample.stop_hit; ++i) {
+  // Up to the token that completes a stop string: tokens after it (the
+  // emission runs a step behind the device) are never sent nor counted.
+  for (; sample.published < ids.size() && !sample.stop_hit; ++sample.published) {
+    const size_t i = sample.published;
     ev.token_ids.push_back(ids[i]);
     if (a.want_logprobs && i < lps.size()) ev.logprobs.push_back(lps[i]);
     if (!sample.first_token) {
@@ -315,7 +346,6 @@ void Engine::emit_tokens(Active& a, const Sequence& seq, RequestEvent& ev, Itera
     sample.last_token = now;
     append_text(sample, sample.detok.push(ids[i]), ev);
   }
-  sample.published = ids.size();
 }
 
 void Engine::drain_finished(EventMap& events, IterationStats& it, const std::string& error) {
@@ -352,7 +382,7 @@ void Engine::finish_sample(Active& a, int64_t id, int32_t index, const Sequence*
   FinishedRequestStats f;
   f.finish_reason = finish_reason_name(ev.finish);
   f.num_prompt_tokens = a.num_prompt_tokens;
-  f.num_generation_tokens = seq ? int64_t(seq->output_ids().size()) : 0;
+  f.num_generation_tokens = seq ? int64_t(sample.stop_hit ? sample.published : seq->output_ids().size()) : 0;
   const auto last = sample.last_token.value_or(now);
   f.e2e_latency_s = seconds(last - a.arrival);
   if (a.first_scheduled) {

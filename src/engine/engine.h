@@ -5,12 +5,16 @@
 // a mutex-protected inbox, and read results from each request's channel.
 //
 // One loop iteration: drain inbox and aborts -> Scheduler::schedule ->
-// copy-on-write block copies -> BatchBuilder -> ModelRunner::forward_sample
-// (the forward pass and one sample per logits row, on the runner's device) ->
-// Scheduler::commit -> publish RequestEvents (incremental,
-// UTF-8 safe text; stop strings held back and cut) -> record metrics. A forward
-// or sampling failure finishes that step's requests with an error event
-// (Scheduler::fail_step); the engine keeps running.
+// copy-on-write block copies -> BatchBuilder -> ModelRunner::start_sample
+// (the forward pass and one sample per logits row, queued on the runner's
+// device) -> publish the previous step's RequestEvents (incremental, UTF-8
+// safe text; stop strings held back and cut) and metrics while the device
+// runs -> ModelRunner::finish_sample -> Scheduler::commit. A step's events thus
+// go out during the next step: the host's detokenization and event pushes no
+// longer leave the GPU idle. A stop string found then ends its sample at the
+// next commit; the token that step computed for it is neither published nor
+// counted. A forward or sampling failure finishes that step's requests with
+// an error event (Scheduler::fail_step); the engine keeps running.
 //
 // n > 1 samples: one scheduler request whose prompt is computed once, then
 // forked into n sequences (see scheduler.h); each sample has its own text
@@ -21,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <map>
@@ -120,10 +125,24 @@ class Engine {
 
   using SampleKey = std::pair<int64_t, int32_t>;  // (request id, sample index)
   using EventMap = std::map<SampleKey, RequestEvent>;
+  // What one iteration has to publish: made by admit() and step(), sent by
+  // emit(), for a committed step while the next step runs.
+  struct StepOutputs {
+    IterationStats it;
+    std::vector<Outgoing> out;            // admission errors
+    std::vector<SampleKey> sampled_keys;  // the step's rows, then forks
+    std::string error;                    // why the step failed ("" if it did not)
+  };
 
   void loop();
   void admit(Pending& pending, IterationStats& it, std::vector<Outgoing>& out);
-  void step(IterationStats& it, EventMap& events);
+  // Schedules and starts a step, emits `previous` (if any) while the device
+  // runs it, then commits it. True when a step was committed: `now` is then
+  // emitted during the next step; otherwise it is ready at once.
+  bool step(StepOutputs& now, std::optional<StepOutputs>& previous);
+  // Events of the samples `o` sampled (a stop string ends one), final events
+  // of finished sequences, then publish().
+  void emit(StepOutputs& o);
   // Adds the tokens of `seq` not yet published to `event` (text, stop strings).
   void emit_tokens(Active& a, const Sequence& seq, RequestEvent& event, IterationStats& it,
                    EngineClock::time_point now);

@@ -293,6 +293,18 @@ class Backend {
   // serval::Error when a row cannot be sampled (NaN or +inf logits, all -inf,
   // a token id outside the vocabulary), as sampling/sampler.h does.
   virtual void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) = 0;
+  // sample() in two halves, so that the host can work while the device runs:
+  // start_sample queues the sampling after the work before it (`specs` need
+  // not outlive the call), finish_sample waits for the tokens. Either may
+  // throw what sample() throws. One start at a time. Default: start_sample
+  // samples at once.
+  virtual void start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
+    sample(logits, specs, started_);
+  }
+  virtual void finish_sample(std::vector<SampleResult>& out) { out = std::move(started_); }
+
+ private:
+  std::vector<SampleResult> started_;
 };
 
 // "cuda" when `device` is "auto" and this build has CUDA and the machine a

@@ -41,6 +41,8 @@ class BackendModelRunner : public ModelRunner {
 
   void forward(const Batch& batch, std::vector<float>& logits) override;
   void forward_sample(const Batch& batch, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
+  void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override;
+  void finish_sample(std::vector<SampleResult>& out) override { backend_->finish_sample(out); }
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   const ModelConfig& config() const override { return cfg_; }
   int32_t block_size() const override { return geom_.block_size; }
@@ -400,11 +402,16 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
 
 void BackendModelRunner::forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
                                         std::vector<SampleResult>& out) {
+  start_sample(batch, specs);
+  finish_sample(out);
+}
+
+void BackendModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
   const Tensor logits = run(batch);
   for (const SampleSpec& s : specs)
     SERVAL_CHECK(s.params != nullptr && s.row >= 0 && s.row < logits.rows, "forward_sample: spec row ", s.row,
                  " is outside the step's ", logits.rows, " logits rows");
-  backend_->sample(logits, specs, out);
+  backend_->start_sample(logits, specs);
 }
 
 void BackendModelRunner::enqueue_forward(const BatchView& bv) {

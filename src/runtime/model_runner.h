@@ -68,6 +68,16 @@ class ModelRunner {
   virtual void forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
                               std::vector<SampleResult>& out);
 
+  // forward_sample in two halves, so that the caller can work while the
+  // device runs the step: start_sample queues it, finish_sample waits for its
+  // tokens. Either may throw what forward_sample throws; after a throw from
+  // start_sample there is nothing to finish. `batch` and `specs` need not
+  // outlive start_sample. Default: start_sample runs forward_sample at once.
+  virtual void start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
+    forward_sample(batch, specs, started_);
+  }
+  virtual void finish_sample(std::vector<SampleResult>& out) { out = std::move(started_); }
+
   // Copies whole KV blocks (every layer, K and V): for each pair, block
   // `first` to block `second`. For copy-on-write of a shared partial block
   // when a sequence forks. Throws if a block id is outside the pool.
@@ -89,7 +99,8 @@ class ModelRunner {
   virtual bool uses_graphs() const { return false; }
 
  private:
-  Sampler host_sampler_;  // forward_sample's default
+  Sampler host_sampler_;                // forward_sample's default
+  std::vector<SampleResult> started_;  // start_sample's default
 };
 
 }  // namespace serval

@@ -105,6 +105,8 @@ class CudaBackend : public Backend {
                     Tensor up_buf, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, Tensor out) override;
   void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
+  void start_sample(const Tensor& logits, std::span<const SampleSpec> specs) override;
+  void finish_sample(std::vector<SampleResult>& out) override;
 
   cudaStream_t stream() const { return stream_; }
   // cuBLASLt launches that computed several weights as one strided batch.

@@ -3,7 +3,8 @@
 // count: O(prompt + output) per row, never O(vocab)) and the bans are packed
 // into one pinned buffer and sent in one copy (none when the device holds
 // those bytes from the call before); the kernels (cuda_sampling_kernels.cu)
-// run on stream_ after the LM head and write the results into pinned memory.
+// run on stream_ after the LM head and write the results into pinned memory,
+// which finish_sample reads after one wait.
 // Errors are raised in spec order with the CPU sampler's messages; token ids
 // outside the vocabulary are caught here, before anything is queued.
 #include <algorithm>
@@ -38,6 +39,11 @@ struct SamplerState {
   // Indexed by token id and all zero between calls (only touched ids are reset).
   std::vector<int32_t> output_count;
   std::vector<uint8_t> seen;
+  // Between start_sample and finish_sample: each spec's row and whether it wants logprobs.
+  bool started = false;
+  int64_t vocab = 0;
+  std::vector<int32_t> spec_rows;
+  std::vector<uint8_t> spec_logprobs;
 
   SamplerState() = default;
   SamplerState(const SamplerState&) = delete;
@@ -48,7 +54,7 @@ struct SamplerState {
   }
 };
 
-// Callers have no copy in flight on the buffer (sample() ends synchronized).
+// Callers have no copy in flight on the buffer (finish_sample() ends synchronized).
 void reserve_pinned(void*& p, int64_t& bytes, int64_t need) {
   if (bytes >= need) return;
   const int64_t grown = std::max<int64_t>(need, bytes * 2);
@@ -144,15 +150,25 @@ void check_status(const Result& r, int64_t vocab, int32_t row) {
 }  // namespace
 
 void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) {
-  out.assign(specs.size(), SampleResult{});
-  if (specs.empty()) return;
+  start_sample(logits, specs);
+  finish_sample(out);
+}
+
+void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
+  if (!sampler_state_) sampler_state_ = std::make_shared<SamplerState>();
+  SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
+  st.started = false;
+  st.spec_rows.clear();
+  st.spec_logprobs.clear();
+  if (specs.empty()) {
+    st.started = true;
+    return;
+  }
   SERVAL_CHECK(logits.dtype == DType::F32, "cuda sampler: logits must be f32, got ", dtype_name(logits.dtype));
   const int64_t vocab = logits.cols;
   SERVAL_CHECK(vocab > 0, "cannot sample from an empty row of logits");
   SERVAL_CHECK(vocab <= sampling::kMaxVocab, "cuda sampler: a vocabulary of ", vocab, " tokens is more than ",
                sampling::kMaxVocab);
-  if (!sampler_state_) sampler_state_ = std::make_shared<SamplerState>();
-  SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
 
   // ---- tasks: plain greedy rows first (their own one-pass kernel)
   st.greedy_tasks.clear();
@@ -221,21 +237,44 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs
   l.list_limit = sampling::sampling_list_limit();
   try {
     sampling::launch_sampling(l, int(num_greedy), int(n - num_greedy), stream_);
-    sync_stream();
   } catch (...) {
     st.sent_to = nullptr;
     cudaStreamSynchronize(stream_);  // the next call may rewrite the pinned buffers
     throw;
   }
+  // What finish_sample needs of the specs, which may be gone by then.
+  st.vocab = vocab;
+  for (const SampleSpec& s : specs) {
+    st.spec_rows.push_back(s.row);
+    st.spec_logprobs.push_back(s.params->logprobs >= 0);
+  }
+  st.started = true;
+}
+
+void CudaBackend::finish_sample(std::vector<SampleResult>& out) {
+  SERVAL_CHECK(sampler_state_ && static_cast<SamplerState*>(sampler_state_.get())->started,
+               "cuda sampler: finish_sample without a started sample");
+  SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
+  st.started = false;
+  const size_t n = st.spec_rows.size();
+  out.assign(n, SampleResult{});
+  if (n == 0) return;
+  try {
+    sync_stream();
+  } catch (...) {
+    st.sent_to = nullptr;
+    throw;
+  }
 
   // ---- results, in spec order
+  const int64_t num_greedy = int64_t(st.greedy_tasks.size());
   const Result* results = static_cast<const Result*>(st.host_out);
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const int32_t k = st.task_of_spec[i];
     const Result& r = results[k >= 0 ? k : num_greedy + ~k];
-    check_status(r, vocab, specs[i].row);
+    check_status(r, st.vocab, st.spec_rows[i]);
     out[i].token = r.token;
-    if (specs[i].params->logprobs >= 0) {
+    if (st.spec_logprobs[i]) {
       Logprobs lp;
       lp.chosen = r.chosen_logprob;
       lp.chosen_rank = r.chosen_rank;
