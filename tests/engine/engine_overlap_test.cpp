@@ -5,31 +5,24 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <string>
 #include <thread>
 
-#include "core/error.h"
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "fake_model_runner.h"
-#include "model/model_loader.h"
 
 namespace serval {
 namespace {
 
 using testing::FakeModelRunner;
+using testing::metric_value;
 using testing::toy_greedy;
 
 constexpr int64_t kVocab = 97;
 
-const Tokenizer& tokenizer() {
-  static const std::unique_ptr<Tokenizer> tok = [] {
-    const std::string path = models_dir() + "/stories260K/stories260K.gguf";
-    if (!std::filesystem::exists(path)) throw Error(path + " not found (set SERVAL_MODELS)");
-    return load_tokenizer(path);
-  }();
-  return *tok;
-}
+// Any tokenizer of at least kVocab tokens: the engine only detokenizes.
+const Tokenizer& tokenizer() { return *testing::stories_model().tok; }
 
 std::vector<int32_t> prompt_of(int n) {
   std::vector<int32_t> p;
@@ -85,13 +78,6 @@ TEST(EngineOverlap, PublishesAStepWhileTheNextRuns) {
   EXPECT_EQ(engine.kv_usage().used_blocks, 0);
 }
 
-// The value of `name`'s sample in the exposition text, or -1.
-double exposed(const std::string& text, const std::string& name) {
-  const std::string key = name + "{model_name=\"serval\"} ";
-  const size_t at = text.find(key);
-  return at == std::string::npos ? -1 : std::stod(text.substr(at + key.size()));
-}
-
 TEST(EngineOverlap, StopStringFoundAStepLateSendsAndCountsNothingAfterIt) {
   const std::vector<int32_t> prompt = prompt_of(5);
   const std::vector<int32_t> full = toy_greedy(prompt, kVocab, 24);
@@ -136,8 +122,8 @@ TEST(EngineOverlap, StopStringFoundAStepLateSendsAndCountsNothingAfterIt) {
   EXPECT_EQ(engine.kv_usage().used_blocks, 0);
   // The request's usage counts the tokens sent; the engine's counter every token computed.
   const std::string m = engine.metrics_registry().expose();
-  EXPECT_EQ(exposed(m, "serval:request_generation_tokens_sum"), double(k + 1)) << m;
-  EXPECT_EQ(exposed(m, "serval:generation_tokens_total"), double(k + 2)) << m;
+  EXPECT_EQ(metric_value(m, "serval:request_generation_tokens_sum{model_name=\"serval\"}"), double(k + 1)) << m;
+  EXPECT_EQ(metric_value(m, "serval:generation_tokens_total{model_name=\"serval\"}"), double(k + 2)) << m;
 }
 
 }  // namespace
