@@ -64,11 +64,34 @@ if [ -x ./cuda_lt_pdl_bench ]; then
   row "cuBLASLt PDL | $(grep -m1 "probe verdict" "$OUT_DIR/lt-pdl.log" | sed 's/probe verdict: //')"
 fi
 
+# The GPU's clock and power state while a benchmark runs (nvidia-smi every
+# 0.5 s): at the software power cap (throttle reason 0x4) the SM clock falls
+# and runs of one binary spread by several percent (BENCHMARKS.md, session 23).
+clocks_start() {
+  nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits \
+    -lms 500 >"$OUT_DIR/clocks.csv" 2>/dev/null &
+  CLOCKS_PID=$!
+}
+clocks_summary() {
+  kill "$CLOCKS_PID" 2>/dev/null; wait "$CLOCKS_PID" 2>/dev/null
+  python3 - "$OUT_DIR/clocks.csv" <<'PY'
+import sys
+rows = [l.strip().split(", ") for l in open(sys.argv[1])]
+busy = [r for r in rows if len(r) == 3 and r[0].isdigit() and float(r[1]) > 200]
+if busy:
+    capped = sum(int(r[2], 16) & 0x4 != 0 for r in busy)
+    print("SM %.0f MHz, %.0f W, power-capped %d/%d samples" % (
+        sum(float(r[0]) for r in busy) / len(busy), sum(float(r[1]) for r in busy) / len(busy), capped, len(busy)))
+PY
+}
+
 bench() {  # label, model, then serval bench arguments
   local label=$1 model=$2; shift 2
   echo "== bench $label: $*"
   local j
+  clocks_start
   j=$(env ${BENCH_ENV:-} timeout ${BENCH_TIMEOUT:-300} ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
+  local clocks; clocks=$(clocks_summary)
   if [ -z "$j" ]; then tail -3 "$OUT_DIR/bench-err.log"; row "$label | failed"; return; fi
   echo "$j" | tee -a "$OUT_DIR/bench.jsonl"
   row "$label | $(echo "$j" | python3 -c '
@@ -80,7 +103,7 @@ if j.get("decode_tokens_per_s"): f.append("decode %.1f tok/s, %.3f ms/step (%.1f
 for k in ("output_tokens_per_s", "total_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "mean_decode_batch",
           "us_per_call", "kv_gbs", "bandwidth_fraction", "graph_replays", "graphs_captured", "load_s"):
     if k in j: f.append("%s %.4g" % (k, j[k]))
-print(" | ".join(f))')"
+print(" | ".join(f))')${clocks:+ | $clocks}"
 }
 
 compare_cpu() {  # model, label, then extra flags for the CUDA run (e.g. --dtype float32)
