@@ -137,6 +137,7 @@ echo "== random Llama-2-7B bf16 model"
 if [ $QUICK = 0 ]; then
   compare_cpu $M7 7B
   compare_cpu $M7 7B --dtype float32
+  compare_cpu $M7 7B --batch-invariant
   row "$(./batch-vs-solo.sh $M7 "7B bf16 CUDA" --device cuda | tail -1)"
   row "$(./batch-vs-solo.sh $M7 "7B bf16 CUDA --batch-invariant" --device cuda --batch-invariant | tail -1)"
 fi

@@ -36,12 +36,17 @@ try:
     ia, ib = load("inv-batch"), load("inv-solo")
 except Exception as e:
     print("engine on CUDA: failed:", e); sys.exit()
-ids = lambda r: [ch["token_ids"] for ch in r["choices"]]
-same = lambda u, v: sum(ids(x) == ids(y) for x, y in zip(u, v))
+ids = lambda r: [ch.get("token_ids") or [] for ch in r.get("choices") or []]
+ran = lambda r: bool(ids(r)) and all(ids(r))
+# A failed request has no tokens in either run: it counts as different.
+same = lambda u, v: sum(ran(x) and ids(x) == ids(y) for x, y in zip(u, v))
+failed = [f"{n} {sum(not ran(r) for r in x)}" for n, x in (("bf16", a + b), ("float32", fa + fb),
+          ("batch-invariant", ia + ib), ("CPU", c)) if not all(ran(r) for r in x)]
 n2 = [x["choices"][0]["token_ids"] == x["choices"][1]["token_ids"] for x in a if len(x["choices"]) == 2]
 print(f"engine on CUDA: {len(a)} requests; bf16: batched == solo {same(a, b)}/{len(a)}, CUDA == CPU "
       f"{same(a, c)}/{len(a)}; float32: batched == solo {same(fa, fb)}/{len(a)}, CUDA == CPU {same(fa, c)}/{len(a)}; "
       f"n=2 greedy samples equal {sum(n2)}/{len(n2)}; --batch-invariant: batched == solo {same(ia, ib)}/{len(a)}, "
-      f"== default bf16 solo {same(ia, b)}/{len(a)}")
+      f"== default bf16 solo {same(ia, b)}/{len(a)}, == CPU {same(ia, c)}/{len(a)}"
+      + (f"; FAILED requests: {', '.join(failed)}" if failed else ""))
 PY
 rm -rf "$W"

@@ -200,6 +200,9 @@ TEST(EngineOnCuda, BatchInvariantModeGivesEveryRequestItsTokensAlone) {
     return n;
   };
   const auto alone = run(true, false), together = run(true, true);
+  // (A request that fails has no tokens alone or batched: equal, and wrong.)
+  for (size_t i = 0; i < requests.size(); ++i)
+    ASSERT_EQ(int(together[i].size()), requests[i].stop.max_tokens) << "request " << i << " did not run to its length";
   for (size_t i = 0; i < requests.size(); ++i)
     EXPECT_EQ(together[i], alone[i]) << "request " << i << " (" << requests[i].prompt_ids.size()
                                      << " prompt tokens): batched differs from alone";

@@ -53,7 +53,8 @@ class CudaBackend : public Backend {
   DType act_dtype() const override { return act_dtype_; }
   DType kv_dtype() const override { return act_dtype_; }
   // Batch-invariant mode (bf16 only): every matmul through the GEMV, in
-  // groups of 16 rows beyond 16 (gemv_any_rows_fits); every attention row,
+  // groups of 16 rows beyond 16 (gemv_any_rows_fits), or rowwise_matmul for
+  // rows the GEMV cannot read; every attention row,
   // decode rows too, through the prefill kernels, whose keys run in fixed
   // tiles from position 0 (no split-KV, no stream kernel).
   void set_batch_invariant(bool on) override;

@@ -39,6 +39,11 @@ void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int
 void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
                 cudaStream_t stream);
 
+// y = x @ w^T for any bf16 x (y bf16 or f32): one warp per output, in a fixed
+// order (cuda_rowwise_matmul.cu). Batch-invariant mode's matmul for the inputs
+// the GEMV cannot read.
+void rowwise_matmul(const Tensor& x, const __nv_bfloat16* w, const Tensor& y, cudaStream_t stream);
+
 bool skinny_gemm_fits(const Tensor& x);
 void skinny_gemm(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
 void skinny_gemm_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,

@@ -280,6 +280,9 @@ void CudaBackend::flush_l2() {
 
 // The product `s` through cuBLASLt, W at w, x at x, y at y.
 void CudaBackend::lt_matmul(const GemmShape& s, const void* w, const void* x, void* y) {
+  // cuBLASLt's kernels change with the batch size.
+  SERVAL_CHECK(!batch_invariant_, "cuBLASLt matmul (out ", s.m, ", tokens ", s.n, ", in ", s.k,
+               ") in batch-invariant mode");
   MatmulPlan& p = matmul_plan(s);
   if (!p.tuned) tune_matmul(p, s, w, x, y);
   if (s.batch > 1) ++batched_gemm_calls_;

@@ -122,9 +122,9 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
   SERVAL_CHECK(y.dtype == act_dtype_ || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
                dtype_name(act_dtype_), ", or f32 without a bias");
   if (x.rows == 0) return;
-  SERVAL_CHECK(!batch_invariant_ || own_kernel_fits(x), "matmul: x [", x.rows, ", ", x.cols,
-               "] does not fit the batch-invariant GEMV (bf16, a multiple of 8 columns, 16-byte aligned)");
-  if (act_dtype_ == DType::BF16 && own_kernel_fits(x)) {
+  if (batch_invariant_ && !own_kernel_fits(x)) {
+    rowwise_matmul(x, static_cast<const bf16*>(cw.data()), y, stream_);
+  } else if (act_dtype_ == DType::BF16 && own_kernel_fits(x)) {
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
     own_matmul(x, &w_ptr, &y, 1);
   } else {
@@ -150,7 +150,9 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
     w_ptrs[i] = static_cast<const bf16*>(cw.data());
   }
   if (fused) return own_matmul(x, w_ptrs, ys.data(), int(ws.size()));
-  if (own_kernel_fits(x)) return Backend::matmul_multi(x, ws, ys);
+  // (In batch-invariant mode a row the GEMV cannot read goes to matmul's
+  // row-wise kernel, one weight at a time: never to cuBLASLt.)
+  if (own_kernel_fits(x) || batch_invariant_) return Backend::matmul_multi(x, ws, ys);
   // cuBLASLt: a run of weights of one shape at one stride (upload_weight_group
   // lays q/k/v and gate/up out so) whose outputs also lie at one stride is one
   // strided-batched GEMM: more tiles per launch, one ramp and tail instead of
@@ -231,7 +233,8 @@ bool CudaBackend::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const 
     return a.group() != nullptr && a.group() == b.group() &&
            static_cast<const char*>(a.data()) + a.rows() * a.cols() * 2 == static_cast<const char*>(b.data());
   };
-  return enabled && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 0 && x.rows <= 256 &&
+  return enabled && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 0 &&
+         x.rows <= 256 &&
          !own_kernel_fits(x) && wq.dtype() == DType::BF16 && wk.dtype() == DType::BF16 &&
          wv.dtype() == DType::BF16 && wq.cols() == x.cols && wk.cols() == x.cols && wv.cols() == x.cols &&
          follows(wq, wk) && follows(wk, wv) && wk.rows() == kv_row && wv.rows() == kv_row && q.dtype == DType::BF16 &&
