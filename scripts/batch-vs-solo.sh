@@ -33,9 +33,14 @@ try:
     a, b = ([json.loads(l)["choices"][0]["token_ids"] for l in open(f"{w}/{n}.jsonl")] for n in ("batch", "solo"))
 except Exception as e:
     print(f"{label} batched vs solo: failed: {e}"); sys.exit()
-parts = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), None) for u, v in zip(a, b)]
-diff = sorted(p for p in parts if p is not None)
-print(f"{label} batched vs solo (greedy, 32 tokens): {len(a) - len(diff)}/{len(a)} equal"
-      + (f"; the others part at tokens {diff}" if diff else ""))
+# A request that failed (fewer than its 32 tokens) is never "equal".
+short = sum(len(u) != 32 for u in a + b)
+parts = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), None if len(u) == len(v) == 32 else -1)
+         for u, v in zip(a, b)]
+diff = sorted(p for p in parts if p is not None and p >= 0)
+equal = sum(p is None for p in parts)
+print(f"{label} batched vs solo (greedy, 32 tokens): {equal}/{len(a)} equal"
+      + (f"; the others part at tokens {diff}" if diff else "")
+      + (f"; FAILED: {short} outputs without their 32 tokens" if short else ""))
 PY
 rm -rf "$W"
