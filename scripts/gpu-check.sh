@@ -100,6 +100,7 @@ j = json.load(sys.stdin)
 f = []
 if j.get("prefill_tokens_per_s"): f.append("prefill %.0f tok/s (MFU %.1f%%)" % (j["prefill_tokens_per_s"], 100 * j["prefill_mfu"]))
 if j.get("decode_tokens_per_s"): f.append("decode %.1f tok/s, %.3f ms/step (%.1f%% of roofline)" % (j["decode_tokens_per_s"], j["decode_step_ms"], 100 * j["decode_roofline_fraction"]))
+if j.get("decode_tokens_per_s_min"): f.append("median of %d runs, range %.1f-%.1f tok/s" % (j["repeats"], j["decode_tokens_per_s_min"], j["decode_tokens_per_s_max"]))
 for k in ("output_tokens_per_s", "total_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "mean_decode_batch",
           "us_per_call", "kv_gbs", "bandwidth_fraction", "graph_replays", "graphs_captured", "load_s"):
     if k in j: f.append("%s %.4g" % (k, j[k]))
@@ -141,12 +142,12 @@ if [ $QUICK = 0 ]; then
   row "$(./batch-vs-solo.sh $M7 "7B bf16 CUDA" --device cuda | tail -1)"
   row "$(./batch-vs-solo.sh $M7 "7B bf16 CUDA --batch-invariant" --device cuda --batch-invariant | tail -1)"
 fi
-bench "7B batch-1 decode tg128" $M7 --requests 1 --input-len 1 --output-len 129
+bench "7B batch-1 decode tg128" $M7 --requests 1 --input-len 1 --output-len 129 --repeats 5
 bench "7B batch-1 decode tg128, --enforce-eager" $M7 --requests 1 --input-len 1 --output-len 129 --enforce-eager
 bench "7B prefill 512" $M7 --requests 1 --input-len 512 --output-len 2
 if [ $QUICK = 0 ]; then
-  bench "7B 64 x (128 in, 128 out)" $M7 --requests 64 --input-len 128 --output-len 128
-  bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128
+  bench "7B 64 x (128 in, 128 out)" $M7 --requests 64 --input-len 128 --output-len 128 --repeats 5
+  bench "7B 256 x (128 in, 128 out)" $M7 --requests 256 --input-len 128 --output-len 128 --repeats 5
   # cuBLASLt's wider algorithm search (its products kept in a file, which a --keep rerun reuses).
   for N in 64 256; do
     bench "7B $N x (128 in, 128 out), --gemm-search" $M7 --requests $N --input-len 128 --output-len 128 \

@@ -36,7 +36,7 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--kv-heads", {"attention"}},
       {"--head-dim", {"attention"}},
       {"--iters", {"attention"}},
-      {"--repeats", {"attention"}},
+      {"--repeats", {"attention", "runner"}},
       {"--peak-tflops", {"runner", "engine", "sweep"}},
       {"--gpu-memory-fraction", {"runner", "engine", "sweep"}},
       {"--kv-cache-tokens", {"engine", "sweep"}},
@@ -77,7 +77,11 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
     SERVAL_CHECK(o.requests > 0 && o.input_len > 0 && o.output_len > 0,
                  "bench: --requests, --input-len and --output-len must be positive");
   }
-  if (o.mode == "runner") SERVAL_CHECK(o.max_batch_tokens > 0, "bench: --max-batch-tokens must be positive");
+  if (o.mode == "runner") {
+    SERVAL_CHECK(o.max_batch_tokens > 0, "bench: --max-batch-tokens must be positive");
+    if (sub.get_option("--repeats")->count() == 0) o.repeats = 1;
+    SERVAL_CHECK(o.repeats > 0, "bench: --repeats must be positive");
+  }
   if (o.mode == "engine") {
     SERVAL_CHECK(o.input.empty() || (sub.get_option("--requests")->count() == 0 &&
                                      sub.get_option("--input-len")->count() == 0),
@@ -159,7 +163,9 @@ void register_bench(CLI::App& app, Action& action) {
   sub->add_option("--kv-heads", o->kv_heads, "attention: KV heads (default: the model's, else 8)");
   sub->add_option("--head-dim", o->head_dim, "attention: head dimension (default: the model's, else 128)");
   sub->add_option("--iters", o->iters, "attention: calls per timing (default 100)");
-  sub->add_option("--repeats", o->repeats, "attention: timings; the median is reported (default 5)");
+  sub->add_option("--repeats", o->repeats,
+                  "attention: timings (default 5); runner: measured runs after the warm-up (default 1); the "
+                  "median is reported, and the runner's range");
   sub->add_option("--bandwidth-gbs", o->limits.bandwidth_gbs, "memory bandwidth for the rooflines (GB/s, default 4261)");
   sub->add_option("--peak-tflops", o->limits.peak_tflops, "bf16 peak for MFU / FLOP fractions (TFLOP/s, default 736)");
   sub->add_flag("--json", o->json, "one JSON object per measured point, one per line");

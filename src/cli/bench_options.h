@@ -42,7 +42,7 @@ struct BenchOptions {
 
   // attention
   int32_t heads = 0, kv_heads = 0, head_dim = 0;  // 0: from --model, else 32 / 8 / 128
-  int32_t iters = 100, repeats = 5;
+  int32_t iters = 100, repeats = 5;  // repeats: also the runner's measured runs (its default 1)
 };
 
 int run_bench_runner(const BenchOptions& o);

@@ -3,7 +3,9 @@
 // --max-batch-tokens), then every sequence decodes one token per step, greedy,
 // sampled on the runner's device (forward_sample), until each has output-len
 // tokens. Decode steps are compared with (weight + KV bytes read) / memory
-// bandwidth, prefill with FLOPs / bf16 peak.
+// bandwidth, prefill with FLOPs / bf16 peak. With --repeats N the run is
+// measured N times and the median reported, with the range.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -70,11 +72,16 @@ int run_bench_runner(const BenchOptions& o) {
   };
 
   const StepCost cost(cfg, runner.device());
-  // The whole run twice; the first is a warm-up (cuBLASLt plans for each shape,
-  // lazy kernel loading, workspace growth, decode graphs) and its figures are dropped.
-  double prefill_s = 0, decode_s = 0, prefill_flops = 0, decode_bytes = 0, decode_op_limit_s = 0;
+  // The whole run 1 + --repeats times; the first is a warm-up (cuBLASLt plans
+  // for each shape, lazy kernel loading, workspace growth, decode graphs) and
+  // its figures are dropped. Every pass does the same work.
+  struct Pass {
+    double prefill_s = 0, decode_s = 0;
+  };
+  std::vector<Pass> passes;
+  double prefill_flops = 0, decode_bytes = 0, decode_op_limit_s = 0;
   int64_t prefill_steps = 0;
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass <= o.repeats; ++pass) {
     prefill_flops = decode_bytes = decode_op_limit_s = 0;
     prefill_steps = 0;
     const auto t_prefill = Clock::now();
@@ -101,7 +108,7 @@ int run_bench_runner(const BenchOptions& o) {
       step(b, finished);
       ++prefill_steps;
     }
-    prefill_s = seconds_since(t_prefill);
+    const double prefill_s = seconds_since(t_prefill);
 
     // Decode: output-len - 1 steps (prefill produced the first token).
     const auto t_decode = Clock::now();
@@ -120,9 +127,23 @@ int run_bench_runner(const BenchOptions& o) {
       decode_bytes += cost.decode_bytes(N, pos + 1);
       decode_op_limit_s += cost.decode_op_limit_s(o.limits, N, pos + 1);
     }
-    decode_s = seconds_since(t_decode);
+    if (pass > 0) passes.push_back({prefill_s, seconds_since(t_decode)});
   }
   const int32_t decode_steps = o.output_len - 1;
+  // The median pass (by decode time; by prefill time when there is no decode)
+  // is reported, and with --repeats the range of the passes.
+  std::sort(passes.begin(), passes.end(), [&](const Pass& a, const Pass& b) {
+    return decode_steps > 0 ? a.decode_s < b.decode_s : a.prefill_s < b.prefill_s;
+  });
+  const double prefill_s = passes[passes.size() / 2].prefill_s, decode_s = passes[passes.size() / 2].decode_s;
+  auto tps_range = [&](double Pass::*field, double tokens) {
+    double lo = 1e300, hi = 0;
+    for (const Pass& p : passes) {
+      lo = std::min(lo, tokens / (p.*field));
+      hi = std::max(hi, tokens / (p.*field));
+    }
+    return std::pair<double, double>{lo, hi};
+  };
 
   const double prefill_tps = double(N) * o.input_len / prefill_s;
   const double decode_tps = decode_steps > 0 ? double(N) * decode_steps / decode_s : 0;
@@ -131,7 +152,7 @@ int run_bench_runner(const BenchOptions& o) {
   const double decode_op_limit = decode_steps > 0 ? decode_op_limit_s / decode_s : 0;
   const double mfu = o.limits.seconds_for_flops(prefill_flops) / prefill_s;
   const double total_tps = double(N) * (o.input_len + o.output_len - 1) / (prefill_s + decode_s);
-  const BenchJson j = {{"mode", "runner"},
+  BenchJson j = {{"mode", "runner"},
                        {"model", o.model},
                        {"device", runner.device()},
                        {"requests", N},
@@ -152,6 +173,17 @@ int run_bench_runner(const BenchOptions& o) {
                        {"graph_replays", runner.graph_replays()},
                        {"bandwidth_gbs", o.limits.bandwidth_gbs},
                        {"peak_tflops", o.limits.peak_tflops}};
+  const auto [prefill_lo, prefill_hi] = tps_range(&Pass::prefill_s, double(N) * o.input_len);
+  const auto [decode_lo, decode_hi] = tps_range(&Pass::decode_s, double(N) * decode_steps);
+  if (o.repeats > 1) {
+    j["repeats"] = o.repeats;
+    j["prefill_tokens_per_s_min"] = prefill_lo;
+    j["prefill_tokens_per_s_max"] = prefill_hi;
+    if (decode_steps > 0) {
+      j["decode_tokens_per_s_min"] = decode_lo;
+      j["decode_tokens_per_s_max"] = decode_hi;
+    }
+  }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -163,6 +195,9 @@ int run_bench_runner(const BenchOptions& o) {
                 "op-by-op limit\n",
                 decode_tps, step_ms, decode_steps, 100 * decode_roofline, o.limits.bandwidth_gbs,
                 100 * decode_op_limit);
+    if (o.repeats > 1)
+      std::printf("the median of %d passes; their range: prefill %.0f-%.0f tok/s, decode %.1f-%.1f tok/s\n",
+                  o.repeats, prefill_lo, prefill_hi, decode_lo, decode_hi);
   }
   return 0;
 }

@@ -38,6 +38,21 @@ def test_runner_mode_keeps_its_keys(serval, models):
     assert p["decode_roofline_fraction"] <= p["decode_op_limit_fraction"] < 1
 
 
+def test_runner_mode_repeats_reports_the_median_run_and_the_range(serval, models):
+    (one,) = bench_json(serval, "--model", stories(models), "--requests", 2, "--input-len", 8,
+                        "--output-len", 4)
+    assert "repeats" not in one and "decode_tokens_per_s_min" not in one
+    (p,) = bench_json(serval, "--model", stories(models), "--requests", 2, "--input-len", 8,
+                      "--output-len", 4, "--repeats", 3)
+    assert p["repeats"] == 3 and p["decode_steps"] == 3
+    for name in ("prefill", "decode"):
+        lo, mid, hi = (p[f"{name}_tokens_per_s{k}"] for k in ("_min", "", "_max"))
+        assert 0 < lo <= mid <= hi, (name, lo, mid, hi)  # the median run is one of the runs
+    out = run_serval(serval, "bench", "--device", "cpu", "--model", stories(models), "--requests", 2,
+                     "--input-len", 8, "--output-len", 4, "--repeats", 2).stdout
+    assert "the median of 2 passes; their range:" in out
+
+
 def test_runner_mode_table(serval, models):
     out = run_serval(serval, "bench", "--device", "cpu", "--model", stories(models), "--requests", 2,
                      "--input-len", 8, "--output-len", 4).stdout
@@ -159,6 +174,8 @@ def test_attention_mode_takes_the_shape_from_the_model(serval, models):
     (["--mode", "engine", "--requests", "2", "--input-len", "100", "--output-len", "100",
       "--kv-cache-tokens", "64"], "need 13 KV blocks"),
     (["--mode", "sweep", "--steps", "0"], "--steps must be positive"),
+    (["--repeats", "0"], "--repeats must be positive"),
+    (["--mode", "engine", "--repeats", "2"], "--repeats does not apply to --mode engine"),
     (["--mode", "bogus"], "bogus not in"),
 ])
 def test_bad_arguments_name_the_problem(serval, models, args, message):
