@@ -267,6 +267,14 @@ int run_bench_engine(const BenchOptions& o) {
   j["step_roofline_fraction"] = ratio(all.limit_s, all.seconds);
   // Every step against its ops one after another (StepCost::op_limit_s).
   j["step_op_limit_fraction"] = ratio(all.op_limit_s, all.seconds);
+  // Where the engine loop's host time goes per step (means over all steps):
+  // queueing the step; its own work while the device runs (publishing the
+  // step before); waiting for the tokens; and between steps, while the
+  // device idles (commit, scheduling, batch building).
+  j["host_start_ms"] = ratio(all.start_s, double(all.steps)) * 1e3;
+  j["host_under_device_ms"] = ratio(all.seconds - all.start_s - all.wait_s, double(all.steps)) * 1e3;
+  j["host_wait_ms"] = ratio(all.wait_s, double(all.steps)) * 1e3;
+  j["host_between_steps_ms"] = ratio(all.gap_s, double(all.gaps)) * 1e3;
   j["decode_steps"] = decode.steps;
   j["mean_decode_batch"] = ratio(decode.seqs, double(decode.steps));
   j["decode_step_ms"] = ratio(decode.seconds, double(decode.steps)) * 1e3;

@@ -14,6 +14,12 @@ void StepTotals::add(const StepRecord& r, const Limits& limits) {
   bytes_s += limits.seconds_for_bytes(r.bytes);
   limit_s += std::max(limits.seconds_for_bytes(r.bytes), limits.seconds_for_flops(r.flops));
   op_limit_s += r.op_limit_s;
+  start_s += r.start_s;
+  wait_s += r.wait_s;
+  if (r.gap_s >= 0) {
+    gap_s += r.gap_s;
+    ++gaps;
+  }
 }
 
 void StepRecorder::forward(const Batch& batch, std::vector<float>& logits) {
@@ -33,13 +39,24 @@ void StepRecorder::forward_sample(const Batch& batch, std::span<const SampleSpec
 void StepRecorder::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
   started_ = describe(batch);
   started_at_ = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_at_) started_.gap_s = std::chrono::duration<double>(started_at_ - *finished_at_).count();
+  }
   inner_.start_sample(batch, specs);
+  start_returned_at_ = Clock::now();
 }
 
 void StepRecorder::finish_sample(std::vector<SampleResult>& out) {
+  const auto wait_from = Clock::now();
   inner_.finish_sample(out);
-  started_.seconds = std::chrono::duration<double>(Clock::now() - started_at_).count();
-  record(started_);
+  const auto done = Clock::now();
+  started_.seconds = std::chrono::duration<double>(done - started_at_).count();
+  started_.start_s = std::chrono::duration<double>(start_returned_at_ - started_at_).count();
+  started_.wait_s = std::chrono::duration<double>(done - wait_from).count();
+  std::lock_guard<std::mutex> lock(mutex_);
+  finished_at_ = done;
+  steps_.push_back(started_);
 }
 
 StepRecord StepRecorder::describe(const Batch& b) const {
@@ -73,6 +90,7 @@ std::vector<StepRecord> StepRecorder::steps() const {
 void StepRecorder::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   steps_.clear();
+  finished_at_.reset();
 }
 
 }  // namespace serval::cli

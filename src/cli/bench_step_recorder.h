@@ -5,6 +5,7 @@
 // without touching the engine.
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cli/bench_cost.h"
@@ -16,6 +17,13 @@ struct StepRecord {
   int32_t num_seqs = 0, num_tokens = 0;
   bool decode = false;     // every sequence had one new token
   double seconds = 0;      // forward_sample, sampled tokens on the host
+  // Where the host spent `seconds`: queueing the step (start_sample), then
+  // the caller's own work while the device runs (the engine publishes the
+  // step before), then waiting for the tokens (finish_sample).
+  double start_s = 0, wait_s = 0;
+  // From the tokens of the step before to this step's start (the engine's
+  // commit, scheduling and batch building); < 0: no step before it was recorded.
+  double gap_s = -1;
   double bytes = 0;        // weights + K/V read
   double flops = 0;
   double op_limit_s = 0;   // StepCost::op_limit_s
@@ -26,6 +34,8 @@ struct StepTotals {
   int64_t steps = 0;
   // bytes_s: bytes / bandwidth; limit_s: max(bytes, FLOPs); op_limit_s: op by op (StepCost::op_limit_s)
   double seconds = 0, seqs = 0, bytes_s = 0, limit_s = 0, op_limit_s = 0;
+  double start_s = 0, wait_s = 0, gap_s = 0;
+  int64_t gaps = 0;  // steps with a gap_s
   void add(const StepRecord& r, const Limits& limits);
 };
 
@@ -65,7 +75,8 @@ class StepRecorder : public ModelRunner {
   mutable std::mutex mutex_;
   std::vector<StepRecord> steps_;
   StepRecord started_;  // between start_sample and finish_sample
-  std::chrono::steady_clock::time_point started_at_;
+  std::chrono::steady_clock::time_point started_at_, start_returned_at_;
+  std::optional<std::chrono::steady_clock::time_point> finished_at_;  // the last step's tokens (since clear())
 };
 
 }  // namespace serval::cli

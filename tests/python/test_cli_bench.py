@@ -85,6 +85,12 @@ def test_engine_mode_random_requests(serval, models):
     # The op-by-op floor sums each op's max(bytes, FLOPs): never below the step's max.
     assert p["step_roofline_fraction"] <= p["step_op_limit_fraction"] < 1
     assert p["decode_roofline_fraction"] <= p["decode_op_limit_fraction"] < 1
+    # A step's host time split three ways (on the CPU the step runs inside
+    # start_sample, so there is nothing to wait for), and the gaps between steps.
+    parts = [p["host_start_ms"], p["host_under_device_ms"], p["host_wait_ms"]]
+    assert min(parts) >= 0 and p["host_start_ms"] > p["host_wait_ms"]
+    assert sum(parts) == pytest.approx(p["mean_step_ms"], rel=1e-6)
+    assert 0 < p["host_between_steps_ms"] < p["duration_s"] * 1e3 / p["steps"]
 
 
 def test_engine_mode_warms_up_each_class_of_context_the_run_reaches(serval, models):
