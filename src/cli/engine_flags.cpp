@@ -52,12 +52,18 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                f.block_size);
   SERVAL_CHECK(f.kv_cache_tokens >= 0, "--kv-cache-tokens must not be negative, got ",
                f.kv_cache_tokens);
-  const std::string device = resolve_device(f.device);
+  std::string device = resolve_device(f.device);
   // K/V are kept in the compute dtype: f32 on the CPU, bf16 or f32 on a GPU.
   // Checked before the model loads, so a bad --dtype fails at once.
-  const DType kv_dtype = compute_dtype(device, f.dtype);
+  DType kv_dtype = compute_dtype(device, f.dtype);
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
+  if (f.device == "auto" && device != "cpu" && !device_supports_head_dim(device, c.head_dim)) {
+    std::fprintf(stderr, "--device auto: the %s backend has no attention kernel for head_dim %lld; running on the CPU\n",
+                 device.c_str(), (long long)c.head_dim);
+    device = "cpu";
+    kv_dtype = compute_dtype(device, f.dtype);
+  }
   SERVAL_CHECK(f.scheduler.max_model_len >= 0 && f.scheduler.max_model_len <= c.max_position,
                "--max-model-len must be in [1, ", c.max_position, "] (the model's context), got ",
                f.scheduler.max_model_len);

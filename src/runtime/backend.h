@@ -311,6 +311,11 @@ class Backend {
 // GPU, "cpu" for "auto" otherwise; any other name unchanged.
 std::string resolve_device(const std::string& device);
 
+// Whether `device` ("cpu" or "cuda", resolved) has attention kernels for
+// heads of `head_dim` values (the CPU: any; CUDA: those compiled). Checked
+// when a runner is made, so a model a device cannot run fails at start-up.
+bool device_supports_head_dim(const std::string& device, int64_t head_dim);
+
 // The activation (and KV cache) dtype that `dtype` gives on `device` (as
 // create_backend takes them): "auto" is bf16 on a GPU and f32 on the CPU,
 // "bfloat16" bf16 (GPU only: the CPU computes in f32), "float32" f32.

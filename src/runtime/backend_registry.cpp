@@ -8,6 +8,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend/cpu/cpu_back
 #ifdef SERVAL_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(DType act_dtype);  // backend/cuda/cuda_backend.cu
 bool cuda_device_present();                                   // backend/cuda/cuda_backend.cu
+bool cuda_attention_supports_head_dim(int64_t head_dim);       // backend/cuda/cuda_attention.cu
 #endif
 
 std::string resolve_device(const std::string& device) {
@@ -16,6 +17,14 @@ std::string resolve_device(const std::string& device) {
   if (cuda_device_present()) return "cuda";
 #endif
   return "cpu";
+}
+
+bool device_supports_head_dim(const std::string& device, int64_t head_dim) {
+#ifdef SERVAL_WITH_CUDA
+  if (device == "cuda") return cuda_attention_supports_head_dim(head_dim);
+#endif
+  (void)head_dim;  // the CPU's attention takes any
+  return true;
 }
 
 DType compute_dtype(const std::string& requested, const std::string& dtype) {

@@ -107,6 +107,9 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
                "max_num_seqs must be positive");
   backend_ = create_backend(opts.device, opts.threads, opts.dtype);
+  SERVAL_CHECK(device_supports_head_dim(backend_->name(), cfg_.head_dim), "the ", backend_->name(),
+               " backend has no attention kernel for this model's head_dim of ", cfg_.head_dim,
+               "; run it with --device cpu");
   backend_->set_batch_invariant(opts.batch_invariant);
   backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
   const bool gpu = backend_->name() != "cpu";

@@ -1,6 +1,6 @@
 // The Backend interface's shared parts on the CPU backend: DeviceBuffer
-// slices, and the default upload_weight_group (one upload per weight, same
-// values as upload_weight).
+// slices, the default upload_weight_group (one upload per weight, same
+// values as upload_weight), and which head sizes each device takes.
 #include "runtime/backend.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +58,17 @@ TEST(Backend, UploadWeightGroupKeepsOrderNamesAndValues) {
   be->copy_to_host(y, yb.data(), 8);
   EXPECT_EQ(y[0], 1.0f);
   EXPECT_EQ(y[1], 4.0f);
+}
+
+// A model whose heads no attention kernel of a device takes must fail when
+// its runner is made (or, with --device auto, run on the CPU), not at every
+// request's first step. No GPU is needed to ask.
+TEST(Backend, DeviceSupportsHeadDimListsEachDevicesKernels) {
+  for (int64_t d : {4, 8, 12, 64, 128, 200, 256}) EXPECT_TRUE(device_supports_head_dim("cpu", d)) << d;
+#ifdef SERVAL_WITH_CUDA
+  for (int64_t d : {8, 16, 32, 64, 80, 96, 128, 256}) EXPECT_TRUE(device_supports_head_dim("cuda", d)) << d;
+  for (int64_t d : {4, 12, 48, 112, 192, 512}) EXPECT_FALSE(device_supports_head_dim("cuda", d)) << d;
+#endif
 }
 
 }  // namespace
