@@ -44,7 +44,7 @@ void StepRecorder::start_sample(const Batch& batch, std::span<const SampleSpec> 
     if (finished_at_) started_.gap_s = std::chrono::duration<double>(started_at_ - *finished_at_).count();
   }
   inner_.start_sample(batch, specs);
-  start_returned_at_ = Clock::now();
+  started_.start_s = std::chrono::duration<double>(Clock::now() - started_at_).count();
 }
 
 void StepRecorder::finish_sample(std::vector<SampleResult>& out) {
@@ -52,7 +52,6 @@ void StepRecorder::finish_sample(std::vector<SampleResult>& out) {
   inner_.finish_sample(out);
   const auto done = Clock::now();
   started_.seconds = std::chrono::duration<double>(done - started_at_).count();
-  started_.start_s = std::chrono::duration<double>(start_returned_at_ - started_at_).count();
   started_.wait_s = std::chrono::duration<double>(done - wait_from).count();
   std::lock_guard<std::mutex> lock(mutex_);
   finished_at_ = done;

@@ -75,7 +75,7 @@ class StepRecorder : public ModelRunner {
   mutable std::mutex mutex_;
   std::vector<StepRecord> steps_;
   StepRecord started_;  // between start_sample and finish_sample
-  std::chrono::steady_clock::time_point started_at_, start_returned_at_;
+  std::chrono::steady_clock::time_point started_at_;
   std::optional<std::chrono::steady_clock::time_point> finished_at_;  // the last step's tokens (since clear())
 };
 

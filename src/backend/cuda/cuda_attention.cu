@@ -123,15 +123,3 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
 }
 
 }  // namespace serval::cuda
-
-namespace serval {
-
-// Every attention path's head sizes: the decode kernels (with_head_dim), the
-// tensor-core prefill (64, 128) with the CUDA-core one for the rest, and f32.
-bool cuda_attention_supports_head_dim(int64_t head_dim) {
-  for (int64_t d : {8, 16, 32, 64, 80, 96, 128, 256})
-    if (head_dim == d) return true;
-  return false;
-}
-
-}  // namespace serval

@@ -453,3 +453,13 @@ bool launch_attention_decode(const AttnParams& p, cudaStream_t stream) {
 }
 
 }  // namespace serval::cuda
+
+namespace serval {
+
+// The head sizes the decode kernels are compiled for (with_head_dim); the
+// prefill and f32 kernels take the same ones.
+bool cuda_attention_supports_head_dim(int64_t head_dim) {
+  return head_dim > 0 && head_dim <= 1024 && cuda::decode::with_head_dim(int(head_dim), [](auto) {});
+}
+
+}  // namespace serval
