@@ -150,12 +150,16 @@ int run_bench_engine(const BenchOptions& o) {
     r.stop.max_tokens = 1;
     return r;
   };
-  if (W > 0 && m.runner->uses_graphs()) {
-    // First a prompt that fills a step's token budget, which sizes the
-    // scratch buffers that grow with a step's tokens (growing one later drops
-    // every graph recorded before it).
-    const int64_t budget = o.engine.scheduler.max_num_batched_tokens;
-    warmup.push_back({one_token(std::clamp<int64_t>(budget, 1, std::max<int64_t>(room - 1, 1)))});
+  const int64_t budget = o.engine.scheduler.max_num_batched_tokens;
+  if (W > 0) {
+    // First a step of the whole token budget, which sizes the buffers that
+    // grow with a step's tokens (on a GPU, growing one later drops every graph
+    // recorded before it). A prompt fits the context, so when the budget does
+    // not, several prompts together: the scheduler chunks the last to fill it.
+    const int64_t len = std::clamp<int64_t>(budget, 1, std::max<int64_t>(room - 1, 1));
+    const int64_t n = std::min<int64_t>((budget + len - 1) / len, max_seqs);
+    warmup.emplace_back();
+    for (int64_t i = 0; i < n; ++i) warmup.back().push_back(one_token(len));
   }
   for (int32_t start : StepGraphs::class_starts(int32_t(std::min<int64_t>(longest, INT32_MAX)))) {
     const int64_t len = start == 1 ? std::clamp<int64_t>(room / 2, 1, 32) : start;
@@ -202,6 +206,8 @@ int run_bench_engine(const BenchOptions& o) {
     for (const Outcome& r : run_all(engine, phase, nullptr))
       SERVAL_CHECK(!r.failed, "bench: a warm-up request failed: ", r.error);
   const double warmup_s = seconds(Clock::now() - t_warmup);
+  int32_t warmup_max_step_tokens = 0;  // the budget phase's step: should be the whole budget
+  for (const StepRecord& r : recorder.steps()) warmup_max_step_tokens = std::max(warmup_max_step_tokens, r.num_tokens);
   const std::string before = engine.metrics_registry().expose();
   const int64_t graphs_before = m.runner->graphs_captured();
   recorder.clear();
@@ -249,6 +255,7 @@ int run_bench_engine(const BenchOptions& o) {
                  {"warmup_requests", W},
                  {"warmup_prompt_lens", warmup_lens},
                  {"warmup_s", warmup_s},
+                 {"warmup_max_step_tokens", warmup_max_step_tokens},
                  {"duration_s", wall_s},
                  {"requests_per_s", double(requests.size()) / wall_s},
                  {"output_tokens_per_s", double(output_tokens) / wall_s},

@@ -102,6 +102,18 @@ def test_engine_mode_warms_up_each_class_of_context_the_run_reaches(serval, mode
     assert p["graphs_captured_in_run"] == 0
 
 
+def test_engine_mode_warm_up_runs_a_step_of_the_whole_token_budget(serval, models):
+    # A prompt fits the context (64), the budget (160) does not: the warm-up
+    # sends prompts of 63 tokens until the scheduler can fill one step with
+    # them (63 + 63 + a chunk of 34). Without that step, the run's first full
+    # step would grow buffers sized by step tokens (on a GPU: dropping every
+    # decode graph recorded in the warm-up).
+    (p,) = bench_json(serval, "--mode", "engine", "--model", stories(models), "--requests", 3,
+                      "--input-len", 40, "--output-len", 4, "--max-model-len", 64,
+                      "--max-num-batched-tokens", 160)
+    assert p["failed"] == 0 and p["warmup_max_step_tokens"] == 160
+
+
 def test_engine_mode_jsonl_input(serval, models, tmp_path):
     inp = tmp_path / "requests.jsonl"
     lines = [{"prompt": "Once upon a time", "max_tokens": 9},
