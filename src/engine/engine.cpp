@@ -109,30 +109,41 @@ void Engine::check(const EngineRequest& request) const {
 }
 
 RequestHandle Engine::submit(EngineRequest request) {
-  check(request);
-  auto pending = std::make_unique<Pending>();
-  if (!request.stop_strings.empty())
-    pending->stops.emplace(request.stop_strings, request.include_stop_str_in_output);
-  pending->request = std::move(request);
-  pending->channel = std::make_shared<RequestChannel>(pending->request.n);
-  pending->arrival = EngineClock::now();
-  std::shared_ptr<RequestChannel> channel = pending->channel;
-  int64_t id;
+  std::vector<EngineRequest> one;
+  one.push_back(std::move(request));
+  return std::move(submit_all(std::move(one)).front());
+}
+
+std::vector<RequestHandle> Engine::submit_all(std::vector<EngineRequest> requests) {
+  for (const EngineRequest& r : requests) check(r);
+  std::vector<std::unique_ptr<Pending>> pendings;
+  for (EngineRequest& request : requests) {
+    auto pending = std::make_unique<Pending>();
+    if (!request.stop_strings.empty())
+      pending->stops.emplace(request.stop_strings, request.include_stop_str_in_output);
+    pending->request = std::move(request);
+    pending->channel = std::make_shared<RequestChannel>(pending->request.n);
+    pending->arrival = EngineClock::now();
+    pendings.push_back(std::move(pending));
+  }
+  std::vector<RequestHandle> handles;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) throw EngineStoppedError("the engine is shut down");
     const int64_t queued = num_waiting_snapshot_ + int64_t(inbox_.size());
-    if (queued >= options_.scheduler.max_queued_requests)
-      throw QueueFullError(str_cat("request refused: the waiting queue is full (", queued,
-                                   " requests, max_queued_requests ",
+    if (queued + int64_t(pendings.size()) > options_.scheduler.max_queued_requests)
+      throw QueueFullError(str_cat("request refused: the waiting queue is full (", queued, " requests, ",
+                                   pendings.size(), " more asked, max_queued_requests ",
                                    options_.scheduler.max_queued_requests, ")"));
-    id = next_id_++;
-    pending->id = id;
-    inbox_.push_back(std::move(pending));
-    ++num_unfinished_;
+    for (auto& pending : pendings) {
+      pending->id = next_id_++;
+      handles.emplace_back(pending->id, pending->channel);
+      inbox_.push_back(std::move(pending));
+      ++num_unfinished_;
+    }
   }
   cv_.notify_all();
-  return RequestHandle(id, std::move(channel));
+  return handles;
 }
 
 void Engine::abort(int64_t request_id) {

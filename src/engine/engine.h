@@ -97,6 +97,9 @@ class Engine {
   // vocabulary, a request that could never fit (context or KV pool), a full
   // waiting queue, or after shutdown. Thread-safe.
   RequestHandle submit(EngineRequest request);
+  // Queues all or none of `requests` (the errors submit() throws), together:
+  // the loop sees them in the same scheduling round. Thread-safe.
+  std::vector<RequestHandle> submit_all(std::vector<EngineRequest> requests);
   // The checks submit() makes before queuing (all but the queue bound and
   // shutdown): throws serval::Error naming the problem. Thread-safe.
   void check(const EngineRequest& request) const;

@@ -3,7 +3,8 @@
 // preemption changes the output or fails a check): greedy equals the toy
 // model directly, batched requests equal each alone, n samples equal n
 // single requests seeded seed + i, a small pool (preemption) changes nothing,
-// EOS / ignore_eos / stop tokens, and submit() names what is wrong.
+// EOS / ignore_eos / stop tokens, submit() names what is wrong, and
+// submit_all() queues its requests together or not at all.
 // (Ported from the former Generator tests; its admission and
 // context-capping rules are gone with it.)
 #include <gtest/gtest.h>
@@ -234,6 +235,32 @@ TEST(EngineFakeRunner, SubmitNamesWhatIsWrong) {
   EXPECT_EQ(message(sampled({1}, 2, 1, 0)), "n must be in [1, 128], got 0");
   engine.shutdown();
   EXPECT_TRUE(runner.batches.empty());
+}
+
+TEST(EngineFakeRunner, SubmitAllQueuesTogetherOrNotAtAll) {
+  FakeModelRunner runner(kVocab, 4, 64);
+  EngineOptions options;
+  options.scheduler.max_queued_requests = 3;
+  Engine engine(runner, tokenizer(), options);
+  // One bad request: none is queued.
+  EXPECT_THROW(engine.submit_all({greedy(iota_prompt(5, 0), 2), greedy({}, 2)}), Error);
+  // More than the queue holds: none is queued.
+  EXPECT_THROW(engine.submit_all({greedy({1}, 2), greedy({2}, 2), greedy({3}, 2), greedy({4}, 2)}), QueueFullError);
+  EXPECT_EQ(engine.num_unfinished(), 0);
+  // Queued together: the first step holds all three (submitted one by one,
+  // the loop could start a step before the last arrives).
+  const std::vector<EngineRequest> requests = {greedy(iota_prompt(5, 0), 3), greedy(iota_prompt(6, 1), 3),
+                                               greedy(iota_prompt(7, 2), 3)};
+  std::vector<RequestHandle> handles = engine.submit_all(requests);
+  ASSERT_EQ(handles.size(), 3u);
+  for (size_t i = 0; i < handles.size(); ++i) {
+    EXPECT_EQ(collect(handles[i])[0].tokens, toy_greedy(requests[i].prompt_ids, kVocab, 3));
+    if (i > 0) EXPECT_GT(handles[i].id(), handles[i - 1].id());
+  }
+  ASSERT_FALSE(runner.batches.empty());
+  EXPECT_EQ(runner.batches[0].num_seqs(), 3);
+  EXPECT_EQ(runner.batches[0].num_tokens(), 5 + 6 + 7);
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
 }
 
 }  // namespace
