@@ -253,7 +253,7 @@ void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
                              kv, geom);
 }
 
-// More than 128 rows of bf16 (cuBLASLt) with rows of a multiple of 256
+// 129..256 rows of bf16 (cuBLASLt) with rows of a multiple of 256
 // values: the product's k is split in two halves, computed as one strided
 // batch of 2 into f32 partials, which the add + RMSNorm kernel sums (and
 // rounds to bf16, as matmul's y) on its way into the residual. A 4096-output
@@ -261,7 +261,10 @@ void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
 // ~2.5 TB/s at 64 tokens, three in one batch at 3.35), with no reduction
 // kernel. Both halves and both partials start 256-byte aligned (k a multiple
 // of 256, out of 64), as cuBLASLt's heuristic assumes. From 129 rows only:
-// 256 sequences gained 2.5% on the H200, 64 lost 0.8-1.3%.
+// 256 sequences gained 2.5% on the H200, 64 lost 0.8-1.3%. Up to 256 only:
+// an 8B prefill step of 1,024 tokens lost 6-7% with it (the partials' f32
+// traffic), and its scratch, sized by the rows, stays small (a larger step
+// growing it would drop every decode graph).
 // SERVAL_NO_SPLIT_K=1: matmul then add_rmsnorm (to compare).
 void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
                                      const DeviceWeight& norm, float eps, Tensor out) {
@@ -269,7 +272,7 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   const CudaWeight& cw = as_cuda(w);
   const CudaWeight& nw = as_cuda(norm);
   const bool fits = split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
-                    x.rows > 128 && cw.dtype() == DType::BF16 && cw.cols() == x.cols && x.cols % 256 == 0 &&
+                    x.rows > 128 && x.rows <= 256 && cw.dtype() == DType::BF16 && cw.cols() == x.cols && x.cols % 256 == 0 &&
                     cw.rows() % 64 == 0 &&
                     residual.dtype == DType::F32 && residual.rows == x.rows && residual.cols == cw.rows() &&
                     residual.cols % 8 == 0 && out.dtype == DType::BF16 && out.rows == x.rows &&

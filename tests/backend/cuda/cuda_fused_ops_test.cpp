@@ -240,15 +240,15 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
 }
 
 // residual += x @ W^T; out = rmsnorm(residual) * w, against the CPU backend's
-// matmul then add_rmsnorm. 129+ rows with 256-multiple k: the CUDA backend splits
-// k in two halves (a batched cuBLASLt call into f32 partials, summed in the
-// norm kernel); fewer rows, or other k: its plain path.
+// matmul then add_rmsnorm. 129..256 rows with 256-multiple k: the CUDA backend
+// splits k in two halves (a batched cuBLASLt call into f32 partials, summed in
+// the norm kernel); other rows, or other k: its plain path.
 TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
   auto cpu = create_backend("cpu", 0);
   struct Case { int64_t rows, in, out; };
   for (const Case& c : {Case{160, 1024, 512}, Case{200, 2816, 256}, Case{129, 512, 1024}, Case{128, 1024, 512},
-                        Case{64, 1024, 512}, Case{16, 1024, 512}, Case{160, 1000, 512}}) {
+                        Case{256, 1024, 512}, Case{257, 1024, 512}, Case{64, 1024, 512}, Case{16, 1024, 512}, Case{160, 1000, 512}}) {
     std::vector<float> x0(size_t(c.rows * c.out));
     std::mt19937 rng{uint32_t(c.in)};
     std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
