@@ -206,7 +206,8 @@ int run_bench_engine(const BenchOptions& o) {
       SERVAL_CHECK(!r.failed, "bench: a warm-up request failed: ", r.error);
   const double warmup_s = seconds(Clock::now() - t_warmup);
   int32_t warmup_max_step_tokens = 0;  // the budget phase's step: should be the whole budget
-  for (const StepRecord& r : recorder.steps()) warmup_max_step_tokens = std::max(warmup_max_step_tokens, r.num_tokens);
+  for (const StepRecord& r : recorder.steps())
+    warmup_max_step_tokens = std::max(warmup_max_step_tokens, r.num_tokens);
   const std::string before = engine.metrics_registry().expose();
   const int64_t graphs_before = m.runner->graphs_captured();
   recorder.clear();

@@ -132,9 +132,9 @@ std::vector<RequestHandle> Engine::submit_all(std::vector<EngineRequest> request
     if (stopping_) throw EngineStoppedError("the engine is shut down");
     const int64_t queued = num_waiting_snapshot_ + int64_t(inbox_.size());
     if (queued + int64_t(pendings.size()) > options_.scheduler.max_queued_requests)
-      throw QueueFullError(str_cat("request refused: the waiting queue is full (", queued, " requests, ",
-                                   pendings.size(), " more asked, max_queued_requests ",
-                                   options_.scheduler.max_queued_requests, ")"));
+      throw QueueFullError(str_cat("request refused: the waiting queue is full (", queued, " requests",
+                                   pendings.size() > 1 ? str_cat(", ", pendings.size(), " more asked") : "",
+                                   ", max_queued_requests ", options_.scheduler.max_queued_requests, ")"));
     for (auto& pending : pendings) {
       pending->id = next_id_++;
       handles.emplace_back(pending->id, pending->channel);

@@ -272,8 +272,8 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   const CudaWeight& cw = as_cuda(w);
   const CudaWeight& nw = as_cuda(norm);
   const bool fits = split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
-                    x.rows > 128 && x.rows <= 256 && cw.dtype() == DType::BF16 && cw.cols() == x.cols && x.cols % 256 == 0 &&
-                    cw.rows() % 64 == 0 &&
+                    x.rows > 128 && x.rows <= 256 && cw.dtype() == DType::BF16 && cw.cols() == x.cols &&
+                    x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
                     residual.dtype == DType::F32 && residual.rows == x.rows && residual.cols == cw.rows() &&
                     residual.cols % 8 == 0 && out.dtype == DType::BF16 && out.rows == x.rows &&
                     out.cols == residual.cols && nw.dtype() == DType::F32 && nw.cols() == residual.cols;
