@@ -102,7 +102,7 @@ if j.get("prefill_tokens_per_s"): f.append("prefill %.0f tok/s (MFU %.1f%%)" % (
 if j.get("decode_tokens_per_s"): f.append("decode %.1f tok/s, %.3f ms/step (%.1f%% of roofline)" % (j["decode_tokens_per_s"], j["decode_step_ms"], 100 * j["decode_roofline_fraction"]))
 if j.get("decode_tokens_per_s_min"): f.append("median of %d runs, range %.1f-%.1f tok/s" % (j["repeats"], j["decode_tokens_per_s_min"], j["decode_tokens_per_s_max"]))
 for k in ("output_tokens_per_s", "total_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "mean_decode_batch",
-          "us_per_call", "kv_gbs", "bandwidth_fraction", "graph_replays", "graphs_captured", "load_s",
+          "us_per_call", "kv_gbs", "bandwidth_fraction", "graph_replays", "graphs_captured", "graphs_captured_in_run", "load_s",
           "host_between_steps_ms"):
     if k in j: f.append("%s %.4g" % (k, j[k]))
 print(" | ".join(f))')${clocks:+ | $clocks}"
