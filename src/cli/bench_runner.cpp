@@ -172,7 +172,7 @@ int run_bench_runner(const BenchOptions& o) {
                  {"total_tokens_per_s", total_tps},
                  {"graph_replays", runner.graph_replays()},
                  {"bandwidth_gbs", o.limits.bandwidth_gbs},
-                       {"peak_tflops", o.limits.peak_tflops}};
+                 {"peak_tflops", o.limits.peak_tflops}};
   const auto [prefill_lo, prefill_hi] = tps_range(&Pass::prefill_s, double(N) * o.input_len);
   const auto [decode_lo, decode_hi] = tps_range(&Pass::decode_s, double(N) * decode_steps);
   if (o.repeats > 1) {

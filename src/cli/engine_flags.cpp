@@ -59,7 +59,8 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
   if (f.device == "auto" && device != "cpu" && !device_supports_head_dim(device, c.head_dim)) {
-    std::fprintf(stderr, "--device auto: the %s backend has no attention kernel for head_dim %lld; running on the CPU\n",
+    std::fprintf(stderr,
+                 "--device auto: the %s backend has no attention kernel for head_dim %lld; running on the CPU\n",
                  device.c_str(), (long long)c.head_dim);
     device = "cpu";
     kv_dtype = compute_dtype(device, f.dtype);

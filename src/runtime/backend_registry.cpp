@@ -8,7 +8,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend/cpu/cpu_back
 #ifdef SERVAL_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(DType act_dtype);  // backend/cuda/cuda_backend.cu
 bool cuda_device_present();                                   // backend/cuda/cuda_backend.cu
-bool cuda_attention_supports_head_dim(int64_t head_dim);       // backend/cuda/cuda_attention.cu
+bool cuda_attention_supports_head_dim(int64_t head_dim);       // backend/cuda/cuda_attention_decode.cu
 #endif
 
 std::string resolve_device(const std::string& device) {
