@@ -17,6 +17,10 @@ std::vector<std::unique_ptr<DeviceWeight>> Backend::upload_weight_group(const st
   return out;
 }
 
+void Backend::fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>&) {
+  fail("the ", name(), " backend does not fold norm weights (\"", norm.name(), "\") into matrices");
+}
+
 void Backend::begin_capture() { fail("the ", name(), " backend cannot record graphs"); }
 
 std::unique_ptr<DeviceGraph> Backend::end_capture() { fail("the ", name(), " backend cannot record graphs"); }

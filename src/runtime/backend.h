@@ -209,6 +209,15 @@ class Backend {
   virtual std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views);
   // Allocates one layer's K and V pools.
   virtual KvLayer alloc_kv_layer(const KvGeometry& geom) = 0;
+  // Whether the runner should fold each RMSNorm's weight into the matrices
+  // that read the norm's output (fold_norm_weight) and run those norms with a
+  // weight of ones, which a backend may then fuse into the matmuls around
+  // them. Default: no.
+  virtual bool folds_norm_weights() const { return false; }
+  // W := W diag(norm) for each matrix W of `ws` (column c times norm[c]), so
+  // that rmsnorm(x) @ W^T equals (rmsnorm(x) * norm) @ W'^T, up to rounding.
+  // Default: throws (called only when folds_norm_weights()).
+  virtual void fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>& ws);
 
   // ---- ops ----
   // out[t, :] = table[ids[t], :] for t < out.rows.

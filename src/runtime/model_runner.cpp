@@ -82,6 +82,11 @@ class BackendModelRunner : public ModelRunner {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceWeight> tok_embd_, output_norm_, output_;  // output_ null when tied
   std::vector<LayerWeights> layers_;
+  // Ones: the layers' norms run with it when the backend folded their
+  // weights into q/k/v and gate/up (Backend::folds_norm_weights); else null.
+  std::unique_ptr<DeviceWeight> unit_norm_;
+  const DeviceWeight& attn_norm(size_t l) const { return unit_norm_ ? *unit_norm_ : *layers_[l].attn_norm; }
+  const DeviceWeight& ffn_norm(size_t l) const { return unit_norm_ ? *unit_norm_ : *layers_[l].ffn_norm; }
   DeviceBuffer inv_freq_;
   RopeParams rope_;
   KvGeometry geom_;
@@ -214,6 +219,14 @@ void BackendModelRunner::load_weights(const WeightStore& ws) {
     L.gate = std::move(gate_up[0]);
     L.up = std::move(gate_up[1]);
     L.down = upload(ws, p + "ffn_down.weight", {H, I});
+  }
+  if (backend_->folds_norm_weights()) {
+    for (LayerWeights& L : layers_) {
+      backend_->fold_norm_weight(*L.attn_norm, {L.wq.get(), L.wk.get(), L.wv.get()});
+      backend_->fold_norm_weight(*L.ffn_norm, {L.gate.get(), L.up.get()});
+    }
+    const std::vector<float> ones(size_t(H), 1.0f);
+    unit_norm_ = backend_->upload_weight(TensorView{"unit_norm.weight", DType::F32, {H}, ones.data(), H * 4});
   }
 }
 
@@ -429,7 +442,7 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
   const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
 
   be.embedding(*tok_embd_, bv.token_ids, x);
-  be.rmsnorm(x, *layers_[0].attn_norm, eps, xn);
+  be.rmsnorm(x, attn_norm(0), eps, xn);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& L = layers_[l];
     if (L.bq || cfg_.qk_norm) {  // a bias or a per-head norm comes between the projection and rope
@@ -449,11 +462,11 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
       be.qkv_rope_kv_write(xn, *L.wq, *L.wk, *L.wv, q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
     }
     be.paged_attention(q, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale, attn);
-    be.matmul_add_rmsnorm(attn, *L.wo, proj, x, *L.ffn_norm, eps, xn);
+    be.matmul_add_rmsnorm(attn, *L.wo, proj, x, ffn_norm(l), eps, xn);
 
     be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate
     if (l + 1 < layers_.size()) {
-      be.matmul_add_rmsnorm(gate, *L.down, proj, x, *layers_[l + 1].attn_norm, eps, xn);
+      be.matmul_add_rmsnorm(gate, *L.down, proj, x, attn_norm(l + 1), eps, xn);
     } else if (R > 0 && bv.logits_rows_all) {
       // Every row needs logits (a decode step): the final norm follows the
       // last projection as the other norms do, with no gather between.

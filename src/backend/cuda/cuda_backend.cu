@@ -67,7 +67,13 @@ DeviceBuffer CudaBackend::alloc(int64_t bytes) {
   // Zeroed like the CPU's calloc: KV slots never written are never read, but
   // zeros keep any stray read finite.
   SERVAL_CUDA_CHECK(cudaMemsetAsync(p, 0, size_t(std::max<int64_t>(bytes, 256)), stream_));
-  return DeviceBuffer(std::shared_ptr<void>(p, [](void* q) { cudaFree(q); }), bytes);
+  const int64_t held = std::max<int64_t>(bytes, 256);
+  return DeviceBuffer(std::shared_ptr<void>(p,
+                                            [pending = pending_norm_, held](void* q) {
+                                              if (pending->overlaps(q, held)) *pending = PendingNorm{};
+                                              cudaFree(q);
+                                            }),
+                      bytes);
 }
 
 void CudaBackend::copy_to_device(void* dst, const void* src, int64_t bytes) {
@@ -100,6 +106,7 @@ void CudaBackend::copy_to_device_async(void* dst, const void* src, int64_t bytes
 
 void CudaBackend::copy_to_host(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;
+  settle(src, bytes);
   SERVAL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
   sync_stream();
 }
@@ -123,6 +130,7 @@ void CudaBackend::tensor_to_host(const Tensor& t, float* dst) {
                dtype_name(t.dtype));
   const int64_t n = t.numel();
   if (n == 0) return;
+  settle(t);
   // Through pinned memory (a pageable copy runs at a fraction of PCIe speed),
   // then widened or copied into `dst` on all cores: logits of a big batch are
   // tens of MB per step.
@@ -187,7 +195,13 @@ std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view)
   const DType target = weight_target(view, n);
   DeviceBuffer buf = alloc(dtype_bytes(target, n));
   upload_into(view, target, n, buf.data());
-  return std::make_unique<CudaWeight>(view.name, view.shape, target, std::move(buf));
+  auto w = std::make_unique<CudaWeight>(view.name, view.shape, target, std::move(buf));
+  if (view.shape.size() == 1) {  // a norm of ones (the runner's, after folding) changes nothing
+    std::vector<float> f(static_cast<size_t>(n));
+    to_f32(view.dtype, view.data, f.data(), n);
+    w->set_unit(n > 0 && std::all_of(f.begin(), f.end(), [](float v) { return v == 1.0f; }));
+  }
+  return w;
 }
 
 // One allocation, each weight at a 256-byte boundary after the one before:

@@ -11,11 +11,13 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_gemm_search_cache.h"
 #include "backend/cuda/cuda_stats.h"
 #include "runtime/backend.h"
@@ -30,11 +32,15 @@ class CudaWeight : public DeviceWeight {
   const void* data() const { return buf_.data(); }
   // The allocation upload_weight_group laid this weight out in (null: its own).
   const void* group() const { return group_; }
+  // A vector of ones (a norm weight that changes nothing: folded ones).
+  bool unit() const { return unit_; }
+  void set_unit(bool on) { unit_ = on; }
 
  private:
   DType dtype_;
   DeviceBuffer buf_;
   const void* group_;
+  bool unit_ = false;
 };
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
@@ -80,6 +86,9 @@ class CudaBackend : public Backend {
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
   std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views) override;
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
+  // bf16 only (cuda_norm_fold.cu).
+  bool folds_norm_weights() const override;
+  void fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>& ws) override;
 
   void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) override;
   void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) override;
@@ -114,6 +123,7 @@ class CudaBackend : public Backend {
   int64_t batched_gemm_calls() const { return batched_gemm_calls_; }
   // q/k/v projections computed as one stacked cuBLASLt GEMM (qkv_rope_kv_write).
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
+  int64_t elided_norms() const { return elided_norms_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
   // Decode attention launches that the stream kernel served.
@@ -168,6 +178,33 @@ class CudaBackend : public Backend {
   void* scratch(DeviceBuffer& buf, int64_t bytes);
   // Waits for the stream; every copy_to_device_async before it has landed.
   void sync_stream();
+  // The norm matmul_add_rmsnorm leaves to the GEMV after it (cuda_norm_fold.cu):
+  // `data` holds the residual in bf16, unnormalized, and the GEMVs that read
+  // it scale their products by its rows' 1 / rms. Shared with the deleters of
+  // alloc()'s buffers: freeing the memory under it forgets it, so that it
+  // never refers to memory that is gone (or has been handed out again).
+  struct PendingNorm {
+    const void* data = nullptr;
+    int64_t bytes = 0;
+    int cols = 0;
+    float eps = 0;
+    bool scales_written = false;  // norm_scales_ holds its rows' scales (over 4 rows)
+    bool overlaps(const void* p, int64_t n) const {
+      const char *a = static_cast<const char*>(data), *b = static_cast<const char*>(p);
+      return a != nullptr && b != nullptr && a < b + n && b < a + bytes;
+    }
+  };
+  bool elide_norm(const Tensor& x, const CudaWeight& w, const Tensor& residual, const CudaWeight& norm,
+                  const Tensor& out) const;
+  void produce_norm(const Tensor& x, const CudaWeight& w, Tensor residual, float eps, Tensor out);
+  // The GemvNorm for a GEMV reading x: kConsume when x holds a pending norm
+  // that this GEMV may take (it fits the GEMV), else kNone after settle(x).
+  GemvNorm consume_norm(const Tensor& x, bool gemv_takes);
+  // Before an op that reads t: a pending norm in it is applied in place.
+  void settle(const void* data, int64_t bytes);
+  void settle(const Tensor& t) { settle(t.data, dtype_bytes(t.dtype, t.numel())); }
+  // After an op that writes t: a pending norm there is gone.
+  void overwritten(const Tensor& t);
   void* host_op_scratch(DeviceBuffer& buf, int64_t bytes);
 
   int device_ = 0;
@@ -187,6 +224,9 @@ class CudaBackend : public Backend {
   int64_t gemm_searches_ = 0, gemm_search_cache_hits_ = 0;
   bool batch_invariant_ = false;
   DeviceBuffer split_k_partials_;  // matmul_add_rmsnorm's two f32 halves
+  std::shared_ptr<PendingNorm> pending_norm_ = std::make_shared<PendingNorm>();
+  DeviceBuffer norm_scales_;  // GemvNorm::scales for up to 16 rows
+  int64_t elided_norms_ = 0;
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product
   int64_t stacked_qkv_calls_ = 0;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)

@@ -31,13 +31,44 @@ struct GemvRopeKv {
   __nv_bfloat16* v_pool = nullptr;
   int head_dim = 0, rope_dim = 0;
 };
+// An RMSNorm between two GEMVs, done by the two of them: no norm kernel runs
+// between them, so the second's x is ready when the first ends (at batch 1
+// each norm kernel held the GEMV after it back ~1.8 us). The norm's weight
+// is in the second GEMV's weights (Backend::fold_norm_weight).
+//  - kProduce (a projection back into the residual, one bf16 weight): each
+//    output, rounded to bf16 as a plain GEMV stores it, is added into the f32
+//    residual [tokens, rows] (read when the unit starts), and the sum goes to
+//    y in bf16: the next GEMV's x.
+//  - kConsume (q/k/v with rope, or gate/up): every product of token t is
+//    multiplied by scale[t] = 1 / sqrt(sum of x[t, :]^2 / cols + eps) before
+//    the epilogue (rope, silu). The scales come from `scales` (written by
+//    gemv_row_scales), or with none there each block works them out from x
+//    (in L1 by then) at its first unit end: cheaper than a kernel between
+//    the two GEMVs up to 4 rows, dearer from 5. Both sum a row in the same
+//    order (gemv_row_square_sum), so a row gets the same bits either way.
+struct GemvNorm {
+  enum Mode : int { kNone = 0, kProduce = 1, kConsume = 2 };
+  Mode mode = kNone;
+  float* residual = nullptr;      // kProduce
+  int cols = 0;                   // kConsume: x's width
+  float eps = 0;                  // kConsume
+  const float* scales = nullptr;  // kConsume: [tokens], or null
+};
+// Up to this many rows a kConsume GEMV works out its scales itself.
+constexpr int kGemvNormOwnScalesMaxTokens = 4;
+// scales[t] = 1 / sqrt(sum of x[t, :]^2 / x.cols + eps) for GemvNorm::scales
+// (bf16 x, up to 16 rows, a multiple of 8 columns).
+void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t stream);
+
 // ys[i] = x @ ws[i]^T for 1..3 weights; the outputs all bf16, or a single f32
 // one. With rope.positions: exactly three bf16 outputs, q/k/v (see GemvRopeKv).
+// `norm`: kProduce with one bf16 output, or kConsume with rope (up to 16 rows).
 void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
-          const GemvRopeKv& rope = {});
+          const GemvRopeKv& rope = {}, const GemvNorm& norm = {});
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
+// `norm`: kNone or kConsume (up to 16 rows).
 void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                cudaStream_t stream);
+                cudaStream_t stream, const GemvNorm& norm = {});
 
 // y = x @ w^T for any bf16 x (y bf16 or f32): one warp per output, in a fixed
 // order (cuda_rowwise_matmul.cu). Batch-invariant mode's matmul for the inputs

@@ -288,12 +288,14 @@ void CudaBackend::embedding(const DeviceWeight& table, const int32_t* ids, Tenso
   SERVAL_CHECK((w.dtype() == DType::BF16 || w.dtype() == DType::F32) && w.cols() == out.cols, "embedding: table \"",
                w.name(), "\" does not match the output width ", out.cols);
   check_stream(out, "embedding");
+  overwritten(out);
   if (out.rows == 0) return;
   gather(w.data(), w.dtype(), ids, out, stream_);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) {
   check_stream(x, "gather_rows");
+  settle(x);
   SERVAL_CHECK(out.dtype == x.dtype && out.cols == x.cols, "gather_rows: output must match the input's dtype and width");
   if (out.rows == 0) return;
   gather(x.data, x.dtype, rows, out, stream_);
@@ -307,6 +309,8 @@ void CudaBackend::rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Ten
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == x.cols, "rmsnorm: weight \"", cw.name(), "\" has ",
                cw.cols(), " entries, rows have ", x.cols);
+  settle(x);
+  overwritten(out);
   if (x.rows == 0) return;
   rmsnorm_dispatch<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, stream_);
 }
@@ -318,6 +322,8 @@ void CudaBackend::add_rmsnorm(Tensor residual, const Tensor& delta, const Device
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == residual.cols, "add_rmsnorm: weight \"", cw.name(),
                "\" has ", cw.cols(), " entries, rows have ", residual.cols);
+  settle(delta);
+  overwritten(out);
   if (residual.rows == 0) return;
   rmsnorm_dispatch<true>(residual, &delta, static_cast<const float*>(cw.data()), eps, out, stream_);
 }
@@ -325,6 +331,7 @@ void CudaBackend::add_rmsnorm(Tensor residual, const Tensor& delta, const Device
 void CudaBackend::add(Tensor x, const Tensor& delta) {
   check_stream(x, "add");
   check_act(delta, act_dtype_, "add's delta");
+  settle(delta);
   const int64_t n = x.numel();
   if (n == 0) return;
   const dim3 grid(unsigned(grid_for(n, 256, num_sms_))), block(256);
@@ -346,6 +353,8 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor out) {
   check_act(gate, act_dtype_, "silu_mul");
   check_act(up, act_dtype_, "silu_mul");
   check_act(out, act_dtype_, "silu_mul's output");
+  settle(gate);
+  settle(up);
   if (gate.numel() == 0) return;
   if (act_dtype_ == DType::F32)
     launch_silu_mul<float>(gate, up, out, num_sms_, stream_);

@@ -32,6 +32,12 @@
 // token's result is bitwise the same alone or inside a batch (and in a
 // fused q/k/v launch or a single one). The split (4 warps x 8 steps) is
 // the same in every kernel variant; do not make it depend on T.
+//
+// The RMSNorm between a projection into the residual and the next GEMV can be
+// done by the two GEMVs (GemvNorm, cuda_decode_matmul.h; cuda_norm_fold.cu
+// decides when): the first adds into the residual in its epilogue, the second
+// scales its sums by the rows' 1 / rms before its own epilogue. Both keep the
+// units, k split and sums above, so batch invariance holds.
 #include <algorithm>
 #include <type_traits>
 
@@ -65,14 +71,23 @@ __device__ __forceinline__ UnitRows unit_rows(const GemvParams& p, int i, int g)
 
 // kHighTokens: tokens 8..15 exist (T > 8), so the lanes also load their rows of
 // x into A's rows 8..15; otherwise those rows are zero registers.
-template <typename Out, bool kGated, bool kHighTokens, bool kRope = false>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvParams p,
-                                                         const __grid_constant__ GemvRopeKv r) {
+// kNorm: GemvNorm::Mode. Gate + up for 9..16 tokens takes 168 registers (3
+// blocks per SM); its kConsume form is held to that (unbounded: 196, 2 blocks).
+template <bool kGated, bool kHighTokens, int kNorm>
+constexpr int gemv_min_blocks() {
+  return kNorm == GemvNorm::kConsume && kGated && kHighTokens ? 3 : 0;  // 0: no bound
+}
+template <typename Out, bool kGated, bool kHighTokens, bool kRope = false, int kNorm = GemvNorm::kNone>
+__global__ void __launch_bounds__(kThreads, gemv_min_blocks<kGated, kHighTokens, kNorm>())
+    gemv_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ GemvRopeKv r,
+                const __grid_constant__ GemvNorm nrm) {
   // Per lane, the accumulators handed to the reduction: D's (token g, rows 2q,
   // 2q+1), plus (token g+8, ...) with high tokens; for gate and for up if gated.
   constexpr int kAcc = kHighTokens ? 4 : 2;
   constexpr int kVals = kGated ? 2 * kAcc : kAcc;
   __shared__ float partial[2][kWarps][kVals][32];  // double-buffered by unit parity
+  __shared__ float ss[kMaxTokens];                  // kConsume: the sums of squares of x's rows
+  GemvNormState st;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;  // mma groupID, threadID_in_group
@@ -126,8 +141,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
     }
   };
   auto epilogue = [&](int i) {
-    finish_unit<Out, kGated, kAcc, kVals, kRope>(p, r, partial, acc, acc_up, int(blockIdx.x) + i * int(gridDim.x),
-                                                 i & 1, 0);
+    const int tile = int(blockIdx.x) + i * int(gridDim.x);
+    // Scales of its own (kGemvNormOwnScalesMaxTokens) only for gate + up: q/k/v
+    // of that few rows goes to the deep kernel.
+    constexpr bool kOwnScales = kGated && !kHighTokens;
+    finish_unit<Out, kGated, kAcc, kVals, kRope, kNorm, kOwnScales>(p, r, partial, acc, acc_up, tile, i & 1, 0, &nrm,
+                                                                    &st, ss, i == 0);
+    if constexpr (kNorm == GemvNorm::kProduce)
+      if (warp == 0 && i + 1 < total / batches) load_residual<kAcc>(p, nrm, tile + int(gridDim.x), st);
   };
   if (total == 0) return;  // no block is launched without a unit; kept for safety
   // Batch 0's weights first; x is the previous kernel's output, so wait for
@@ -148,6 +169,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
     xl[s] = load_act(x_lo_row + off, x_lo && c < chunks);
     if constexpr (kHighTokens) xh[s] = load_act(x_hi_row + off, x_hi && c < chunks);
   }
+  if constexpr (kNorm == GemvNorm::kProduce)
+    if (warp == 0) load_residual<kAcc>(p, nrm, int(blockIdx.x), st);
+  if constexpr (kNorm == GemvNorm::kConsume)
+    if (warp == 0 && nrm.scales != nullptr) load_scales<kAcc>(p, nrm, st);
   if (total == 1) pdl_launch_dependents();
   // A rolling window: as soon as slot s has fed its mmas, it is refilled with
   // step s of the next batch (possibly of the next unit), so nearly a whole
@@ -181,11 +206,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
 // gate + up, and for 9..16 tokens, whose x loads then sit in the mma chain,
 // that measured slower, so they keep gemv_kernel.)
 constexpr int kDeepMaxTokens = 4;  // the tokens it is used for (it handles up to 8)
-template <typename Out, bool kRope = false>
+static_assert(kGemvNormOwnScalesMaxTokens <= kDeepMaxTokens, "q/k/v with rope gets its own scales in the deep kernel");
+template <typename Out, bool kRope = false, int kNorm = GemvNorm::kNone>
 __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_constant__ GemvParams p,
-                                                                const __grid_constant__ GemvRopeKv r) {
+                                                                const __grid_constant__ GemvRopeKv r,
+                                                                const __grid_constant__ GemvNorm nrm) {
   constexpr int kDepth = 2;  // batches of weight loads in flight per lane
   __shared__ float partial[2][kWarps][2][32];
+  __shared__ float ss[kMaxTokens];  // kConsume
+  GemvNormState st;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -229,6 +258,10 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
   }
   pdl_wait();  // x is the previous kernel's output; y may be written only now
   uint4 x_cur = load_x(0, 0);
+  if constexpr (kNorm == GemvNorm::kProduce)
+    if (warp == 0) load_residual<2>(p, nrm, int(blockIdx.x), st);
+  if constexpr (kNorm == GemvNorm::kConsume)
+    if (warp == 0 && nrm.scales != nullptr) load_scales<2>(p, nrm, st);
   if (total <= kDepth) pdl_launch_dependents();
   int ci = 0, cb = 0;
   for (int first = 0; first < total; first += kDepth) {
@@ -251,8 +284,11 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
       }
       if (idx + kDepth + 1 == total) pdl_launch_dependents();  // the last weight loads are out
       if (++cb == batches) {
-        finish_unit<Out, false, 2, 2, kRope>(p, r, partial, acc, unused, int(blockIdx.x) + ci * int(gridDim.x),
-                                             ci & 1, 0);
+        const int tile = int(blockIdx.x) + ci * int(gridDim.x);
+        finish_unit<Out, false, 2, 2, kRope, kNorm, true>(p, r, partial, acc, unused, tile, ci & 1, 0, &nrm, &st,
+                                                          ss, ci == 0);
+        if constexpr (kNorm == GemvNorm::kProduce)
+          if (warp == 0 && ci + 1 < total / batches) load_residual<2>(p, nrm, tile + int(gridDim.x), st);
         ++ci;
         cb = 0;
       }
@@ -274,50 +310,98 @@ int resident_blocks() {
 }
 
 template <auto kKernel>
-void launch_as(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
+void launch_as(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
   // Balanced persistent grid: the fewest units per block that fit the resident
   // blocks, and just enough blocks for that, so every block gets the same
   // count (the last ones one fewer at most). Depends on the shape only.
   const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>());
   const int blocks = ceil_div(p.tiles, per_block);
-  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, r);
+  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, r, n);
+}
+
+// The kernel for up to kMaxTokens rows in norm mode kNorm.
+template <typename Out, bool kGated, int kNorm>
+void launch_small(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
+  if constexpr (!kGated && std::is_same_v<Out, bf16> && kNorm != GemvNorm::kProduce) {
+    if (r.positions != nullptr) {  // the rope epilogue: its own variants, the others keep their registers
+      if (p.tokens > 8) return launch_as<gemv_kernel<bf16, false, true, true, kNorm>>(p, r, n, stream);
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<bf16, true, kNorm>>(p, r, n, stream);
+      return launch_as<gemv_kernel<bf16, false, false, true, kNorm>>(p, r, n, stream);
+    }
+  }
+  if constexpr (kNorm == GemvNorm::kConsume && !kGated) {
+    fail("gemv: a norm's scales are taken by q/k/v with rope and by gate/up only");
+  } else {
+    if (p.tokens > 8) return launch_as<gemv_kernel<Out, kGated, true, false, kNorm>>(p, r, n, stream);
+    // The deep kernel up to 4 tokens: at 8 its launches alone are faster too,
+    // but 8-sequence decode steps measured 1.4% slower with it.
+    if constexpr (!kGated)
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<Out, false, kNorm>>(p, r, n, stream);
+    launch_as<gemv_kernel<Out, kGated, false, false, kNorm>>(p, r, n, stream);
+  }
 }
 
 template <typename Out, bool kGated>
-void launch_typed(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
+void launch_typed(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
   if (p.tokens > kMaxTokens) {
+    SERVAL_CHECK(n.mode == GemvNorm::kNone, "gemv: a norm in the GEMV needs at most ", kMaxTokens, " rows");
     if constexpr (!kGated && std::is_same_v<Out, bf16>)
       if (r.positions != nullptr) return launch_wide<bf16, false, true>(p, r, stream);
     return launch_wide<Out, kGated, false>(p, r, stream);
   }
-  if constexpr (!kGated && std::is_same_v<Out, bf16>) {
-    if (r.positions != nullptr) {  // the rope epilogue: its own variants, the others keep their registers
-      if (p.tokens > 8) return launch_as<gemv_kernel<bf16, false, true, true>>(p, r, stream);
-      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<bf16, true>>(p, r, stream);
-      return launch_as<gemv_kernel<bf16, false, false, true>>(p, r, stream);
-    }
-  }
-  if (p.tokens > 8) {
-    launch_as<gemv_kernel<Out, kGated, true>>(p, r, stream);
-  } else {
-    // The deep kernel up to 4 tokens: at 8 its launches alone are faster too,
-    // but 8-sequence decode steps measured 1.4% slower with it.
+  if (n.mode == GemvNorm::kNone) return launch_small<Out, kGated, GemvNorm::kNone>(p, r, n, stream);
+  if constexpr (std::is_same_v<Out, bf16>) {
     if constexpr (!kGated)
-      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<Out>>(p, r, stream);
-    launch_as<gemv_kernel<Out, kGated, false>>(p, r, stream);
+      if (n.mode == GemvNorm::kProduce && r.positions == nullptr)
+        return launch_small<bf16, false, GemvNorm::kProduce>(p, r, n, stream);
+    if (n.mode == GemvNorm::kConsume) return launch_small<bf16, kGated, GemvNorm::kConsume>(p, r, n, stream);
   }
+  fail("gemv: no kernel for norm mode ", int(n.mode), kGated ? " (gated)" : "", r.positions ? " (rope)" : "");
 }
 
 template <bool kGated>
-void launch(const GemvParams& p, bool f32, cudaStream_t stream, const GemvRopeKv& r = {}) {
+void launch(const GemvParams& p, bool f32, cudaStream_t stream, const GemvRopeKv& r = {}, const GemvNorm& n = {}) {
   if (f32)
-    launch_typed<float, kGated>(p, r, stream);
+    launch_typed<float, kGated>(p, r, n, stream);
   else
-    launch_typed<bf16, kGated>(p, r, stream);
+    launch_typed<bf16, kGated>(p, r, n, stream);
 }
+
+// A GemvNorm the kernels can take with these operands (n outputs).
+void check_norm(const GemvNorm& norm, const GemvParams& p, int n) {
+  if (norm.mode == GemvNorm::kNone) return;
+  SERVAL_CHECK(p.tokens <= kMaxTokens, "gemv: a norm needs at most ", kMaxTokens, " rows");
+  if (norm.mode == GemvNorm::kProduce) {
+    SERVAL_CHECK(n == 1 && norm.residual != nullptr && p.rows[0] % kUnitRows == 0,
+                 "gemv: a norm's producer has one output of whole units of ", kUnitRows, " rows");
+  } else {
+    SERVAL_CHECK(norm.cols == p.in, "gemv: a norm over ", norm.cols, " columns for x of ", p.in);
+    SERVAL_CHECK(norm.scales != nullptr || p.tokens <= kGemvNormOwnScalesMaxTokens, "gemv: a norm's scales for ",
+                 p.tokens, " rows come from gemv_row_scales");
+  }
+}
+
+// GemvNorm's scales: a block of one warp per row (spread over the SMs, whose
+// L2 reads a row each).
+__global__ void row_scales_kernel(const bf16* x, int cols, float eps, float* scales) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.x;
+  const float v = gemv_row_square_sum(x + t * cols, cols / 8);
+  if (threadIdx.x == 0) scales[t] = gemv_norm_scale(v, cols, eps);
+}
+
 }  // namespace
 
+void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t stream) {
+  SERVAL_CHECK(x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= kMaxTokens && x.cols % 8 == 0,
+               "gemv_row_scales: x [", x.rows, ", ", x.cols, "] must be bf16, 1..", kMaxTokens, " rows of 8k columns");
+  launch_pdl(row_scales_kernel, dim3(unsigned(x.rows)), dim3(32), 0, stream, bf(x), int(x.cols), eps, scales);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
+
 bool gemv_fits(const Tensor& x) { return x.rows <= kMaxTokens && gemv_any_rows_fits(x); }
+
 
 bool gemv_any_rows_fits(const Tensor& x) {
   return x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= (int64_t(1) << 30) && x.cols >= 8 && x.cols % 8 == 0 &&
@@ -326,7 +410,7 @@ bool gemv_any_rows_fits(const Tensor& x) {
 
 // ys[i] = x @ ws[i]^T; the outputs are all bf16, or a single f32 one.
 void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
-          const GemvRopeKv& rope) {
+          const GemvRopeKv& rope, const GemvNorm& norm) {
   SERVAL_CHECK(gemv_any_rows_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const GemvParams p = matmul_segments(x, ws, ys, n, kUnitRows, "gemv");
   if (rope.positions != nullptr) {
@@ -336,14 +420,17 @@ void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaS
                      p.rows[0] % rope.head_dim == 0 && p.rows[1] % rope.head_dim == 0,
                  "gemv: rope in the epilogue needs q/k/v outputs of whole heads (head_dim a multiple of 8)");
   }
-  if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, stream, rope);
+  check_norm(norm, p, n);
+  if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, stream, rope, norm);
 }
 
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
-void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream) {
+void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream,
+                const GemvNorm& norm) {
   SERVAL_CHECK(gemv_any_rows_fits(x), "gemv_gated: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const GemvParams p = gated_segments(x, gate, up, out, kUnitRows, "gemv_gated");
-  if (p.tiles > 0) launch<true>(p, false, stream);
+  check_norm(norm, p, 1);
+  if (p.tiles > 0) launch<true>(p, false, stream, {}, norm);
 }
 
 }  // namespace serval::cuda

@@ -71,17 +71,99 @@ __device__ __forceinline__ UnitRows tile_rows(const GemvParams& p, int tile, int
   const int64_t off = int64_t(ok ? row : 0) * p.in;
   return {p.w[kGated ? 0 : seg] + off, kGated ? p.w[1] + off : nullptr, ok};
 }
+// A GEMV block's part of a GemvNorm (cuda_decode_matmul.h).
+struct GemvNormState {
+  // kConsume, warp 0 (from the first unit end without GemvNorm::scales): the
+  // scales of tokens g and g + 8.
+  float scale[2] = {0.f, 0.f};
+  // kProduce, warp 0: the residual under the unit's outputs, indexed as
+  // finish_unit's sums.
+  float res[4] = {0.f, 0.f, 0.f, 0.f};
+};
+
+// ss plus the squares of the 8 bf16 values of `chunk`, in order.
+__device__ __forceinline__ float add_squares(float ss, uint4 chunk) {
+  const uint32_t w[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    ss = fmaf(f.x, f.x, ss);
+    ss = fmaf(f.y, f.y, ss);
+  }
+  return ss;
+}
+
+// The sum of the squares of a bf16 row of `chunks` 16-byte chunks, by one
+// warp: lane l takes chunks l, l + 32, ... in order (four loads in flight),
+// then the butterfly; every lane gets it. Its order depends on the row alone
+// (GemvNorm's two ways of scaling must give a row the same bits).
+__device__ __forceinline__ float gemv_row_square_sum(const bf16* x, int chunks) {
+  const int lane = threadIdx.x & 31;
+  const uint4* row = reinterpret_cast<const uint4*>(x);
+  float v = 0.f;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) v = add_squares(v, row[c]);
+  return warp_sum(v);
+}
+__device__ __forceinline__ float gemv_norm_scale(float square_sum, int cols, float eps) {
+  return rsqrtf(square_sum / float(cols) + eps);
+}
+
+// kConsume without `scales`, every thread at the block's first unit end: the
+// sums of squares of x's rows into ss[t] (warp t % 4 sums row t). x is an L1
+// hit by now: every warp of the SM has read it.
+__device__ __forceinline__ void x_squares(const GemvParams& p, float* ss) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int t = warp; t < p.tokens; t += kWarps) {
+    const float v = gemv_row_square_sum(p.x + int64_t(t) * p.in, p.in / 8);
+    if (lane == 0) ss[t] = v;
+  }
+}
+
+// kConsume with `scales`, warp 0 after the dependency wait: its tokens' scales.
+template <int kAcc>
+__device__ __forceinline__ void load_scales(const GemvParams& p, const GemvNorm& n, GemvNormState& st) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int h = 0; h < kAcc / 2; ++h) st.scale[h] = g + 8 * h < p.tokens ? n.scales[g + 8 * h] : 0.f;
+}
+
+// kProduce, warp 0, when a unit (tile `tile`) starts: the residual values its
+// outputs will add into, in finish_unit's order (token g + 8 h, row 2 q + e).
+template <int kAcc>
+__device__ __forceinline__ void load_residual(const GemvParams& p, const GemvNorm& n, int tile,
+                                              GemvNormState& st) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t col = int64_t(tile) * kUnitRows + 2 * q;  // one segment: the tile is the unit
+#pragma unroll
+  for (int h = 0; h < kAcc / 2; ++h) {
+    const int t = g + 8 * h;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) st.res[2 * h + e] = t < p.tokens ? n.residual[int64_t(t) * p.rows[0] + col + e] : 0.f;
+  }
+}
+
 // The end of a unit (tile `tile` of the launch) for the tokens from t0 (0,
 // or a group of 16 in gemv_wide_kernel): the 4 warps' partials are summed in
 // shared memory (warp 0 + 1 + 2 + 3, in that order) and warp 0 writes the
 // unit's outputs (silu(g) * u if gated); the accumulators restart at zero.
-// Consecutive calls alternate `buf`.
-template <typename Out, bool kGated, int kAcc, int kVals, bool kRope = false>
+// Consecutive calls alternate `buf`. kNorm (GemvNorm::Mode, with `nrm`, the
+// block's `st` and `ss` in shared memory): with kConsume the sums are first
+// scaled (at the block's `first` unit end, x_squares' sums become the scales
+// when the launch has no `scales`, which only kernels with kOwnScales take);
+// with kProduce they go into the residual.
+template <typename Out, bool kGated, int kAcc, int kVals, bool kRope = false, int kNorm = GemvNorm::kNone,
+          bool kOwnScales = false>
 __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeKv& r,
                                             float (&partial)[2][kWarps][kVals][32], float (&acc)[4],
-                                            float (&acc_up)[4], int tile, int buf, int t0) {
+                                            float (&acc_up)[4], int tile, int buf, int t0,
+                                            const GemvNorm* nrm = nullptr, GemvNormState* st = nullptr,
+                                            float* ss = nullptr, bool first = false) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
+  if constexpr (kNorm == GemvNorm::kConsume)
+    if constexpr (kOwnScales)
+      if (first && nrm->scales == nullptr) x_squares(p, ss);
 #pragma unroll
   for (int v = 0; v < kAcc; ++v) {
     partial[buf][warp][v][lane] = acc[v];
@@ -104,6 +186,21 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
   locate_tile(p, tile, kUnitRows, seg, base);
   const int rows = p.rows[seg];
   Out* y = static_cast<Out*>(p.y[seg]);
+  if constexpr (kNorm == GemvNorm::kConsume) {
+#pragma unroll
+    for (int h = 0; h < kAcc / 2; ++h) {
+      const int t = g + 8 * h;
+      if constexpr (kOwnScales)
+        if (first && nrm->scales == nullptr) st->scale[h] = gemv_norm_scale(ss[t], nrm->cols, nrm->eps);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sum[2 * h + e] *= st->scale[h];
+        if constexpr (kGated) sum[kAcc + 2 * h + e] *= st->scale[h];
+      }
+    }
+  }
+  static_assert(kNorm != GemvNorm::kProduce || (!kGated && !kRope && std::is_same_v<Out, bf16>),
+                "kProduce: one plain bf16 output");
   if constexpr (kRope && !kGated && std::is_same_v<Out, bf16>) {
     // The pair (j, j + 1) as the GEMV would store it, rotated as the rope
     // kernel would (same sincosf, same rope_rotate), stored where that
@@ -136,6 +233,10 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
         if (j >= rows) continue;
         float v = sum[2 * h + e];
         if constexpr (kGated) v = v / (1.0f + __expf(-v)) * sum[kAcc + 2 * h + e];
+        if constexpr (kNorm == GemvNorm::kProduce) {  // into the residual, rounded as y; the sum is the next x
+          v = st->res[2 * h + e] + __bfloat162float(__float2bfloat16(v));
+          nrm->residual[int64_t(t) * rows + j] = v;
+        }
         store1(y, int64_t(t) * rows + j, v);
       }
     }

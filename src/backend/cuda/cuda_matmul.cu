@@ -121,6 +121,8 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
                y.cols, "]");
   SERVAL_CHECK(y.dtype == act_dtype_ || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
                dtype_name(act_dtype_), ", or f32 without a bias");
+  settle(x);
+  overwritten(y);
   if (x.rows == 0) return;
   if (batch_invariant_ && !own_kernel_fits(x)) {
     rowwise_matmul(x, static_cast<const bf16*>(cw.data()), y, stream_);
@@ -141,6 +143,8 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
 void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
                                const std::vector<Tensor>& ys) {
   SERVAL_CHECK(ws.size() == ys.size(), "matmul_multi: ", ws.size(), " weights for ", ys.size(), " outputs");
+  settle(x);
+  for (const Tensor& y : ys) overwritten(y);
   bool fused = own_kernel_fits(x) && ws.size() >= 1 && ws.size() <= 3;
   const bf16* w_ptrs[3] = {};
   for (size_t i = 0; fused && i < ws.size(); ++i) {
@@ -195,6 +199,7 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
                     ck.rows() == kv_row && cv.rows() == kv_row && k.rows == x.rows && k.cols == kv_row &&
                     v.rows == x.rows && v.cols == kv_row;
   if (!fits) {
+    settle(x);
     if (stacked_qkv_fits(x, cq, ck, cv, q, rope, geom))
       return stacked_qkv_rope_kv_write(x, cq, ck, cv, q, positions, rope, slot_mapping, kv, geom);
     return Backend::qkv_rope_kv_write(x, wq, wk, wv, q, k, v, positions, rope, slot_mapping, kv, geom);
@@ -210,7 +215,7 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
   r.v_pool = static_cast<bf16*>(kv.v.data());
   r.head_dim = rope.head_dim;
   r.rope_dim = rope.rope_dim;
-  gemv(x, w_ptrs, ys, 3, stream_, r);
+  gemv(x, w_ptrs, ys, 3, stream_, r, consume_norm(x, gemv_fits(x)));
 }
 
 // 17..256 rows on cuBLASLt with the three weights back to back in memory
@@ -271,6 +276,9 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   static const bool split_k = !env_is_one("SERVAL_NO_SPLIT_K");
   const CudaWeight& cw = as_cuda(w);
   const CudaWeight& nw = as_cuda(norm);
+  settle(x);
+  if (elide_norm(x, cw, residual, nw, out)) return produce_norm(x, cw, residual, eps, out);  // cuda_norm_fold.cu
+  overwritten(out);
   const bool fits = split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
                     x.rows > 128 && x.rows <= 256 && cw.dtype() == DType::BF16 && cw.cols() == x.cols &&
                     x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
@@ -297,8 +305,14 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
   const bool fused = own_kernel_fits(x) && g.dtype() == DType::BF16 && u.dtype() == DType::BF16 &&
                      g.cols() == x.cols && u.cols() == x.cols && g.rows() == u.rows() && out.dtype == DType::BF16 &&
                      out.rows == x.rows && out.cols == g.rows();
-  if (!fused) return Backend::gated_mlp_up(x, gate, up, gate_buf, up_buf, out);
-  own_matmul_gated(x, static_cast<const bf16*>(g.data()), static_cast<const bf16*>(u.data()), out);
+  if (!fused) {
+    settle(x);
+    return Backend::gated_mlp_up(x, gate, up, gate_buf, up_buf, out);
+  }
+  const bf16 *gp = static_cast<const bf16*>(g.data()), *up_w = static_cast<const bf16*>(u.data());
+  const GemvNorm n = consume_norm(x, gemv_fits(x) && !batch_invariant_);
+  if (n.mode == GemvNorm::kConsume) return gemv_gated(x, gp, up_w, out, stream_, n);
+  own_matmul_gated(x, gp, up_w, out);
 }
 
 }  // namespace serval::cuda

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "cuda_test_util.h"
 #include "core/dtype.h"
@@ -317,6 +318,122 @@ TEST(CudaFusedOps, RopeKvWriteEqualsRopeThenKvWrite) {
   }
   std::printf("[rope_kv_write] %d cases bitwise equal to rope + kv_write\n", cases);
 }
+
+#ifdef SERVAL_WITH_CUDA  // the test counts the elided norms (cuda_stats.h)
+// A KV pool (either backend's dtype) as floats.
+std::vector<float> pool_values(Backend& be, const DeviceBuffer& pool, int64_t elems) {
+  std::vector<float> out(static_cast<size_t>(elems));
+  if (be.kv_dtype() == DType::F32) {
+    be.copy_to_host(out.data(), pool.data(), elems * 4);
+  } else {
+    std::vector<uint16_t> h(static_cast<size_t>(elems));
+    be.copy_to_host(h.data(), pool.data(), elems * 2);
+    for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_f32(h[i]);
+  }
+  return out;
+}
+
+// The RMSNorm left to the GEMV after it (cuda_norm_fold.cu): the norm's weight
+// folded into gate/up and q/k/v, matmul_add_rmsnorm with a unit norm at up to
+// 16 rows launches no norm kernel and gated_mlp_up / qkv_rope_kv_write scale
+// their products. Against the CPU (add_rmsnorm with the weight, the unfolded
+// weights): the residual, silu(gate) * up, q and both pools within bf16
+// rounding; the normalized x as read back (an op that cannot scale settles it
+// first); row 0 of 5, 9 and 16 rows bitwise as alone; 17 rows take the norm
+// kernel. The elided norms are counted, so a silent fallback fails.
+TEST(CudaFusedOps, NormLeftToTheNextGemvMatchesCpu) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  if (!gpu->folds_norm_weights()) GTEST_SKIP() << "norm folding is off (SERVAL_NO_NORM_FOLD=1)";
+  auto cpu = create_backend("cpu", 0);
+  const int64_t H = 512, Q = 512, I = 1024, KW = 256, kMaxT = 17;
+  const int32_t D = 64;
+  const float eps = 1e-5f;
+  const auto wo = random_bf16(size_t(H * Q), 81, 0.05f), gw = random_bf16(size_t(I * H), 82, 0.05f),
+             uw = random_bf16(size_t(I * H), 83, 0.05f), wq = random_bf16(size_t(Q * H), 84, 0.05f),
+             wk = random_bf16(size_t(KW * H), 85, 0.05f), wv = random_bf16(size_t(KW * H), 86, 0.05f);
+  std::vector<float> g(static_cast<size_t>(H)), ones(static_cast<size_t>(H), 1.0f);
+  for (int64_t i = 0; i < H; ++i) g[size_t(i)] = 0.25f + 0.003f * float(i % 500);
+  struct Weights {
+    std::unique_ptr<DeviceWeight> o, gate, up, q, k, v, norm;
+  };
+  auto weights = [&](Backend& be) {
+    return Weights{weight(be, "wo", {H, Q}, wo), weight(be, "gate", {I, H}, gw), weight(be, "up", {I, H}, uw),
+                   weight(be, "wq", {Q, H}, wq),  weight(be, "wk", {KW, H}, wk),  weight(be, "wv", {KW, H}, wv),
+                   weight(be, "norm", {H}, g)};
+  };
+  Weights wc = weights(*cpu), wg = weights(*gpu);
+  gpu->fold_norm_weight(*wg.norm, {wg.gate.get(), wg.up.get()});
+  gpu->fold_norm_weight(*wg.norm, {wg.q.get(), wg.k.get(), wg.v.get()});
+  auto unit = weight(*gpu, "unit_norm", {H}, ones);
+  const DeviceRope rope_c = device_rope(*cpu, RopeStyle::Interleaved, D, D);
+  const DeviceRope rope_g = device_rope(*gpu, RopeStyle::Interleaved, D, D);
+  const KvGeometry geom{4, 16, int32_t(KW / D), D};
+
+  // The rows of every T are the first T of these.
+  const auto attn = random_bf16(size_t(kMaxT * Q), 87);
+  std::vector<float> x0(size_t(kMaxT * H));
+  std::mt19937 rng{88};
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for (float& f : x0) f = dist(rng);
+
+  std::vector<float> alone;  // silu(gate) * up of row 0 at T = 1
+  int64_t elided = 0;
+  const int64_t elided_before = cuda::elided_norms(*gpu);
+  for (int64_t T : std::vector<int64_t>{1, 3, 4, 5, 8, 9, 16, 17}) {
+    const std::vector<float> a(attn.begin(), attn.begin() + T * Q), x(x0.begin(), x0.begin() + T * H);
+    const TokenRows rows_c = token_rows(*cpu, T, 64), rows_g = token_rows(*gpu, T, 64);
+    // The CPU: the norm with its weight, then the unfolded weights.
+    DevTensor a_c = upload(*cpu, a, T, Q), r_c = upload_f32(*cpu, x, T, H), p_c = zeros(*cpu, T, H),
+              xn_c = zeros(*cpu, T, H), gb_c = zeros(*cpu, T, I), ub_c = zeros(*cpu, T, I),
+              q_c = zeros(*cpu, T, Q), k_c = zeros(*cpu, T, KW), v_c = zeros(*cpu, T, KW);
+    cpu->matmul(a_c.t, *wc.o, nullptr, p_c.t);
+    cpu->add_rmsnorm(r_c.t, p_c.t, *wc.norm, eps, xn_c.t);
+    cpu->gated_mlp_up(xn_c.t, *wc.gate, *wc.up, gb_c.t, ub_c.t, gb_c.t);
+    KvLayer kv_c = cpu->alloc_kv_layer(geom);
+    cpu->qkv_rope_kv_write(xn_c.t, *wc.q, *wc.k, *wc.v, q_c.t, k_c.t, v_c.t,
+                           static_cast<const int32_t*>(rows_c.positions.data()), rope_c.params,
+                           static_cast<const int64_t*>(rows_c.slots.data()), kv_c, geom);
+    // The GPU, twice from the same residual: once into gate/up, once into q/k/v.
+    DevTensor a_g = upload(*gpu, a, T, Q), p_g = zeros(*gpu, T, H), xn_g = zeros(*gpu, T, H),
+              gb_g = zeros(*gpu, T, I), ub_g = zeros(*gpu, T, I), q_g = zeros(*gpu, T, Q), k_g = zeros(*gpu, T, KW),
+              v_g = zeros(*gpu, T, KW);
+    DevTensor r_g = upload_f32(*gpu, x, T, H);
+    gpu->matmul_add_rmsnorm(a_g.t, *wg.o, p_g.t, r_g.t, *unit, eps, xn_g.t);
+    gpu->gated_mlp_up(xn_g.t, *wg.gate, *wg.up, gb_g.t, ub_g.t, gb_g.t);
+    const std::vector<float> res = download(*gpu, r_g.t), mlp = download(*gpu, gb_g.t);
+    // The normalized x, read back: the rows times their 1 / rms, without the weight.
+    const std::vector<float> xn = download(*gpu, xn_g.t), xn_want = download(*cpu, xn_c.t);
+    std::vector<float> xn_unweighted(xn_want.size());
+    for (size_t i = 0; i < xn_want.size(); ++i) xn_unweighted[i] = xn_want[i] / g[i % size_t(H)];
+    r_g = upload_f32(*gpu, x, T, H);
+    KvLayer kv_g = gpu->alloc_kv_layer(geom);
+    gpu->matmul_add_rmsnorm(a_g.t, *wg.o, p_g.t, r_g.t, *unit, eps, xn_g.t);
+    gpu->qkv_rope_kv_write(xn_g.t, *wg.q, *wg.k, *wg.v, q_g.t, k_g.t, v_g.t,
+                           static_cast<const int32_t*>(rows_g.positions.data()), rope_g.params,
+                           static_cast<const int64_t*>(rows_g.slots.data()), kv_g, geom);
+    if (T <= 16) elided += 2;
+
+    const int64_t pool = geom.num_blocks * geom.block_size * KW;
+    const double e_res = max_rel_diff(res, download(*cpu, r_c.t)), e_xn = max_rel_diff(xn, xn_unweighted);
+    const double e_mlp = max_rel_diff(mlp, download(*cpu, gb_c.t));
+    const double e_q = max_rel_diff(download(*gpu, q_g.t), download(*cpu, q_c.t));
+    const double e_k = max_rel_diff(pool_values(*gpu, kv_g.k, pool), pool_values(*cpu, kv_c.k, pool));
+    const double e_v = max_rel_diff(pool_values(*gpu, kv_g.v, pool), pool_values(*cpu, kv_c.v, pool));
+    EXPECT_LT(e_res, 5e-3) << "residual, T " << T;
+    EXPECT_LT(e_xn, 1e-2) << "normalized x, T " << T;
+    EXPECT_LT(e_mlp, 2e-2) << "silu(gate) * up, T " << T;
+    EXPECT_LT(e_q, 2e-2) << "q, T " << T;
+    EXPECT_LT(e_k, 2e-2) << "K pool, T " << T;
+    EXPECT_LT(e_v, 2e-2) << "V pool, T " << T;
+    std::printf("[norm in the GEMVs] T %ld: residual %.1e, x %.1e, mlp %.1e, q %.1e, K %.1e, V %.1e\n", long(T),
+                e_res, e_xn, e_mlp, e_q, e_k, e_v);
+    const std::vector<float> row0(mlp.begin(), mlp.begin() + I);
+    if (T == 1) alone = row0;
+    if (T == 5 || T == 9 || T == 16) EXPECT_EQ(row0, alone) << "row 0 of " << T << " rows against alone";
+  }
+  EXPECT_EQ(cuda::elided_norms(*gpu) - elided_before, elided);
+}
+#endif
 
 }  // namespace
 }  // namespace serval::testing

@@ -1,0 +1,142 @@
+// RMSNorm weights folded into the matrices after them, and the norms between
+// two GEMVs done by those GEMVs.
+//
+// The runner folds each layer's attention and FFN norm weights into q/k/v and
+// gate/up (fold_norm_weight) and runs those norms with a weight of ones. At up
+// to 16 rows (the GEMV), matmul_add_rmsnorm with such a unit norm launches no
+// norm kernel: the o or down projection's GEMV adds into the residual and
+// writes it in bf16 as the next x (GemvNorm's kProduce); the q/k/v or gate/up
+// GEMV after it scales its products by the rows' 1 / rms (kConsume), which it
+// works out itself up to 4 rows and reads from a one-warp-per-row kernel
+// (gemv_row_scales) from 5. Between the two, the buffer holds the residual
+// unnormalized: `pending_norm_` says so, and an op that reads it some other
+// way first normalizes it in place (settle), so every op still sees what the
+// Backend interface promises.
+//
+// Why: at batch 1 each of the 64 norm kernels of a 7B step held the GEMV after
+// it back ~1.8 us (session 18). H200, 7B bf16 (docs/BENCHMARKS.md, session 25):
+// batch 1 +2.9%, 4 sequences +2.8%, 8 and 16 sequences -0.6% and -1.0% (there
+// PDL hid most of the norm kernel, and the scales kernel costs about as much).
+// SERVAL_NO_NORM_ELISION=1: the norm kernels run (weights still folded);
+// SERVAL_NO_NORM_FOLD=1: neither (to compare).
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_stats.h"
+
+namespace serval::cuda {
+
+namespace {
+
+// w[r, c] *= g[c], in f32, rounded back to bf16.
+__global__ void fold_norm_kernel(bf16* w, const float* g, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    w[i] = __float2bfloat16(__bfloat162float(w[i]) * g[i % cols]);
+}
+
+// x[t, :] *= 1 / sqrt(mean of x[t, :]^2 + eps), in place, one block per row.
+__global__ void apply_norm_scale_kernel(bf16* x, int cols, float eps) {
+  __shared__ float scratch[32];
+  pdl_wait();
+  pdl_launch_dependents();
+  bf16* row = x + int64_t(blockIdx.x) * cols;
+  float ss = 0.f;
+  for (int c = int(threadIdx.x); c < cols; c += blockDim.x) {
+    const float v = __bfloat162float(row[c]);
+    ss = fmaf(v, v, ss);
+  }
+  const float scale = rsqrtf(block_sum(ss, scratch) / float(cols) + eps);
+  for (int c = int(threadIdx.x); c < cols; c += blockDim.x) row[c] = __float2bfloat16(__bfloat162float(row[c]) * scale);
+}
+
+}  // namespace
+
+bool CudaBackend::folds_norm_weights() const {
+  static const bool enabled = !env_is_one("SERVAL_NO_NORM_FOLD");
+  return enabled && act_dtype_ == DType::BF16;
+}
+
+void CudaBackend::fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>& ws) {
+  const CudaWeight& g = as_cuda(norm);
+  SERVAL_CHECK(g.dtype() == DType::F32 && g.shape().size() == 1, "fold_norm_weight: \"", g.name(),
+               "\" is not a norm vector");
+  for (DeviceWeight* w : ws) {
+    const CudaWeight& cw = as_cuda(*w);
+    SERVAL_CHECK(cw.dtype() == DType::BF16 && cw.shape().size() == 2 && cw.cols() == g.cols(), "fold_norm_weight: \"",
+                 cw.name(), "\" is not a bf16 matrix of ", g.cols(), " columns");
+    const int64_t n = cw.rows() * cw.cols();
+    const int blocks = int(std::min<int64_t>((n + 255) / 256, int64_t(num_sms_) * 16));
+    fold_norm_kernel<<<blocks, 256, 0, stream_>>>(static_cast<bf16*>(const_cast<void*>(cw.data())),
+                                                   static_cast<const float*>(g.data()), cw.rows(), cw.cols());
+    SERVAL_CUDA_LAUNCH_CHECK();
+  }
+}
+
+// matmul_add_rmsnorm with the norm left to the next GEMV: a unit norm (its
+// weight folded into the next matrices), up to 16 bf16 rows (the GEMV's), rows
+// of whole units. Not in batch-invariant mode, whose wide kernel (over 16
+// rows) has no such epilogue: a row would get other bits alone than in a
+// batch of 17.
+bool CudaBackend::elide_norm(const Tensor& x, const CudaWeight& w, const Tensor& residual, const CudaWeight& norm,
+                             const Tensor& out) const {
+  static const bool enabled = !env_is_one("SERVAL_NO_NORM_ELISION");
+  return enabled && norm.unit() && !batch_invariant_ && act_dtype_ == DType::BF16 && gemv_fits(x) &&
+         w.dtype() == DType::BF16 && w.cols() == x.cols && w.rows() % 8 == 0 && residual.dtype == DType::F32 &&
+         residual.rows == x.rows && residual.cols == w.rows() && out.dtype == DType::BF16 && out.rows == x.rows &&
+         out.cols == w.rows();
+}
+
+void CudaBackend::produce_norm(const Tensor& x, const CudaWeight& w, Tensor residual, float eps, Tensor out) {
+  // One pending norm at a time: another (live) buffer's is applied now.
+  if (pending_norm_->data != nullptr && pending_norm_->data != out.data)
+    settle(pending_norm_->data, pending_norm_->bytes);
+  GemvNorm n;
+  n.mode = GemvNorm::kProduce;
+  n.residual = static_cast<float*>(residual.data);
+  const bf16* wp = static_cast<const bf16*>(w.data());
+  gemv(x, &wp, &out, 1, stream_, {}, n);
+  if (norm_scales_.data() == nullptr) norm_scales_ = alloc(16 * sizeof(float));  // before any graph records it
+  *pending_norm_ = PendingNorm{out.data, dtype_bytes(out.dtype, out.numel()), int(w.rows()), eps};
+  ++elided_norms_;
+}
+
+int64_t elided_norms(const Backend& be) { return cuda_backend_of(be, "elided_norms").elided_norms(); }
+
+GemvNorm CudaBackend::consume_norm(const Tensor& x, bool gemv_takes) {
+  const PendingNorm& p = *pending_norm_;
+  if (!p.overlaps(x.data, dtype_bytes(x.dtype, x.numel()))) return {};
+  if (!gemv_takes || x.data != p.data || x.dtype != DType::BF16 || x.cols != p.cols) {
+    settle(x);
+    return {};
+  }
+  GemvNorm n;
+  n.mode = GemvNorm::kConsume;
+  n.cols = p.cols;
+  n.eps = p.eps;
+  if (x.rows > kGemvNormOwnScalesMaxTokens) {  // one small kernel beats every block summing x
+    auto* scales = static_cast<float*>(norm_scales_.data());
+    if (!p.scales_written) gemv_row_scales(x, p.eps, scales, stream_);
+    pending_norm_->scales_written = true;
+    n.scales = scales;
+  }
+  return n;
+}
+
+void CudaBackend::settle(const void* data, int64_t bytes) {
+  PendingNorm& p = *pending_norm_;
+  if (!p.overlaps(data, bytes)) return;
+  const int64_t rows = p.bytes / (int64_t(p.cols) * 2);
+  launch_pdl(apply_norm_scale_kernel, dim3(unsigned(rows)), dim3(256), 0, stream_,
+             static_cast<bf16*>(const_cast<void*>(p.data)), p.cols, p.eps);
+  SERVAL_CUDA_LAUNCH_CHECK();
+  p = PendingNorm{};
+}
+
+void CudaBackend::overwritten(const Tensor& t) {
+  if (pending_norm_->overlaps(t.data, dtype_bytes(t.dtype, t.numel()))) *pending_norm_ = PendingNorm{};
+}
+
+}  // namespace serval::cuda
