@@ -255,7 +255,9 @@ TEST(EngineFakeRunner, SubmitAllQueuesTogetherOrNotAtAll) {
   ASSERT_EQ(handles.size(), 3u);
   for (size_t i = 0; i < handles.size(); ++i) {
     EXPECT_EQ(collect(handles[i])[0].tokens, toy_greedy(requests[i].prompt_ids, kVocab, 3));
-    if (i > 0) EXPECT_GT(handles[i].id(), handles[i - 1].id());
+    if (i > 0) {
+      EXPECT_GT(handles[i].id(), handles[i - 1].id());
+    }
   }
   ASSERT_FALSE(runner.batches.empty());
   EXPECT_EQ(runner.batches[0].num_seqs(), 3);
