@@ -117,6 +117,7 @@ RequestHandle Engine::submit(EngineRequest request) {
 std::vector<RequestHandle> Engine::submit_all(std::vector<EngineRequest> requests) {
   for (const EngineRequest& r : requests) check(r);
   std::vector<std::unique_ptr<Pending>> pendings;
+  pendings.reserve(requests.size());
   for (EngineRequest& request : requests) {
     auto pending = std::make_unique<Pending>();
     if (!request.stop_strings.empty())
@@ -127,6 +128,7 @@ std::vector<RequestHandle> Engine::submit_all(std::vector<EngineRequest> request
     pendings.push_back(std::move(pending));
   }
   std::vector<RequestHandle> handles;
+  handles.reserve(pendings.size());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) throw EngineStoppedError("the engine is shut down");

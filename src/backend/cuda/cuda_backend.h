@@ -198,8 +198,8 @@ class CudaBackend : public Backend {
                   const Tensor& out) const;
   void produce_norm(const Tensor& x, const CudaWeight& w, Tensor residual, float eps, Tensor out);
   // The GemvNorm for a GEMV reading x: kConsume when x holds a pending norm
-  // that this GEMV may take (it fits the GEMV), else kNone after settle(x).
-  GemvNorm consume_norm(const Tensor& x, bool gemv_takes);
+  // that the GEMV takes (up to 16 rows, not batch-invariant), else kNone after settle(x).
+  GemvNorm consume_norm(const Tensor& x);
   // Before an op that reads t: a pending norm in it is applied in place.
   void settle(const void* data, int64_t bytes);
   void settle(const Tensor& t) { settle(t.data, dtype_bytes(t.dtype, t.numel())); }
@@ -226,6 +226,7 @@ class CudaBackend : public Backend {
   DeviceBuffer split_k_partials_;  // matmul_add_rmsnorm's two f32 halves
   std::shared_ptr<PendingNorm> pending_norm_ = std::make_shared<PendingNorm>();
   DeviceBuffer norm_scales_;  // GemvNorm::scales for up to 16 rows
+  std::unique_ptr<DeviceWeight> unit_norm_;  // ones, for settle
   int64_t elided_norms_ = 0;
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product
   int64_t stacked_qkv_calls_ = 0;

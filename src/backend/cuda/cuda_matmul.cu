@@ -215,7 +215,7 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
   r.v_pool = static_cast<bf16*>(kv.v.data());
   r.head_dim = rope.head_dim;
   r.rope_dim = rope.rope_dim;
-  gemv(x, w_ptrs, ys, 3, stream_, r, consume_norm(x, gemv_fits(x)));
+  gemv(x, w_ptrs, ys, 3, stream_, r, consume_norm(x));
 }
 
 // 17..256 rows on cuBLASLt with the three weights back to back in memory
@@ -310,7 +310,7 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
     return Backend::gated_mlp_up(x, gate, up, gate_buf, up_buf, out);
   }
   const bf16 *gp = static_cast<const bf16*>(g.data()), *up_w = static_cast<const bf16*>(u.data());
-  const GemvNorm n = consume_norm(x, gemv_fits(x) && !batch_invariant_);
+  const GemvNorm n = consume_norm(x);
   if (n.mode == GemvNorm::kConsume) return gemv_gated(x, gp, up_w, out, stream_, n);
   own_matmul_gated(x, gp, up_w, out);
 }

@@ -37,21 +37,6 @@ __global__ void fold_norm_kernel(bf16* w, const float* g, int64_t rows, int64_t 
     w[i] = __float2bfloat16(__bfloat162float(w[i]) * g[i % cols]);
 }
 
-// x[t, :] *= 1 / sqrt(mean of x[t, :]^2 + eps), in place, one block per row.
-__global__ void apply_norm_scale_kernel(bf16* x, int cols, float eps) {
-  __shared__ float scratch[32];
-  pdl_wait();
-  pdl_launch_dependents();
-  bf16* row = x + int64_t(blockIdx.x) * cols;
-  float ss = 0.f;
-  for (int c = int(threadIdx.x); c < cols; c += blockDim.x) {
-    const float v = __bfloat162float(row[c]);
-    ss = fmaf(v, v, ss);
-  }
-  const float scale = rsqrtf(block_sum(ss, scratch) / float(cols) + eps);
-  for (int c = int(threadIdx.x); c < cols; c += blockDim.x) row[c] = __float2bfloat16(__bfloat162float(row[c]) * scale);
-}
-
 }  // namespace
 
 bool CudaBackend::folds_norm_weights() const {
@@ -98,17 +83,22 @@ void CudaBackend::produce_norm(const Tensor& x, const CudaWeight& w, Tensor resi
   n.residual = static_cast<float*>(residual.data);
   const bf16* wp = static_cast<const bf16*>(w.data());
   gemv(x, &wp, &out, 1, stream_, {}, n);
-  if (norm_scales_.data() == nullptr) norm_scales_ = alloc(16 * sizeof(float));  // before any graph records it
+  // Before any graph records this: settle's weight of ones, consume_norm's scales.
+  if (!unit_norm_ || unit_norm_->cols() != w.rows()) {
+    const std::vector<float> ones(static_cast<size_t>(w.rows()), 1.0f);
+    unit_norm_ = upload_weight(TensorView{"unit_norm", DType::F32, {w.rows()}, ones.data(), w.rows() * 4});
+  }
+  if (norm_scales_.data() == nullptr) norm_scales_ = alloc(16 * sizeof(float));
   *pending_norm_ = PendingNorm{out.data, dtype_bytes(out.dtype, out.numel()), int(w.rows()), eps};
   ++elided_norms_;
 }
 
 int64_t elided_norms(const Backend& be) { return cuda_backend_of(be, "elided_norms").elided_norms(); }
 
-GemvNorm CudaBackend::consume_norm(const Tensor& x, bool gemv_takes) {
+GemvNorm CudaBackend::consume_norm(const Tensor& x) {
   const PendingNorm& p = *pending_norm_;
   if (!p.overlaps(x.data, dtype_bytes(x.dtype, x.numel()))) return {};
-  if (!gemv_takes || x.data != p.data || x.dtype != DType::BF16 || x.cols != p.cols) {
+  if (!gemv_fits(x) || batch_invariant_ || x.data != p.data || x.dtype != DType::BF16 || x.cols != p.cols) {
     settle(x);
     return {};
   }
@@ -126,13 +116,11 @@ GemvNorm CudaBackend::consume_norm(const Tensor& x, bool gemv_takes) {
 }
 
 void CudaBackend::settle(const void* data, int64_t bytes) {
-  PendingNorm& p = *pending_norm_;
-  if (!p.overlaps(data, bytes)) return;
-  const int64_t rows = p.bytes / (int64_t(p.cols) * 2);
-  launch_pdl(apply_norm_scale_kernel, dim3(unsigned(rows)), dim3(256), 0, stream_,
-             static_cast<bf16*>(const_cast<void*>(p.data)), p.cols, p.eps);
-  SERVAL_CUDA_LAUNCH_CHECK();
-  p = PendingNorm{};
+  if (!pending_norm_->overlaps(data, bytes)) return;
+  const PendingNorm p = *pending_norm_;
+  *pending_norm_ = PendingNorm{};  // first: rmsnorm settles its input too
+  const Tensor x{const_cast<void*>(p.data), DType::BF16, p.bytes / (int64_t(p.cols) * 2), p.cols};
+  rmsnorm(x, *unit_norm_, p.eps, x);  // the norm kernel the GEMVs stood in for, with its weight folded away
 }
 
 void CudaBackend::overwritten(const Tensor& t) {
