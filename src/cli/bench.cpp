@@ -37,6 +37,7 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--head-dim", {"attention"}},
       {"--iters", {"attention"}},
       {"--repeats", {"attention", "runner"}},
+      {"--sync-steps", {"runner"}},
       {"--peak-tflops", {"runner", "engine", "sweep"}},
       {"--gpu-memory-fraction", {"runner", "engine", "sweep"}},
       {"--kv-cache-tokens", {"engine", "sweep"}},
@@ -169,6 +170,9 @@ void register_bench(CLI::App& app, Action& action) {
   sub->add_option("--bandwidth-gbs", o->limits.bandwidth_gbs, "memory bandwidth for the rooflines (GB/s, default 4261)");
   sub->add_option("--peak-tflops", o->limits.peak_tflops, "bf16 peak for MFU / FLOP fractions (TFLOP/s, default 736)");
   sub->add_flag("--json", o->json, "one JSON object per measured point, one per line");
+  sub->add_flag("--sync-steps", o->sync_steps,
+                "runner: wait for each decode step's tokens before queueing the next (default: step N + 1 is "
+                "queued first, its tokens fed from step N's on the device)");
   add_engine_flags(*sub, o->engine);
   sub->callback([&action, o, sub] { action = [o, sub] { return run_bench(*o, *sub); }; });
 }

@@ -23,6 +23,9 @@ struct BenchOptions {
   std::string mode = "runner";
   std::string model;
   bool json = false;
+  // runner: wait for each decode step's tokens before queueing the next (the
+  // default queues step N + 1, fed from step N's tokens on the device, first).
+  bool sync_steps = false;
   Limits limits;
   EngineFlags engine;
 

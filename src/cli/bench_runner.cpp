@@ -2,7 +2,9 @@
 // model runner. All prompts are prefilled (in steps of at most
 // --max-batch-tokens), then every sequence decodes one token per step, greedy,
 // sampled on the runner's device (forward_sample), until each has output-len
-// tokens. Decode steps are compared with (weight + KV bytes read) / memory
+// tokens. Each decode step is queued before the host has the tokens of the
+// one before (they are fed to it on the device: Batch::token_source), unless
+// --sync-steps. Decode steps are compared with (weight + KV bytes read) / memory
 // bandwidth, prefill with FLOPs / bf16 peak. With --repeats N the run is
 // measured N times and the median reported, with the range.
 #include <algorithm>
@@ -60,15 +62,27 @@ int run_bench_runner(const BenchOptions& o) {
   greedy.temperature = 0;
   std::vector<SampleSpec> specs;
   std::vector<SampleResult> results;
-  // One greedy spec per logits row; the sampled tokens go to `seqs`.
-  auto step = [&](const Batch& b, const std::vector<int32_t>& seqs) {
+  // One greedy spec per logits row; the sampled tokens go to `seqs`. start
+  // queues a step, finish takes the tokens of the oldest one queued.
+  std::vector<std::vector<int32_t>> queued;
+  auto start = [&](const Batch& b, const std::vector<int32_t>& seqs) {
     specs.assign(seqs.size(), SampleSpec{});
     for (size_t r = 0; r < seqs.size(); ++r) {
       specs[r].row = int32_t(r);
       specs[r].params = &greedy;
     }
-    runner.forward_sample(b, specs, results);
+    runner.start_sample(b, specs);
+    queued.push_back(seqs);
+  };
+  auto finish = [&] {
+    runner.finish_sample(results);
+    const std::vector<int32_t>& seqs = queued.front();
     for (size_t r = 0; r < seqs.size(); ++r) last[size_t(seqs[r])] = results[r].token;
+    queued.erase(queued.begin());
+  };
+  auto step = [&](const Batch& b, const std::vector<int32_t>& seqs) {
+    start(b, seqs);
+    finish();
   };
 
   const StepCost cost(cfg, runner.device());
@@ -119,14 +133,19 @@ int run_bench_runner(const BenchOptions& o) {
       b.query_start = {0};
       b.max_blocks_per_seq = blocks_per_seq;
       const int32_t pos = o.input_len + t - 1;
+      // Chained: step t's tokens are step t - 1's samples, spec s for sequence s.
+      const bool chained = !o.sync_steps && t > 1;
       for (int32_t s = 0; s < N; ++s) {
         add_seq(b, s, pos, &last[size_t(s)], 1);
         b.logits_rows.push_back(s);
+        if (chained) b.token_source.push_back(s);
       }
-      step(b, all);
+      start(b, all);
+      if (o.sync_steps || t > 1) finish();
       decode_bytes += cost.decode_bytes(N, pos + 1);
       decode_op_limit_s += cost.decode_op_limit_s(o.limits, N, pos + 1);
     }
+    while (!queued.empty()) finish();
     if (pass > 0) passes.push_back({prefill_s, seconds_since(t_decode)});
   }
   const int32_t decode_steps = o.output_len - 1;
@@ -171,6 +190,7 @@ int run_bench_runner(const BenchOptions& o) {
                  {"decode_op_limit_fraction", decode_op_limit},
                  {"total_tokens_per_s", total_tps},
                  {"graph_replays", runner.graph_replays()},
+                 {"sync_steps", o.sync_steps},
                  {"bandwidth_gbs", o.limits.bandwidth_gbs},
                  {"peak_tflops", o.limits.peak_tflops}};
   const auto [prefill_lo, prefill_hi] = tps_range(&Pass::prefill_s, double(N) * o.input_len);

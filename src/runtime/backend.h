@@ -21,6 +21,7 @@
 //    every op completes before it returns.
 //  - Ops never validate indices: the runner validates the Batch on the host first.
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -93,6 +94,15 @@ struct KvGeometry {
   int32_t head_dim = 0;
 };
 
+// Token ids that a step takes from the sample of the step before it, on the
+// device (ModelRunner::start_sample's chained steps): token t is
+// sampled[source[t]] where source[t] >= 0. Both device arrays; source null:
+// every id is the batch's own.
+struct TokenFeed {
+  const int32_t* source = nullptr;   // [T], -1: the batch's token_ids[t]
+  const int32_t* sampled = nullptr;  // Backend::sampled_tokens()
+};
+
 // The integer arrays of a Batch in device memory (see runtime/batch.h for
 // their meaning), plus host-side sizes for launching kernels.
 struct BatchView {
@@ -103,6 +113,7 @@ struct BatchView {
   const int32_t* block_table = nullptr;   // [S, max_blocks_per_seq]
   const int64_t* slot_mapping = nullptr;  // [T]
   const int32_t* logits_rows = nullptr;   // [R]
+  TokenFeed feed;                         // token ids from the sample before (source null: none)
   int32_t num_tokens = 0;                 // T
   int32_t num_seqs = 0;                   // S
   int32_t num_logits_rows = 0;            // R
@@ -220,8 +231,11 @@ class Backend {
   virtual void fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>& ws);
 
   // ---- ops ----
-  // out[t, :] = table[ids[t], :] for t < out.rows.
-  virtual void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) = 0;
+  // out[t, :] = table[id(t), :] for t < out.rows, where id(t) is ids[t], or,
+  // when feed.source is set and feed.source[t] >= 0, feed.sampled[feed.source[t]]
+  // (a token sampled on the device by the step before; one that failed to
+  // sample reads row 0).
+  virtual void embedding(const DeviceWeight& table, const int32_t* ids, const TokenFeed& feed, Tensor out) = 0;
   // y = x @ W^T (+ bias if non-null); x [T, in], W {out, in}, y [T, out]. y is in the
   // activation dtype, or f32 without a bias (the LM head writes f32 logits).
   virtual void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) = 0;
@@ -304,16 +318,28 @@ class Backend {
   virtual void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) = 0;
   // sample() in two halves, so that the host can work while the device runs:
   // start_sample queues the sampling after the work before it (`specs` need
-  // not outlive the call), finish_sample waits for the tokens. Either may
-  // throw what sample() throws. One start at a time. Default: start_sample
-  // samples at once.
-  virtual void start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
-    sample(logits, specs, started_);
+  // not outlive the call), finish_sample waits for the tokens of the oldest
+  // unfinished start. Up to kMaxStartedSamples starts may be unfinished, so
+  // the next step can be queued before the host has this one's tokens. Either
+  // may throw what sample() throws; a start that throws leaves nothing to
+  // finish. Default: start_sample samples at once.
+  static constexpr int kMaxStartedSamples = 2;
+  virtual void start_sample(const Tensor& logits, std::span<const SampleSpec> specs);
+  virtual void finish_sample(std::vector<SampleResult>& out);
+  // The tokens the latest start_sample draws, in spec order, in device
+  // memory (-1 for a row that fails): work queued after that start and before
+  // the next may read them (TokenFeed). Its address changes only with
+  // graph_epoch(), so graphs may record it.
+  virtual const int32_t* sampled_tokens() {
+    if (started_tokens_.empty()) started_tokens_.assign(1, -1);
+    return started_tokens_.data();
   }
-  virtual void finish_sample(std::vector<SampleResult>& out) { out = std::move(started_); }
+  // Starts not yet finished.
+  virtual int started_samples() const { return int(started_.size()); }
 
  private:
-  std::vector<SampleResult> started_;
+  std::deque<std::vector<SampleResult>> started_;
+  std::vector<int32_t> started_tokens_;
 };
 
 // "cuda" when `device` is "auto" and this build has CUDA and the machine a

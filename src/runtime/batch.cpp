@@ -14,6 +14,10 @@ void Batch::validate(int32_t block_size, int64_t num_blocks) const {
   SERVAL_CHECK(int64_t(positions.size()) == T, "batch: ", positions.size(), " positions for ", T, " tokens");
   SERVAL_CHECK(int64_t(slot_mapping.size()) == T, "batch: ", slot_mapping.size(),
                " slot_mapping entries for ", T, " tokens");
+  SERVAL_CHECK(token_source.empty() || int64_t(token_source.size()) == T, "batch: ", token_source.size(),
+               " token_source entries for ", T, " tokens");
+  for (int64_t t = 0; t < int64_t(token_source.size()); ++t)
+    SERVAL_CHECK(token_source[t] >= -1, "batch: token_source[", t, "] = ", token_source[t], " (-1 or a spec index)");
   SERVAL_CHECK(S > 0, "batch: no sequences (context_len is empty)");
   SERVAL_CHECK(int64_t(query_start.size()) == S + 1, "batch: query_start has ", query_start.size(),
                " entries, expected num_seqs + 1 = ", S + 1);

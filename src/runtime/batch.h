@@ -22,6 +22,11 @@ struct Batch {
   std::vector<int64_t> slot_mapping;
   // R: rows (indices into the T tokens) whose logits are needed, ascending.
   std::vector<int32_t> logits_rows;
+  // Empty, or T entries: -1 where token_ids[t] is the token, else the index
+  // of a spec of the sample started just before this step
+  // (ModelRunner::start_sample), whose token, drawn on the device, is token t:
+  // a step can be queued before the host has the tokens it continues from.
+  std::vector<int32_t> token_source;
 
   int32_t num_tokens() const { return int32_t(token_ids.size()); }
   int32_t num_seqs() const { return int32_t(context_len.size()); }

@@ -100,6 +100,9 @@ class BackendModelRunner : public ModelRunner {
   // Batch metadata: packed on the host, copied to the device in one transfer.
   std::vector<int64_t> meta_host_;
   DeviceBuffer meta_dev_;
+  // Specs of the latest start_sample that did not throw: what a chained
+  // step's token_source may name.
+  int64_t sampled_specs_ = 0;
 };
 
 BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightStore& weights,
@@ -318,6 +321,7 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
   struct Part { const void* src; int64_t bytes; int64_t offset; };
   Part parts[] = {
       {b.token_ids.data(), int64_t(b.token_ids.size() * 4), 0},
+      {b.token_source.data(), int64_t(b.token_source.size() * 4), 0},
       {b.positions.data(), int64_t(b.positions.size() * 4), 0},
       {b.query_start.data(), int64_t(b.query_start.size() * 4), 0},
       {b.context_len.data(), int64_t(b.context_len.size() * 4), 0},
@@ -340,12 +344,14 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
   const char* dev = static_cast<const char*>(meta_dev_.data());
   BatchView v;
   v.token_ids = reinterpret_cast<const int32_t*>(dev + parts[0].offset);
-  v.positions = reinterpret_cast<const int32_t*>(dev + parts[1].offset);
-  v.query_start = reinterpret_cast<const int32_t*>(dev + parts[2].offset);
-  v.context_len = reinterpret_cast<const int32_t*>(dev + parts[3].offset);
-  v.block_table = reinterpret_cast<const int32_t*>(dev + parts[4].offset);
-  v.slot_mapping = reinterpret_cast<const int64_t*>(dev + parts[5].offset);
-  v.logits_rows = reinterpret_cast<const int32_t*>(dev + parts[6].offset);
+  if (!b.token_source.empty())
+    v.feed = TokenFeed{reinterpret_cast<const int32_t*>(dev + parts[1].offset), backend_->sampled_tokens()};
+  v.positions = reinterpret_cast<const int32_t*>(dev + parts[2].offset);
+  v.query_start = reinterpret_cast<const int32_t*>(dev + parts[3].offset);
+  v.context_len = reinterpret_cast<const int32_t*>(dev + parts[4].offset);
+  v.block_table = reinterpret_cast<const int32_t*>(dev + parts[5].offset);
+  v.slot_mapping = reinterpret_cast<const int64_t*>(dev + parts[6].offset);
+  v.logits_rows = reinterpret_cast<const int32_t*>(dev + parts[7].offset);
   v.num_tokens = b.num_tokens();
   v.num_seqs = b.num_seqs();
   v.num_logits_rows = int32_t(b.logits_rows.size());
@@ -365,8 +371,11 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
 void BackendModelRunner::validate(const Batch& batch) const {
   batch.validate(geom_.block_size, num_blocks_);
   for (int32_t t = 0; t < batch.num_tokens(); ++t) {
-    SERVAL_CHECK(batch.token_ids[t] >= 0 && batch.token_ids[t] < cfg_.vocab_size, "batch: token_ids[", t, "] = ",
-                 batch.token_ids[t], " is outside the vocabulary of ", cfg_.vocab_size);
+    const int32_t source = batch.token_source.empty() ? -1 : batch.token_source[t];
+    SERVAL_CHECK(source < sampled_specs_, "batch: token_source[", t, "] = ", source, " names no spec of the sample ",
+                 "before, which had ", sampled_specs_);
+    SERVAL_CHECK(source >= 0 || (batch.token_ids[t] >= 0 && batch.token_ids[t] < cfg_.vocab_size), "batch: token_ids[",
+                 t, "] = ", batch.token_ids[t], " is outside the vocabulary of ", cfg_.vocab_size);
   }
   for (int32_t s = 0; s < batch.num_seqs(); ++s) {
     SERVAL_CHECK(batch.context_len[s] <= cfg_.max_position, "batch: sequence ", s, " has context_len ",
@@ -380,10 +389,11 @@ Tensor BackendModelRunner::run(const Batch& batch) {
   if (graphs_ && graphs_->eligible(batch)) {
     const int32_t B = graphs_->padded_size(batch.num_seqs());
     ensure_workspace(B, B);  // may drop the graphs, so before find()
+    const int32_t* sampled = backend_->sampled_tokens();  // may move (a new epoch), so before the check
     // A scratch buffer reallocated since the graphs were recorded (by an eager
     // step of another shape) would leave them reading freed memory.
     if (backend_->graph_epoch() != graphs_epoch_) graphs_->clear();
-    const BatchView bv = graphs_->upload(batch, B);
+    const BatchView bv = graphs_->upload(batch, B, sampled);
     if (DeviceGraph* g = graphs_->find(bv)) {
       g->replay();
       ++graph_replays_;
@@ -418,16 +428,22 @@ void BackendModelRunner::forward(const Batch& batch, std::vector<float>& logits)
 
 void BackendModelRunner::forward_sample(const Batch& batch, std::span<const SampleSpec> specs,
                                         std::vector<SampleResult>& out) {
+  SERVAL_CHECK(backend_->started_samples() == 0, "forward_sample while a started step is unfinished");
   start_sample(batch, specs);
   finish_sample(out);
 }
 
 void BackendModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
-  const Tensor logits = run(batch);
+  SERVAL_CHECK(backend_->started_samples() < Backend::kMaxStartedSamples, "start_sample: ",
+               Backend::kMaxStartedSamples, " steps are already started and unfinished");
   for (const SampleSpec& s : specs)
-    SERVAL_CHECK(s.params != nullptr && s.row >= 0 && s.row < logits.rows, "forward_sample: spec row ", s.row,
-                 " is outside the step's ", logits.rows, " logits rows");
+    SERVAL_CHECK(s.params != nullptr && s.row >= 0 && s.row < int64_t(batch.logits_rows.size()),
+                 "forward_sample: spec row ", s.row, " is outside the step's ", batch.logits_rows.size(),
+                 " logits rows");
+  const Tensor logits = run(batch);
+  sampled_specs_ = 0;  // a chained step after a failed start would read stale tokens
   backend_->start_sample(logits, specs);
+  sampled_specs_ = int64_t(specs.size());
 }
 
 void BackendModelRunner::enqueue_forward(const BatchView& bv) {
@@ -441,7 +457,7 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
   const float eps = cfg_.rms_eps;
   const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
 
-  be.embedding(*tok_embd_, bv.token_ids, x);
+  be.embedding(*tok_embd_, bv.token_ids, bv.feed, x);
   be.rmsnorm(x, attn_norm(0), eps, xn);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& L = layers_[l];
@@ -499,6 +515,34 @@ void BackendModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_
 }
 
 }  // namespace
+
+void ModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
+  SERVAL_CHECK(int(started_.size()) < kMaxStartedSteps, "start_sample: ", kMaxStartedSteps,
+               " steps are already started and unfinished");
+  std::vector<SampleResult> out;
+  if (batch.token_source.empty()) {
+    forward_sample(batch, specs, out);
+  } else {
+    Batch resolved = batch;
+    resolved.token_source.clear();
+    for (size_t t = 0; t < batch.token_source.size(); ++t) {
+      const int32_t source = batch.token_source[t];
+      SERVAL_CHECK(source < int32_t(last_tokens_.size()), "batch: token_source[", t, "] = ", source,
+                   " names no spec of the sample before, which had ", last_tokens_.size());
+      if (source >= 0) resolved.token_ids[t] = last_tokens_[size_t(source)];
+    }
+    forward_sample(resolved, specs, out);
+  }
+  last_tokens_.resize(out.size());
+  for (size_t i = 0; i < out.size(); ++i) last_tokens_[i] = out[i].token;
+  started_.push_back(std::move(out));
+}
+
+void ModelRunner::finish_sample(std::vector<SampleResult>& out) {
+  SERVAL_CHECK(!started_.empty(), "finish_sample without a started step");
+  out = std::move(started_.front());
+  started_.pop_front();
+}
 
 void ModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) {
   fail("this model runner cannot copy KV blocks");

@@ -3,6 +3,7 @@
 // owns that backend's paged KV pool. The model is written once, against the
 // Backend interface (runtime/backend.h); backends supply the kernels.
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -69,14 +70,19 @@ class ModelRunner {
                               std::vector<SampleResult>& out);
 
   // forward_sample in two halves, so that the caller can work while the
-  // device runs the step: start_sample queues it, finish_sample waits for its
-  // tokens. Either may throw what forward_sample throws; after a throw from
-  // start_sample there is nothing to finish. `batch` and `specs` need not
-  // outlive start_sample. Default: start_sample runs forward_sample at once.
-  virtual void start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
-    forward_sample(batch, specs, started_);
-  }
-  virtual void finish_sample(std::vector<SampleResult>& out) { out = std::move(started_); }
+  // device runs the step: start_sample queues it, finish_sample waits for the
+  // tokens of the oldest unfinished start. Up to two starts may be
+  // unfinished: a decode step can be queued, its tokens fed from the step
+  // before on the device (Batch::token_source), before the host has that
+  // step's tokens, so the device never waits for the host between steps.
+  // Either may throw what forward_sample throws; after a throw from
+  // start_sample there is nothing to finish, and no later step may feed from
+  // it. `batch` and `specs` need not outlive start_sample. forward_sample
+  // needs no start unfinished. Default: start_sample runs forward_sample at
+  // once (a token_source resolved from the results on the host).
+  static constexpr int kMaxStartedSteps = 2;
+  virtual void start_sample(const Batch& batch, std::span<const SampleSpec> specs);
+  virtual void finish_sample(std::vector<SampleResult>& out);
 
   // Copies whole KV blocks (every layer, K and V): for each pair, block
   // `first` to block `second`. For copy-on-write of a shared partial block
@@ -99,8 +105,9 @@ class ModelRunner {
   virtual bool uses_graphs() const { return false; }
 
  private:
-  Sampler host_sampler_;                // forward_sample's default
-  std::vector<SampleResult> started_;  // start_sample's default
+  Sampler host_sampler_;                        // forward_sample's default
+  std::deque<std::vector<SampleResult>> started_;  // start_sample's default: unfinished results
+  std::vector<int32_t> last_tokens_;              // the latest start's tokens, for token_source
 };
 
 }  // namespace serval

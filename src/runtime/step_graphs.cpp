@@ -36,6 +36,7 @@ StepGraphs::StepGraphs(Backend& backend, int32_t max_batch, int32_t max_context,
     return o;
   };
   layout_.token_ids = place(B * 4);
+  layout_.token_source = place(B * 4);
   layout_.positions = place(B * 4);
   layout_.query_start = place((B + 1) * 4);
   layout_.context_len = place(B * 4);
@@ -59,17 +60,22 @@ int32_t StepGraphs::padded_size(int32_t num_seqs) const {
   return *std::lower_bound(ladder_.begin(), ladder_.end(), num_seqs);
 }
 
-BatchView StepGraphs::upload(const Batch& b, int32_t B) {
+BatchView StepGraphs::upload(const Batch& b, int32_t B, const int32_t* sampled) {
   const int32_t S = b.num_seqs();
   char* h = reinterpret_cast<char*>(host_.data());
   auto i32 = [h](int64_t off) { return reinterpret_cast<int32_t*>(h + off); };
   int32_t* tok = i32(layout_.token_ids);
+  int32_t* source = i32(layout_.token_source);
   int32_t* pos = i32(layout_.positions);
   int32_t* qs = i32(layout_.query_start);
   int32_t* ctx = i32(layout_.context_len);
   int32_t* rows = i32(layout_.logits_rows);
   auto* slots = reinterpret_cast<int64_t*>(h + layout_.slot_mapping);
   std::memcpy(tok, b.token_ids.data(), size_t(S) * 4);
+  if (b.token_source.empty())
+    std::fill(source, source + B, -1);
+  else
+    std::memcpy(source, b.token_source.data(), size_t(S) * 4);
   std::memcpy(pos, b.positions.data(), size_t(S) * 4);
   std::memcpy(ctx, b.context_len.data(), size_t(S) * 4);
   std::memcpy(slots, b.slot_mapping.data(), size_t(S) * 8);
@@ -77,6 +83,7 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B) {
   for (int32_t i = 0; i < B; ++i) rows[i] = i;
   for (int32_t i = S; i < B; ++i) {
     tok[i] = 0;
+    source[i] = -1;
     pos[i] = 0;
     ctx[i] = 1;
     slots[i] = int64_t(pad_block_) * block_size_;
@@ -103,6 +110,7 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B) {
 
   BatchView v;
   v.token_ids = reinterpret_cast<const int32_t*>(dev + layout_.token_ids);
+  v.feed = TokenFeed{reinterpret_cast<const int32_t*>(dev + layout_.token_source), sampled};
   v.positions = reinterpret_cast<const int32_t*>(dev + layout_.positions);
   v.query_start = reinterpret_cast<const int32_t*>(dev + layout_.query_start);
   v.context_len = reinterpret_cast<const int32_t*>(dev + layout_.context_len);

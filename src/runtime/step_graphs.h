@@ -40,8 +40,10 @@ class StepGraphs {
   int32_t padded_size(int32_t num_seqs) const;
   // Copies the padded metadata of `batch` to the fixed buffer and returns its
   // view (B tokens, B sequences, B logits rows; max_context_len is the bound,
-  // mean_context_len the class: kLongDecodeContext or 0).
-  BatchView upload(const Batch& batch, int32_t padded);
+  // mean_context_len the class: kLongDecodeContext or 0). Every view has a
+  // token feed (all -1 when the batch has none) from `sampled`
+  // (Backend::sampled_tokens), so one graph serves chained and plain steps.
+  BatchView upload(const Batch& batch, int32_t padded, const int32_t* sampled);
   // The bound recorded for steps whose longest context is `longest`.
   int32_t context_bound(int32_t longest) const;
   // Where decode steps start to need graphs of another class, in order: 1,
@@ -60,7 +62,7 @@ class StepGraphs {
 
  private:
   struct Layout {
-    int64_t token_ids, positions, query_start, context_len, logits_rows, slot_mapping, block_table;
+    int64_t token_ids, token_source, positions, query_start, context_len, logits_rows, slot_mapping, block_table;
   };
 
   static int64_t key(const BatchView& v) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "chained_decode.h"
 #include "runtime/model_runner.h"
 #include "tiny_model.h"
 
@@ -197,6 +198,43 @@ TEST(ModelRunner, RejectsUnknownDeviceAndBadTokens) {
   const int s = seqs.add_sequence();
   std::vector<float> logits;
   EXPECT_THROW(runner->forward(seqs.step({s}, {{1, int32_t(cfg.vocab_size)}}, false), logits), Error);
+}
+
+// Steps queued before the host has the tokens they continue from (fed on the
+// device through Batch::token_source) give the tokens of steps taken one at a
+// time, and a bad feed is refused before anything runs.
+TEST(ModelRunner, ChainedStepsGiveTheTokensOfStepsTakenOneAtATime) {
+  TinySpec spec;
+  spec.vocab = 97;
+  const ModelConfig cfg = tiny_config(spec);
+  const WeightStore w = tiny_weights(cfg, spec);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}};
+  RunnerOptions o;
+  o.kv_cache_tokens = 512;
+  auto one_at_a_time = ModelRunner::create(cfg, w, o);
+  auto chained = ModelRunner::create(cfg, w, o);
+  const auto want = greedy_decode(*one_at_a_time, prompts, 12, false);
+  EXPECT_EQ(greedy_decode(*chained, prompts, 12, true), want);
+  for (const auto& t : want) EXPECT_EQ(t.size(), 12u);
+
+  PagedSeqs seqs(chained->block_size(), {0, 1, 2, 3}, 4);
+  const int s = seqs.add_sequence();
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  SampleSpec one;
+  one.params = &greedy;
+  std::vector<SampleResult> out;
+  chained->start_sample(seqs.step({s}, {{4, 5}}, false), {&one, 1});
+  Batch next = seqs.step({s}, {{0}}, false);
+  next.token_source = {1};  // the step before had one spec
+  EXPECT_THROW(chained->start_sample(next, {&one, 1}), Error);
+  next.token_source = {0};
+  chained->start_sample(next, {&one, 1});
+  EXPECT_THROW(chained->start_sample(seqs.step({s}, {{6}}, false), {&one, 1}), Error) << "a third unfinished step";
+  EXPECT_THROW(chained->forward_sample(seqs.step({s}, {{6}}, false), {&one, 1}, out), Error);
+  chained->finish_sample(out);
+  chained->finish_sample(out);
+  EXPECT_THROW(chained->finish_sample(out), Error);
 }
 
 TEST(ModelRunner, KvPoolSizeFromTokensOrBytes) {

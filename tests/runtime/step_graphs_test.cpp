@@ -66,8 +66,10 @@ TEST(StepGraphs, PadsDecodeStepsUpTheLadder) {
 TEST(StepGraphs, UploadsPaddedMetadataWithTheBound) {
   auto be = create_backend("cpu", 1);
   StepGraphs graphs(*be, 8, kMaxContext, kBlockSize, kPadBlock);
-  const Batch b = decode_step({5, 9, 100});
-  const BatchView v = graphs.upload(b, 4);
+  Batch b = decode_step({5, 9, 100});
+  b.token_source = {-1, 2, 0};
+  const int32_t sampled[3] = {11, 12, 13};
+  const BatchView v = graphs.upload(b, 4, sampled);
   EXPECT_EQ(v.num_seqs, 4);
   EXPECT_EQ(v.num_tokens, 4);
   EXPECT_EQ(v.max_context_len, 128);  // the bound of a longest context of 100, not 100
@@ -77,6 +79,8 @@ TEST(StepGraphs, UploadsPaddedMetadataWithTheBound) {
   EXPECT_EQ(std::vector<int32_t>(v.positions, v.positions + 4), (std::vector<int32_t>{4, 8, 99, 0}));
   EXPECT_EQ(std::vector<int32_t>(v.query_start, v.query_start + 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
   EXPECT_EQ(v.slot_mapping[3], int64_t(kPadBlock) * kBlockSize);  // the padding row writes the spare block
+  EXPECT_EQ(std::vector<int32_t>(v.feed.source, v.feed.source + 4), (std::vector<int32_t>{-1, 2, 0, -1}));
+  EXPECT_EQ(v.feed.sampled, sampled);
   // Table rows as wide as the bound (128 tokens: 8 blocks), each row's first blocks.
   ASSERT_EQ(v.max_blocks_per_seq, 128 / kBlockSize);
   for (int32_t s = 0; s < 3; ++s)
@@ -84,7 +88,8 @@ TEST(StepGraphs, UploadsPaddedMetadataWithTheBound) {
       EXPECT_EQ(v.block_table[s * v.max_blocks_per_seq + k], b.block_table[size_t(s * b.max_blocks_per_seq + k)]);
   // A step under the next bound sends wider rows to the same buffer.
   const Batch longer = decode_step({5, 900});
-  const BatchView w = graphs.upload(longer, 2);
+  const BatchView w = graphs.upload(longer, 2, nullptr);
+  EXPECT_EQ(std::vector<int32_t>(w.feed.source, w.feed.source + 2), (std::vector<int32_t>{-1, -1}));  // no feed
   ASSERT_EQ(w.max_blocks_per_seq, 1024 / kBlockSize);
   EXPECT_EQ(w.block_table, v.block_table);
   EXPECT_EQ(w.block_table[w.max_blocks_per_seq + 56], longer.block_table[size_t(longer.max_blocks_per_seq) + 56]);
@@ -94,12 +99,12 @@ TEST(StepGraphs, LongContextStepsHaveGraphsOfTheirOwn) {
   auto be = create_backend("cpu", 1);
   StepGraphs graphs(*be, 8, kMaxContext, kBlockSize, kPadBlock);
   // Mean 2048 exactly (the class starts there), and just below it.
-  const BatchView at = graphs.upload(decode_step({1024, kLongDecodeContext * 2 - 1024}), 2);
+  const BatchView at = graphs.upload(decode_step({1024, kLongDecodeContext * 2 - 1024}), 2, nullptr);
   EXPECT_EQ(at.mean_context_len, kLongDecodeContext);
-  const BatchView below = graphs.upload(decode_step({1024, kLongDecodeContext * 2 - 1025}), 2);
+  const BatchView below = graphs.upload(decode_step({1024, kLongDecodeContext * 2 - 1025}), 2, nullptr);
   EXPECT_EQ(below.mean_context_len, 0);
   // A long step padded with short rows is still long: the class is the real rows'.
-  EXPECT_EQ(graphs.upload(decode_step({5000, 3000, 2500}), 4).mean_context_len, kLongDecodeContext);
+  EXPECT_EQ(graphs.upload(decode_step({5000, 3000, 2500}), 4, nullptr).mean_context_len, kLongDecodeContext);
 
   ASSERT_EQ(below.max_context_len, at.max_context_len);  // the same size and bound (8192); one is long
   expect_graphs_of_their_own(graphs, below, at);
@@ -122,13 +127,13 @@ TEST(StepGraphs, StepsUnderEachContextBoundHaveGraphsOfTheirOwn) {
   EXPECT_EQ(small.context_bound(200), 300);  // never past the longest context allowed
 
   // The bound follows the longest real row; padding rows do not count.
-  const BatchView a = graphs.upload(decode_step({5, 128}), 4);
+  const BatchView a = graphs.upload(decode_step({5, 128}), 4, nullptr);
   EXPECT_EQ(a.max_context_len, 128);
-  const BatchView b = graphs.upload(decode_step({5, 129}), 4);
+  const BatchView b = graphs.upload(decode_step({5, 129}), 4, nullptr);
   EXPECT_EQ(b.max_context_len, 1024);
   expect_graphs_of_their_own(graphs, a, b);
   // Another size under the same bound is another graph.
-  EXPECT_EQ(graphs.find(graphs.upload(decode_step({5}), 1)), nullptr);
+  EXPECT_EQ(graphs.find(graphs.upload(decode_step({5}), 1, nullptr)), nullptr);
 }
 
 TEST(StepGraphs, ClassStartsAreWhereStepsNeedAnotherGraph) {
@@ -141,8 +146,8 @@ TEST(StepGraphs, ClassStartsAreWhereStepsNeedAnotherGraph) {
   for (int32_t start : StepGraphs::class_starts(kMaxContext)) {
     if (start == 1) continue;
     StepGraphs graphs(*be, 8, kMaxContext, kBlockSize, kPadBlock);
-    expect_graphs_of_their_own(graphs, graphs.upload(decode_step({start - 1}), 1),
-                               graphs.upload(decode_step({start}), 1));
+    expect_graphs_of_their_own(graphs, graphs.upload(decode_step({start - 1}), 1, nullptr),
+                               graphs.upload(decode_step({start}), 1, nullptr));
   }
 }
 

@@ -41,7 +41,7 @@ class CpuBackend : public Backend {
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
 
-  void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) override;
+  void embedding(const DeviceWeight& table, const int32_t* ids, const TokenFeed& feed, Tensor out) override;
   void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) override;
   void rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) override;
   void add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) override;

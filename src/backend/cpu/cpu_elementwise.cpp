@@ -1,5 +1,6 @@
 // Row-wise and elementwise kernels of the CPU backend: embedding gather,
 // RMSNorm (plain and fused with the residual add), add, SiLU*up, row gather.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -25,12 +26,15 @@ inline void rmsnorm_row(const float* x, const float* w, int64_t n, float eps, fl
 
 }  // namespace
 
-void CpuBackend::embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) {
+void CpuBackend::embedding(const DeviceWeight& table, const int32_t* ids, const TokenFeed& feed, Tensor out) {
   const float* E = as_cpu(table).data();
   const int64_t D = out.cols;
   float* O = f32(out);
 #pragma omp parallel for num_threads(threads_) if (out.numel() > kParallelElems)
-  for (int64_t t = 0; t < out.rows; ++t) std::memcpy(O + t * D, E + int64_t(ids[t]) * D, size_t(D) * sizeof(float));
+  for (int64_t t = 0; t < out.rows; ++t) {
+    const int32_t id = feed.source && feed.source[t] >= 0 ? std::max(feed.sampled[feed.source[t]], 0) : ids[t];
+    std::memcpy(O + t * D, E + int64_t(id) * D, size_t(D) * sizeof(float));
+  }
 }
 
 void CpuBackend::rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) {

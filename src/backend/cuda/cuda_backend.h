@@ -90,7 +90,7 @@ class CudaBackend : public Backend {
   bool folds_norm_weights() const override;
   void fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>& ws) override;
 
-  void embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) override;
+  void embedding(const DeviceWeight& table, const int32_t* ids, const TokenFeed& feed, Tensor out) override;
   void matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) override;
   void qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
                          Tensor q, Tensor k, Tensor v, const int32_t* positions, const RopeParams& rope,
@@ -117,6 +117,8 @@ class CudaBackend : public Backend {
   void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
   void start_sample(const Tensor& logits, std::span<const SampleSpec> specs) override;
   void finish_sample(std::vector<SampleResult>& out) override;
+  const int32_t* sampled_tokens() override;
+  int started_samples() const override;
 
   cudaStream_t stream() const { return stream_; }
   // cuBLASLt launches that computed several weights as one strided batch.
@@ -178,6 +180,8 @@ class CudaBackend : public Backend {
   void* scratch(DeviceBuffer& buf, int64_t bytes);
   // Waits for the stream; every copy_to_device_async before it has landed.
   void sync_stream();
+  // The device array sampled_tokens() returns, holding at least n tokens.
+  int32_t* sampled_token_buffer(int64_t n);
   // The norm matmul_add_rmsnorm leaves to the GEMV after it (cuda_norm_fold.cu):
   // `data` holds the residual in bf16, unnormalized, and the GEMVs that read
   // it scale their products by its rows' 1 / rms. Shared with the deleters of

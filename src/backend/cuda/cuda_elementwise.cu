@@ -11,13 +11,16 @@ namespace serval::cuda {
 
 namespace {
 
-// out[r, :] = src[idx[r], :] (idx null: r), converting the element type.
+// out[r, :] = src[idx[r], :] (idx null: r), converting the element type;
+// where feed.source[r] >= 0, the row is the token feed.sampled[feed.source[r]].
 template <typename In, typename Out>
-__global__ void gather_kernel(const In* src, const int32_t* idx, Out* out, int64_t cols) {
+__global__ void gather_kernel(const In* src, const int32_t* idx, TokenFeed feed, Out* out, int64_t cols) {
   pdl_wait();
   pdl_launch_dependents();
   const int64_t r = blockIdx.x;
-  const In* s = src + int64_t(idx ? idx[r] : r) * cols;
+  const int32_t from = feed.source ? feed.source[r] : -1;
+  const int32_t row = from >= 0 ? max(feed.sampled[from], 0) : idx ? idx[r] : int32_t(r);
+  const In* s = src + int64_t(row) * cols;
   Out* o = out + r * cols;
   if (cols % 8 == 0) {
     for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x) {
@@ -230,21 +233,22 @@ void check_stream(const Tensor& t, const char* what) {
 float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
 
 template <typename Out>
-void launch_gather(const void* src, DType src_dtype, const int32_t* idx, Out* out, int64_t rows, int64_t cols,
-                   cudaStream_t stream) {
+void launch_gather(const void* src, DType src_dtype, const int32_t* idx, const TokenFeed& feed, Out* out, int64_t rows,
+                   int64_t cols, cudaStream_t stream) {
   const dim3 grid{unsigned(rows)}, block{unsigned(row_threads(cols))};
   if (src_dtype == DType::F32)
-    launch_pdl(gather_kernel<float, Out>, grid, block, 0, stream, static_cast<const float*>(src), idx, out, cols);
+    launch_pdl(gather_kernel<float, Out>, grid, block, 0, stream, static_cast<const float*>(src), idx, feed, out, cols);
   else
-    launch_pdl(gather_kernel<bf16, Out>, grid, block, 0, stream, static_cast<const bf16*>(src), idx, out, cols);
+    launch_pdl(gather_kernel<bf16, Out>, grid, block, 0, stream, static_cast<const bf16*>(src), idx, feed, out, cols);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
-void gather(const void* src, DType src_dtype, const int32_t* idx, const Tensor& out, cudaStream_t stream) {
+void gather(const void* src, DType src_dtype, const int32_t* idx, const Tensor& out, cudaStream_t stream,
+            const TokenFeed& feed = {}) {
   if (out.dtype == DType::F32)
-    launch_gather(src, src_dtype, idx, f32(out), out.rows, out.cols, stream);
+    launch_gather(src, src_dtype, idx, feed, f32(out), out.rows, out.cols, stream);
   else
-    launch_gather(src, src_dtype, idx, bf(out), out.rows, out.cols, stream);
+    launch_gather(src, src_dtype, idx, feed, bf(out), out.rows, out.cols, stream);
 }
 
 // out (and delta) are of type O; x is bf16 or f32.
@@ -283,14 +287,14 @@ void launch_silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out, in
 
 }  // namespace
 
-void CudaBackend::embedding(const DeviceWeight& table, const int32_t* ids, Tensor out) {
+void CudaBackend::embedding(const DeviceWeight& table, const int32_t* ids, const TokenFeed& feed, Tensor out) {
   const CudaWeight& w = as_cuda(table);
   SERVAL_CHECK((w.dtype() == DType::BF16 || w.dtype() == DType::F32) && w.cols() == out.cols, "embedding: table \"",
                w.name(), "\" does not match the output width ", out.cols);
   check_stream(out, "embedding");
   overwritten(out);
   if (out.rows == 0) return;
-  gather(w.data(), w.dtype(), ids, out, stream_);
+  gather(w.data(), w.dtype(), ids, out, stream_, feed);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) {

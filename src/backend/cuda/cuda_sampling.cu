@@ -4,7 +4,10 @@
 // into one pinned buffer and sent in one copy (none when the device holds
 // those bytes from the call before); the kernels (cuda_sampling_kernels.cu)
 // run on stream_ after the LM head and write the results into pinned memory,
-// which finish_sample reads after one wait.
+// which finish_sample reads after waiting for that start's event. Two starts
+// may be unfinished (Backend::kMaxStartedSamples), each with its own pinned
+// buffers (a slot); the kernels also write each token to a device array
+// (sampled_tokens), from which the next step may take its input ids.
 // Errors are raised in spec order with the CPU sampler's messages; token ids
 // outside the vocabulary are caught here, before anything is queued.
 #include <algorithm>
@@ -21,40 +24,49 @@ using sampling::PenaltyEntry;
 using sampling::Result;
 using sampling::Task;
 
-// Kept across calls in CudaBackend::sampler_state_; buffers grow, never shrink.
-struct SamplerState {
+// One start_sample's buffers and what its finish_sample needs: a start
+// writes them while the slot of the start before may still be in flight.
+struct SampleSlot {
   void* host_in = nullptr;   // pinned: tasks, penalty entries, bans
   int64_t host_in_bytes = 0;
   void* host_out = nullptr;  // pinned: results, written by the kernels themselves
   int64_t host_out_bytes = 0;
-  DeviceBuffer dev_in, work;
+  cudaEvent_t done = nullptr;  // recorded after the kernels
+  int64_t vocab = 0;
+  int64_t num_greedy = 0;
+  std::vector<int32_t> task_of_spec;  // >= 0: a greedy task's index; else ~ the general task's
+  std::vector<int32_t> spec_rows;
+  std::vector<uint8_t> spec_logprobs;  // whether the spec wants logprobs
+
+  SampleSlot() = default;
+  SampleSlot(const SampleSlot&) = delete;
+  SampleSlot& operator=(const SampleSlot&) = delete;
+  ~SampleSlot() {
+    if (host_in) cudaFreeHost(host_in);
+    if (host_out) cudaFreeHost(host_out);
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+// Kept across calls in CudaBackend::sampler_state_; buffers grow, never shrink.
+struct SamplerState {
+  SampleSlot slots[Backend::kMaxStartedSamples];
+  int first = 0, started = 0;  // the oldest unfinished start's slot, and how many are unfinished
+  DeviceBuffer dev_in, work, tokens;
   // What dev_in holds (a decode step of plain greedy rows sends the same
   // tasks as the step before it, and need not send them again).
   std::vector<char> sent;
   const void* sent_to = nullptr;
   std::vector<Task> greedy_tasks, general_tasks;
-  std::vector<int32_t> task_of_spec;  // >= 0: greedy_tasks index; else ~general_tasks index
   std::vector<PenaltyEntry> patches;
   std::vector<int32_t> bans;
   // Indexed by token id and all zero between calls (only touched ids are reset).
   std::vector<int32_t> output_count;
   std::vector<uint8_t> seen;
-  // Between start_sample and finish_sample: each spec's row and whether it wants logprobs.
-  bool started = false;
-  int64_t vocab = 0;
-  std::vector<int32_t> spec_rows;
-  std::vector<uint8_t> spec_logprobs;
-
-  SamplerState() = default;
-  SamplerState(const SamplerState&) = delete;
-  SamplerState& operator=(const SamplerState&) = delete;
-  ~SamplerState() {
-    if (host_in) cudaFreeHost(host_in);
-    if (host_out) cudaFreeHost(host_out);
-  }
 };
 
-// Callers have no copy in flight on the buffer (finish_sample() ends synchronized).
+// Callers have no copy in flight on the buffer: a slot is reused only after
+// its start was finished (its event waited for).
 void reserve_pinned(void*& p, int64_t& bytes, int64_t need) {
   if (bytes >= need) return;
   const int64_t grown = std::max<int64_t>(need, bytes * 2);
@@ -103,11 +115,12 @@ void add_penalty_entries(SamplerState& st, int64_t vocab, std::span<const int32_
   }
 }
 
-Task make_task(SamplerState& st, const SampleSpec& s, int64_t vocab, int32_t& work_rows) {
+Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t vocab, int32_t& work_rows) {
   const SamplingParams& p = *s.params;
   Task t{};
   t.uniform = s.uniform;
   t.row = s.row;
+  t.spec = spec;
   t.greedy = p.greedy() ? 1 : 0;
   t.temperature = p.temperature;
   t.top_k = !t.greedy && p.top_k > 0 && p.top_k < vocab ? p.top_k : 0;
@@ -150,6 +163,7 @@ void check_status(const Result& r, int64_t vocab, int32_t row) {
 }  // namespace
 
 void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) {
+  SERVAL_CHECK(started_samples() == 0, "cuda sampler: sample() while a started sample is unfinished");
   start_sample(logits, specs);
   finish_sample(out);
 }
@@ -157,11 +171,14 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs
 void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
   if (!sampler_state_) sampler_state_ = std::make_shared<SamplerState>();
   SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
-  st.started = false;
-  st.spec_rows.clear();
-  st.spec_logprobs.clear();
+  SERVAL_CHECK(st.started < kMaxStartedSamples, "cuda sampler: ", kMaxStartedSamples,
+               " samples are already started and unfinished");
+  SampleSlot& slot = st.slots[(st.first + st.started) % kMaxStartedSamples];
+  slot.spec_rows.clear();
+  slot.spec_logprobs.clear();
+  slot.task_of_spec.clear();
   if (specs.empty()) {
-    st.started = true;
+    ++st.started;
     return;
   }
   SERVAL_CHECK(logits.dtype == DType::F32, "cuda sampler: logits must be f32, got ", dtype_name(logits.dtype));
@@ -173,7 +190,6 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   // ---- tasks: plain greedy rows first (their own one-pass kernel)
   st.greedy_tasks.clear();
   st.general_tasks.clear();
-  st.task_of_spec.clear();
   st.patches.clear();
   st.bans.clear();
   int32_t work_rows = 0;
@@ -184,12 +200,12 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
                  logits.rows);
     SERVAL_CHECK(s.params->logprobs <= sampling::kMaxTopLogprobs, "cuda sampler: at most ",
                  sampling::kMaxTopLogprobs, " top logprobs, got ", s.params->logprobs);
-    const Task t = make_task(st, s, vocab, work_rows);
+    const Task t = make_task(st, s, int32_t(i), vocab, work_rows);
     if (t.greedy && t.work_row < 0 && t.top_n < 0) {
-      st.task_of_spec.push_back(int32_t(st.greedy_tasks.size()));
+      slot.task_of_spec.push_back(int32_t(st.greedy_tasks.size()));
       st.greedy_tasks.push_back(t);
     } else {
-      st.task_of_spec.push_back(~int32_t(st.general_tasks.size()));
+      slot.task_of_spec.push_back(~int32_t(st.general_tasks.size()));
       st.general_tasks.push_back(t);
     }
   }
@@ -201,9 +217,10 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   const int64_t bans_at = patches_at + align16(int64_t(st.patches.size() * sizeof(PenaltyEntry)));
   const int64_t in_bytes = bans_at + align16(int64_t(st.bans.size() * sizeof(int32_t)));
   const int64_t out_bytes = n * int64_t(sizeof(Result));
-  reserve_pinned(st.host_in, st.host_in_bytes, in_bytes);
-  reserve_pinned(st.host_out, st.host_out_bytes, out_bytes);
-  char* in = static_cast<char*>(st.host_in);
+  reserve_pinned(slot.host_in, slot.host_in_bytes, in_bytes);
+  reserve_pinned(slot.host_out, slot.host_out_bytes, out_bytes);
+  if (!slot.done) SERVAL_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+  char* in = static_cast<char*>(slot.host_in);
   std::memcpy(in, st.greedy_tasks.data(), st.greedy_tasks.size() * sizeof(Task));
   std::memcpy(in + num_greedy * int64_t(sizeof(Task)), st.general_tasks.data(),
               st.general_tasks.size() * sizeof(Task));
@@ -211,17 +228,18 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   if (!st.bans.empty()) std::memcpy(in + bans_at, st.bans.data(), st.bans.size() * sizeof(int32_t));
 
   // ---- device buffers (grown geometrically; sampling is never in a graph), copy in (unless
-  // dev_in holds these bytes already), kernels writing the pinned results, one wait. Each CUDA
-  // call here costs microseconds of the step, during which the GPU idles.
+  // dev_in holds these bytes already), kernels writing the pinned results, an event. Each CUDA
+  // call here costs microseconds of the step.
   const int64_t work_stride = (vocab + 3) / 4 * 4;  // rows 16-byte aligned
   char* dev_in = static_cast<char*>(host_op_scratch(st.dev_in, in_bytes));
   float* work =
       work_rows > 0 ? static_cast<float*>(host_op_scratch(st.work, int64_t(work_rows) * work_stride * 4)) : nullptr;
+  int32_t* tokens = sampled_token_buffer(n);
   const bool sent = st.sent_to == dev_in && int64_t(st.sent.size()) == in_bytes &&
                     std::memcmp(st.sent.data(), in, size_t(in_bytes)) == 0;
   if (!sent) {
     st.sent_to = nullptr;
-    SERVAL_CUDA_CHECK(cudaMemcpyAsync(dev_in, st.host_in, size_t(in_bytes), cudaMemcpyHostToDevice, stream_));
+    SERVAL_CUDA_CHECK(cudaMemcpyAsync(dev_in, slot.host_in, size_t(in_bytes), cudaMemcpyHostToDevice, stream_));
     st.sent.assign(in, in + in_bytes);
     st.sent_to = dev_in;
   }
@@ -233,48 +251,63 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   l.vocab = vocab;
   l.work = work;
   l.work_stride = work_stride;
-  l.results = static_cast<Result*>(st.host_out);  // pinned memory is the device's too (unified addressing)
+  l.results = static_cast<Result*>(slot.host_out);  // pinned memory is the device's too (unified addressing)
+  l.tokens = tokens;
   l.list_limit = sampling::sampling_list_limit();
   try {
     sampling::launch_sampling(l, int(num_greedy), int(n - num_greedy), stream_);
+    SERVAL_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   } catch (...) {
     st.sent_to = nullptr;
     cudaStreamSynchronize(stream_);  // the next call may rewrite the pinned buffers
     throw;
   }
   // What finish_sample needs of the specs, which may be gone by then.
-  st.vocab = vocab;
+  slot.vocab = vocab;
+  slot.num_greedy = num_greedy;
   for (const SampleSpec& s : specs) {
-    st.spec_rows.push_back(s.row);
-    st.spec_logprobs.push_back(s.params->logprobs >= 0);
+    slot.spec_rows.push_back(s.row);
+    slot.spec_logprobs.push_back(s.params->logprobs >= 0);
   }
-  st.started = true;
+  ++st.started;
+}
+
+int32_t* CudaBackend::sampled_token_buffer(int64_t n) {
+  if (!sampler_state_) sampler_state_ = std::make_shared<SamplerState>();
+  SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
+  // Graphs record its address (TokenFeed): scratch() marks them stale when it moves.
+  return static_cast<int32_t*>(scratch(st.tokens, std::max<int64_t>(n, 1024) * int64_t(sizeof(int32_t))));
+}
+
+const int32_t* CudaBackend::sampled_tokens() { return sampled_token_buffer(0); }
+
+int CudaBackend::started_samples() const {
+  return sampler_state_ ? static_cast<const SamplerState*>(sampler_state_.get())->started : 0;
 }
 
 void CudaBackend::finish_sample(std::vector<SampleResult>& out) {
-  SERVAL_CHECK(sampler_state_ && static_cast<SamplerState*>(sampler_state_.get())->started,
-               "cuda sampler: finish_sample without a started sample");
+  SERVAL_CHECK(started_samples() > 0, "cuda sampler: finish_sample without a started sample");
   SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
-  st.started = false;
-  const size_t n = st.spec_rows.size();
+  SampleSlot& slot = st.slots[st.first];
+  st.first = (st.first + 1) % kMaxStartedSamples;
+  --st.started;
+  const size_t n = slot.spec_rows.size();
   out.assign(n, SampleResult{});
   if (n == 0) return;
-  try {
-    sync_stream();
-  } catch (...) {
+  const cudaError_t err = cudaEventSynchronize(slot.done);
+  if (err != cudaSuccess) {
     st.sent_to = nullptr;
-    throw;
+    SERVAL_CUDA_CHECK(err);
   }
 
   // ---- results, in spec order
-  const int64_t num_greedy = int64_t(st.greedy_tasks.size());
-  const Result* results = static_cast<const Result*>(st.host_out);
+  const Result* results = static_cast<const Result*>(slot.host_out);
   for (size_t i = 0; i < n; ++i) {
-    const int32_t k = st.task_of_spec[i];
-    const Result& r = results[k >= 0 ? k : num_greedy + ~k];
-    check_status(r, st.vocab, st.spec_rows[i]);
+    const int32_t k = slot.task_of_spec[i];
+    const Result& r = results[k >= 0 ? k : slot.num_greedy + ~k];
+    check_status(r, slot.vocab, slot.spec_rows[i]);
     out[i].token = r.token;
-    if (st.spec_logprobs[i]) {
+    if (slot.spec_logprobs[i]) {
       Logprobs lp;
       lp.chosen = r.chosen_logprob;
       lp.chosen_rank = r.chosen_rank;

@@ -26,6 +26,7 @@ enum Status : int32_t { kOk = 0, kNan = 1, kPosInf = 2, kAllNegInf = 3, kInterna
 struct Task {
   double uniform;           // the request's draw in [0, 1) (sampled rows)
   int32_t row;              // row of the logits
+  int32_t spec;             // index of its spec: where the token goes in SamplingLaunch::tokens
   int32_t work_row;         // row of the work buffer holding the penalized copy; -1: none
   int32_t patch_begin;      // penalty entries [patch_begin, patch_begin + patch_count)
   int32_t patch_count;
@@ -71,6 +72,7 @@ struct SamplingLaunch {
   float* work = nullptr;          // [penalized rows, work_stride]
   int64_t work_stride = 0;        // floats, a multiple of 4
   Result* results = nullptr;
+  int32_t* tokens = nullptr;      // device, by spec: each task's token (-1 when it fails), for the next step
   int32_t list_limit = kListA;    // most candidates a list may hold; 0: radix passes only
 };
 

@@ -40,7 +40,7 @@ constexpr int kGreedyThreads = 512;  // plain greedy kernel
 // ---------------------------------------------------------------- greedy
 
 __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(const Task* tasks, const float* logits, int64_t vocab,
-                                                                Result* results) {
+                                                                Result* results, int32_t* tokens) {
   __shared__ float s_value[32];
   __shared__ int32_t s_id[32];
   const RowReader row(logits + int64_t(tasks[blockIdx.x].row) * vocab, vocab);
@@ -63,6 +63,7 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(const Task* task
                                              : kOk;
     r.token = best.id;
     r.top_count = 0;
+    tokens[tasks[blockIdx.x].spec] = r.status == kOk ? best.id : -1;
   }
 }
 
@@ -406,6 +407,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(SamplingLaunch l) {
     if (threadIdx.x == 0) {
       out.status = status;
       out.token = -1;
+      l.tokens[r.t.spec] = -1;
     }
     return;
   }
@@ -418,6 +420,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(SamplingLaunch l) {
   }
   int32_t token = -1;
   if (sh.status == kOk) token = r.greedy ? argmax : sh.token >= 0 ? sh.token : threshold_draw(sh, r);
+  if (threadIdx.x == 0) l.tokens[r.t.spec] = token;
   if (token < 0) {
     if (threadIdx.x == 0) {
       out.status = kInternal;
@@ -443,7 +446,7 @@ int32_t sampling_list_limit() { return g_lists.load() ? kListA : 0; }
 
 void launch_sampling(const SamplingLaunch& l, int num_greedy, int num_general, cudaStream_t stream) {
   if (num_greedy > 0) {
-    greedy_kernel<<<num_greedy, kGreedyThreads, 0, stream>>>(l.tasks, l.logits, l.vocab, l.results);
+    greedy_kernel<<<num_greedy, kGreedyThreads, 0, stream>>>(l.tasks, l.logits, l.vocab, l.results, l.tokens);
     SERVAL_CUDA_LAUNCH_CHECK();
   }
   if (num_general > 0) {

@@ -73,8 +73,8 @@ TEST(CudaF32Ops, EmbeddingAndGatherRowsCopyExactly) {
     auto w_c = weight(*cpu, "emb", {V, H}, table), w_g = weight(*gpu, "emb", {V, H}, table);
     DeviceBuffer id_c = upload_ints(*cpu, ids), id_g = upload_ints(*gpu, ids);
     DevTensor o_c = zeros(*cpu, T, H), o_g = zeros(*gpu, T, H);
-    cpu->embedding(*w_c, static_cast<int32_t*>(id_c.data()), o_c.t);
-    gpu->embedding(*w_g, static_cast<int32_t*>(id_g.data()), o_g.t);
+    cpu->embedding(*w_c, static_cast<int32_t*>(id_c.data()), {}, o_c.t);
+    gpu->embedding(*w_g, static_cast<int32_t*>(id_g.data()), {}, o_g.t);
     const std::vector<float> got = download(*gpu, o_g.t);
     EXPECT_EQ(got, download(*cpu, o_c.t)) << "embedding, H " << H;
     EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + H),

@@ -84,8 +84,8 @@ TEST(CudaFusedOps, F32ResidualStreamOpsMatchCpu) {
     const std::vector<int32_t> ids = {3, 49, 0, 3, 7};
     DeviceBuffer id_c = upload_ints(*cpu, ids), id_g = upload_ints(*gpu, ids);
     DevTensor e_c = upload_f32(*cpu, x, rows, cols), e_g = upload_f32(*gpu, x, rows, cols);
-    cpu->embedding(*t_c, static_cast<int32_t*>(id_c.data()), e_c.t);
-    gpu->embedding(*t_g, static_cast<int32_t*>(id_g.data()), e_g.t);
+    cpu->embedding(*t_c, static_cast<int32_t*>(id_c.data()), {}, e_c.t);
+    gpu->embedding(*t_g, static_cast<int32_t*>(id_g.data()), {}, e_g.t);
     EXPECT_EQ(download(*gpu, e_g.t), download(*cpu, e_c.t)) << "embedding into f32, cols " << cols;
 
     DevTensor x_c = upload_f32(*cpu, x, rows, cols), x_g = upload_f32(*gpu, x, rows, cols);

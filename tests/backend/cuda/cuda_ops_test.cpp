@@ -29,8 +29,8 @@ TEST(CudaOps, EmbeddingAndGatherRowsCopyExactly) {
   auto w_c = weight(*cpu, "emb", {V, H}, table), w_g = weight(*gpu, "emb", {V, H}, table);
   DeviceBuffer id_c = upload_ints(*cpu, ids), id_g = upload_ints(*gpu, ids);
   DevTensor o_c = zeros(*cpu, T, H), o_g = zeros(*gpu, T, H);
-  cpu->embedding(*w_c, static_cast<int32_t*>(id_c.data()), o_c.t);
-  gpu->embedding(*w_g, static_cast<int32_t*>(id_g.data()), o_g.t);
+  cpu->embedding(*w_c, static_cast<int32_t*>(id_c.data()), {}, o_c.t);
+  gpu->embedding(*w_g, static_cast<int32_t*>(id_g.data()), {}, o_g.t);
   EXPECT_EQ(download(*gpu, o_g.t), download(*cpu, o_c.t));
 
   std::vector<int32_t> rows = {8, 0, 3};

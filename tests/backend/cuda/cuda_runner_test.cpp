@@ -3,7 +3,8 @@
 // CPU backend; the GPU memory plan sizes the KV pool from
 // --gpu-memory-fraction and refuses plans that cannot work, with numbers;
 // forward_sample's device sampling agrees with the host Sampler on the same
-// logits. Skips without a GPU.
+// logits; chained steps (tokens fed from the step before on the device) give
+// the tokens of steps taken one at a time. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "cuda_test_util.h"
 #include "runtime/model_runner.h"
+#include "../../runtime/chained_decode.h"
 #include "../../runtime/tiny_model.h"
 
 namespace serval::testing {
@@ -214,6 +216,40 @@ TEST(CudaRunner, ForwardSampleAgreesWithTheHostSamplerOnTheSameLogits) {
     }
   }
   std::printf("[forward_sample] 4 rows (greedy, banned, penalties, logprobs) agree with the host sampler\n");
+}
+
+// Decode steps queued before the host has the tokens they continue from, fed
+// from the sampling kernels' device array (graphs and eager steps, a prefill
+// joining decodes in a chained step, spec order not row order), give the same
+// greedy tokens as steps taken one at a time.
+TEST(CudaRunner, ChainedStepsGiveTheTokensOfStepsTakenOneAtATime) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  const TinySpec spec = llama3_like();
+  const ModelConfig cfg = tiny_config(spec);
+  const WeightStore weights = tiny_weights(cfg, spec);
+  for (const bool eager : {false, true}) {
+    RunnerOptions o;
+    o.device = "cuda";
+    o.kv_cache_tokens = 8192;
+    o.max_num_seqs = 64;
+    o.max_num_batched_tokens = 2048;
+    o.enforce_eager = eager;
+    auto runner = ModelRunner::create(cfg, weights, o);
+    for (const int n : {1, 3, 13}) {
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < n; ++i) {
+        std::vector<int32_t> p;
+        for (int j = 0; j <= (i * 7) % 20; ++j) p.push_back(int32_t((i * 131 + j * 17 + 3) % cfg.vocab_size));
+        prompts.push_back(p);
+      }
+      const auto want = greedy_decode(*runner, prompts, 24, false);
+      const auto got = greedy_decode(*runner, prompts, 24, true);
+      EXPECT_EQ(got, want) << n << " prompts, " << (eager ? "eager" : "graphs");
+    }
+    if (!eager) EXPECT_GT(runner->graph_replays(), 0);
+  }
+  std::printf("[chained steps] 1, 3 and 13 sequences x 24 tokens, graphs and eager: equal to one step at a time\n");
 }
 
 }  // namespace
