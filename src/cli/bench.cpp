@@ -46,6 +46,7 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--max-num-batched-tokens", {"engine", "sweep"}},
       {"--max-queued-requests", {"engine"}},
       {"--no-prefix-cache", {"engine"}},
+      {"--no-async-scheduling", {"engine"}},
       {"--gemm-search", {"runner", "engine", "sweep"}},  // attention runs no matmul
       {"--gemm-search-cache", {"runner", "engine", "sweep"}},
   };

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/error.h"
+
 namespace serval::cli {
 
 using Clock = std::chrono::steady_clock;
@@ -37,25 +39,32 @@ void StepRecorder::forward_sample(const Batch& batch, std::span<const SampleSpec
 }
 
 void StepRecorder::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
-  started_ = describe(batch);
-  started_at_ = Clock::now();
+  Started s{describe(batch), Clock::now()};
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (finished_at_) started_.gap_s = std::chrono::duration<double>(started_at_ - *finished_at_).count();
+    if (!started_.empty())
+      s.record.gap_s = 0;  // queued behind a step in flight: the device does not wait
+    else if (finished_at_)
+      s.record.gap_s = std::chrono::duration<double>(s.at - *finished_at_).count();
   }
   inner_.start_sample(batch, specs);
-  started_.start_s = std::chrono::duration<double>(Clock::now() - started_at_).count();
+  s.record.start_s = std::chrono::duration<double>(Clock::now() - s.at).count();
+  started_.push_back(s);
 }
 
 void StepRecorder::finish_sample(std::vector<SampleResult>& out) {
   const auto wait_from = Clock::now();
   inner_.finish_sample(out);
   const auto done = Clock::now();
-  started_.seconds = std::chrono::duration<double>(done - started_at_).count();
-  started_.wait_s = std::chrono::duration<double>(done - wait_from).count();
+  SERVAL_CHECK(!started_.empty(), "step recorder: finish_sample without a start");
+  Started s = started_.front();
+  started_.pop_front();
   std::lock_guard<std::mutex> lock(mutex_);
+  const Clock::time_point from = finished_at_ ? std::max(s.at, *finished_at_) : s.at;
+  s.record.seconds = std::chrono::duration<double>(done - from).count();
+  s.record.wait_s = std::chrono::duration<double>(done - wait_from).count();
   finished_at_ = done;
-  steps_.push_back(started_);
+  steps_.push_back(s.record);
 }
 
 StepRecord StepRecorder::describe(const Batch& b) const {

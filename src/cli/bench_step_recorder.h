@@ -4,6 +4,7 @@
 // report steps, the mean running batch and each step against its roofline
 // without touching the engine.
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -16,13 +17,17 @@ namespace serval::cli {
 struct StepRecord {
   int32_t num_seqs = 0, num_tokens = 0;
   bool decode = false;     // every sequence had one new token
-  double seconds = 0;      // forward_sample, sampled tokens on the host
+  // forward_sample, sampled tokens on the host; a step started while the one
+  // before was in flight counts from that one's tokens (the device ran them
+  // one after the other).
+  double seconds = 0;
   // Where the host spent `seconds`: queueing the step (start_sample), then
   // the caller's own work while the device runs (the engine publishes the
   // step before), then waiting for the tokens (finish_sample).
   double start_s = 0, wait_s = 0;
   // From the tokens of the step before to this step's start (the engine's
-  // commit, scheduling and batch building); < 0: no step before it was recorded.
+  // commit, scheduling and batch building); 0 for a step started before
+  // them; < 0: no step before it was recorded.
   double gap_s = -1;
   double bytes = 0;        // weights + K/V read
   double flops = 0;
@@ -59,6 +64,7 @@ class StepRecorder : public ModelRunner {
   int64_t graph_replays() const override { return inner_.graph_replays(); }
   int64_t graphs_captured() const override { return inner_.graphs_captured(); }
   bool uses_graphs() const override { return inner_.uses_graphs(); }
+  bool queues_steps_async() const override { return inner_.queues_steps_async(); }
 
   // The steps recorded since the last clear() (thread-safe: the engine loop records).
   std::vector<StepRecord> steps() const;
@@ -74,8 +80,11 @@ class StepRecorder : public ModelRunner {
   Limits limits_;
   mutable std::mutex mutex_;
   std::vector<StepRecord> steps_;
-  StepRecord started_;  // between start_sample and finish_sample
-  std::chrono::steady_clock::time_point started_at_;
+  struct Started {
+    StepRecord record;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::deque<Started> started_;  // between start_sample and finish_sample, oldest first
   std::optional<std::chrono::steady_clock::time_point> finished_at_;  // the last step's tokens (since clear())
 };
 

@@ -16,13 +16,21 @@ Batch BatchBuilder::build(std::span<const ScheduledChunk> items) const {
   return batch;
 }
 
-void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) const {
+namespace {
+// Empties `batch`, keeping its storage.
+void reset(Batch& batch) {
   batch.token_ids.clear();
+  batch.token_source.clear();
   batch.positions.clear();
   batch.query_start.assign(1, 0);
   batch.context_len.clear();
   batch.slot_mapping.clear();
   batch.logits_rows.clear();
+}
+}  // namespace
+
+void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) const {
+  reset(batch);
 
   int32_t max_blocks = 0;
   for (const ScheduledChunk& item : items) {
@@ -50,6 +58,32 @@ void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) co
     max_blocks = std::max(max_blocks, int32_t((end + block_size_ - 1) / block_size_));
   }
 
+  fill_block_table(items, max_blocks, batch);
+}
+
+void BatchBuilder::build_continuation(const StepPlan& plan, Batch& batch) const {
+  SERVAL_CHECK(plan.continuation && plan.source_rows.size() == plan.items.size(),
+               "build_continuation: not a continue_plan() plan");
+  reset(batch);
+  batch.token_ids.assign(plan.items.size(), 0);  // the device feeds them
+  batch.token_source = plan.source_rows;
+  int32_t max_blocks = 0;
+  for (const ScheduledChunk& item : plan.items) {
+    const Sequence& seq = *item.seq;
+    const int64_t p = seq.num_tokens();
+    SERVAL_CHECK(seq.block_table().num_tokens() > p, "sequence ", seq.id(), ": KV slots cover ",
+                 seq.block_table().num_tokens(), " tokens but the continued step needs ", p + 1);
+    batch.positions.push_back(int32_t(p));
+    batch.slot_mapping.push_back(seq.block_table().slot(p));
+    batch.logits_rows.push_back(int32_t(batch.positions.size()) - 1);
+    batch.query_start.push_back(int32_t(batch.positions.size()));
+    batch.context_len.push_back(int32_t(p + 1));
+    max_blocks = std::max(max_blocks, int32_t((p + block_size_) / block_size_));
+  }
+  fill_block_table(plan.items, max_blocks, batch);
+}
+
+void BatchBuilder::fill_block_table(std::span<const ScheduledChunk> items, int32_t max_blocks, Batch& batch) const {
   // Each row lists the blocks holding the sequence's context, padded with -1.
   batch.max_blocks_per_seq = max_blocks;
   batch.block_table.assign(items.size() * size_t(max_blocks), -1);

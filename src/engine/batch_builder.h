@@ -22,8 +22,15 @@ class BatchBuilder {
   // uncomputed, or its block table lacks slots for them (allocate first).
   void build(std::span<const ScheduledChunk> items, Batch& batch) const;
   Batch build(std::span<const ScheduledChunk> items) const;
+  // Fills `batch` for a Scheduler::continue_plan() plan: each item one token
+  // at position seq->num_tokens(), whose id is the token sampled for row
+  // plan.source_rows[i] of the step before (Batch::token_source), and a
+  // logits row. Throws serval::Error if a table lacks the slot.
+  void build_continuation(const StepPlan& plan, Batch& batch) const;
 
  private:
+  // batch.block_table from the items' tables, rows of max_blocks.
+  void fill_block_table(std::span<const ScheduledChunk> items, int32_t max_blocks, Batch& batch) const;
   int32_t block_size_;
 };
 

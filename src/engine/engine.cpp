@@ -65,6 +65,9 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       kv_(runner.num_blocks(), runner.block_size(), options_.enable_prefix_cache),
       sched_(options_.scheduler, kv_),
       batch_builder_(runner.block_size()) {
+  using A = EngineOptions::AsyncScheduling;
+  async_scheduling_ = options_.async_scheduling == A::kOn ||
+                      (options_.async_scheduling == A::kAuto && runner.queues_steps_async());
   kv_usage_snapshot_ = kv_.usage();
   thread_ = std::thread([this] { loop(); });
 }
@@ -190,6 +193,7 @@ void Engine::loop() {
     else
       emit(now);
   }
+  finish_continuation();
   if (done) emit(*done);
   abort_everything();
 }
@@ -232,85 +236,135 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
     emit(*previous);
     previous.reset();
   };
-  const auto start = EngineClock::now();
-  StepPlan plan = sched_.schedule(start);
+  Started cur;
   IterationStats& it = now.it;
-  it.num_preemptions = plan.num_preempted;
-  if (plan.empty()) {
-    emit_previous();
-    if (plan.finished.empty() && sched_.has_unfinished()) {
-      // Nothing could be scheduled (should be rare): do not spin.
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
+  if (next_) {
+    cur = std::move(*next_);
+    next_.reset();
+  } else {
+    const auto start_time = EngineClock::now();
+    cur.plan = sched_.schedule(start_time);
+    it.num_preemptions = cur.plan.num_preempted;
+    if (cur.plan.empty()) {
+      emit_previous();
+      if (cur.plan.finished.empty() && sched_.has_unfinished()) {
+        // Nothing could be scheduled (should be rare): do not spin.
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait_for(lock, std::chrono::milliseconds(1));
+      }
+      return false;
+    }
+    for (const ScheduledChunk& c : cur.plan.items) {
+      Active& a = *active_.at(c.seq->id());
+      if (!a.first_scheduled) {
+        a.first_scheduled = start_time;
+        // Before its first chunk is computed, a request's computed tokens
+        // are exactly its prefix-cache hit.
+        a.num_cached_tokens = c.seq->num_computed_tokens();
+      }
+      const int64_t prompt_left = c.seq->num_prompt_tokens() - c.seq->num_computed_tokens();
+      it.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
+    }
+    start(cur);
+  }
+  if (async_scheduling_ && cur.error.empty()) start_continuation(cur);
+  // While the device runs the step. Stop strings found here end their
+  // samples at this step's commit (the scheduler holds aborts while a step is in flight).
+  emit_previous();
+  std::vector<SampledToken> sampled;
+  std::string& error = now.error;
+  error = finish(cur, sampled);
+  if (!error.empty()) {
+    sched_.fail_step(cur.plan);
+    if (next_) {  // its rows were this step's: they failed with it
+      std::vector<SampledToken> ignored;
+      finish(*next_, ignored);
+      sched_.fail_step(next_->plan);
+      next_.reset();
     }
     return false;
   }
-  for (const ScheduledChunk& c : plan.items) {
-    Active& a = *active_.at(c.seq->id());
-    if (!a.first_scheduled) {
-      a.first_scheduled = start;
-      // Before its first chunk is computed, a request's computed tokens
-      // are exactly its prefix-cache hit.
-      a.num_cached_tokens = c.seq->num_computed_tokens();
-    }
-    const int64_t prompt_left = c.seq->num_prompt_tokens() - c.seq->num_computed_tokens();
-    it.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
-  }
-  std::vector<SampleKey> sampled_keys;  // rows, then forks
-  for (const Sequence* s : plan.sample_rows) sampled_keys.emplace_back(s->id(), s->sample_index());
-  for (const StepPlan::Fork& f : plan.forks) sampled_keys.emplace_back(f.seq->id(), f.seq->sample_index());
-  const size_t num_rows = plan.sample_rows.size();
-  std::vector<SampledToken> sampled(num_rows + plan.forks.size());
-  std::string& error = now.error;
-  bool started = false;
+  // A continuation's rows that finished at the commit before are dropped by commit().
+  int64_t generated = 0;
+  for (const SampleKey& k : cur.keys) generated += sched_.find(k.first, k.second) != nullptr;
+  sched_.commit(cur.plan, sampled);
+  it.num_generation_tokens = generated;
+  now.sampled_keys = std::move(cur.keys);
+  return true;
+}
+
+void Engine::start(Started& s) {
+  const StepPlan& plan = s.plan;
+  for (const Sequence* seq : plan.sample_rows) s.keys.emplace_back(seq->id(), seq->sample_index());
+  for (const StepPlan::Fork& f : plan.forks) s.keys.emplace_back(f.seq->id(), f.seq->sample_index());
+  const size_t num_rows = plan.sample_rows.size(), num_specs = s.keys.size();
   try {
     if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
-    batch_builder_.build(plan.items, batch_);
+    if (plan.continuation)
+      batch_builder_.build_continuation(plan, batch_);
+    else
+      batch_builder_.build(plan.items, batch_);
     SERVAL_CHECK(batch_.logits_rows.size() == num_rows, "batch builder made ", batch_.logits_rows.size(),
                  " logits rows for ", num_rows, " sampled sequences");
     // One spec per sample; a forked sample draws from its parent's row. The
     // draws are made here, from each request's Rng, so that a seed picks
-    // the same token on every backend.
-    specs_.resize(sampled.size());
-    banned_.resize(sampled.size());
-    for (size_t i = 0; i < sampled.size(); ++i) {
-      Sequence& s = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
-      banned_[i] = s.stop().banned_tokens(int64_t(s.output_ids().size()));
+    // the same token on every backend. A continued row's output is one
+    // token longer by the time it samples (that token is being sampled now).
+    specs_.resize(num_specs);
+    banned_.resize(num_specs);
+    const int64_t pending = plan.continuation ? 1 : 0;
+    for (size_t i = 0; i < num_specs; ++i) {
+      Sequence& seq = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
+      banned_[i] = seq.stop().banned_tokens(int64_t(seq.output_ids().size()) + pending);
       SampleSpec& spec = specs_[i];
       spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
-      spec.params = &s.params();
-      spec.prompt_ids = s.prompt_ids();
-      spec.output_ids = s.output_ids();
+      spec.params = &seq.params();
+      spec.prompt_ids = seq.prompt_ids();
+      spec.output_ids = seq.output_ids();
       spec.banned = banned_[i];
-      spec.uniform = s.params().greedy() ? 0.0 : s.rng().uniform();
+      spec.uniform = seq.params().greedy() ? 0.0 : seq.rng().uniform();
     }
     runner_.start_sample(batch_, specs_);
-    started = true;
   } catch (const std::exception& e) {
-    error = e.what();
+    s.error = e.what();
   }
-  // While the device runs the step. Stop strings found here end their
-  // samples at this step's commit (the scheduler holds aborts while a step is in flight).
-  emit_previous();
-  if (started) {
-    try {
-      runner_.finish_sample(results_);
-      SERVAL_CHECK(results_.size() == sampled.size(), "model runner sampled ", results_.size(), " tokens for ",
-                   sampled.size(), " samples");
-      for (size_t i = 0; i < sampled.size(); ++i)
-        sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+}
+
+std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled) {
+  sampled.assign(s.keys.size(), SampledToken{});
+  if (!s.error.empty()) return s.error;
+  try {
+    runner_.finish_sample(results_);
+    SERVAL_CHECK(results_.size() == sampled.size(), "model runner sampled ", results_.size(), " tokens for ",
+                 sampled.size(), " samples");
+    for (size_t i = 0; i < sampled.size(); ++i)
+      sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  if (!error.empty()) {
-    sched_.fail_step(plan);
-    return false;
-  }
-  sched_.commit(plan, sampled);
-  it.num_generation_tokens = int64_t(sampled.size());
-  now.sampled_keys = std::move(sampled_keys);
-  return true;
+  return "";
+}
+
+void Engine::finish_continuation() {
+  if (!next_) return;
+  std::vector<SampledToken> sampled;
+  const std::string error = finish(*next_, sampled);
+  if (error.empty())
+    sched_.commit(next_->plan, sampled);
+  else
+    sched_.fail_step(next_->plan);
+  next_.reset();
+}
+
+void Engine::start_continuation(const Started& cur) {
+  // Penalties need every output token on the host, and the one being sampled is not.
+  for (const Sequence* seq : cur.plan.sample_rows)
+    if (seq->params().has_penalties()) return;
+  StepPlan plan = sched_.continue_plan(cur.plan);
+  if (plan.empty()) return;
+  next_.emplace();
+  next_->plan = std::move(plan);
+  start(*next_);
 }
 
 void Engine::emit(StepOutputs& o) {

@@ -11,7 +11,9 @@
 // safe text; stop strings held back and cut) and metrics while the device
 // runs -> ModelRunner::finish_sample -> Scheduler::commit. A step's events thus
 // go out during the next step: the host's detokenization and event pushes no
-// longer leave the GPU idle. A stop string found then ends its sample at the
+// longer leave the GPU idle. With async scheduling, a decode step's
+// continuation (Scheduler::continue_plan) is started right after it, before
+// its tokens are back, and is the step the next iteration finishes. A stop string found then ends its sample at the
 // next commit; the token that step computed for it is neither published nor
 // counted. A forward or sampling failure finishes that step's requests with
 // an error event (Scheduler::fail_step); the engine keeps running.
@@ -54,6 +56,13 @@ struct EngineOptions {
   // Tests: KvCacheManager::check_invariants() after every step; a violation
   // throws on the loop thread and so ends the process (slow: recounts the pool).
   bool check_invariants = false;
+  // Async scheduling: a decode step is planned and queued while the one
+  // before it runs, its tokens fed from that step's samples on the device
+  // (Scheduler::continue_plan), so the device does not wait for the host
+  // between steps. kAuto: on when the runner queues steps asynchronously (a
+  // GPU); on a CPU the step would run before the one before is published.
+  enum class AsyncScheduling { kAuto, kOn, kOff };
+  AsyncScheduling async_scheduling = AsyncScheduling::kAuto;
 };
 
 // submit() refusals a server maps to distinct HTTP statuses (429 / 503);
@@ -139,10 +148,28 @@ class Engine {
 
   void loop();
   void admit(Pending& pending, IterationStats& it, std::vector<Outgoing>& out);
-  // Schedules and starts a step, emits `previous` (if any) while the device
-  // runs it, then commits it. True when a step was committed: `now` is then
-  // emitted during the next step; otherwise it is ready at once.
+  // A plan started on the runner (or that failed to start: `error`).
+  struct Started {
+    StepPlan plan;
+    std::vector<SampleKey> keys;  // its rows, then forks
+    std::string error;
+  };
+  // Schedules and starts a step (or takes the continuation started last
+  // time), starts its continuation when it can, emits `previous` (if any)
+  // while the device runs, then commits the step. True when a step was
+  // committed: `now` is then emitted during the next step; otherwise it is
+  // ready at once.
   bool step(StepOutputs& now, std::optional<StepOutputs>& previous);
+  // Copies, builds and starts `s.plan` (a continuation's batch is fed on the
+  // device); a failure goes to s.error.
+  void start(Started& s);
+  // Waits for the tokens of `s` (one per key); returns why it failed, or "".
+  std::string finish(const Started& s, std::vector<SampledToken>& sampled);
+  // Starts the continuation of `cur` into next_, when the scheduler makes one.
+  void start_continuation(const Started& cur);
+  // Takes the tokens of a continuation still in flight and commits it (the
+  // loop is ending).
+  void finish_continuation();
   // Events of the samples `o` sampled (a stop string ends one), final events
   // of finished sequences, then publish().
   void emit(StepOutputs& o);
@@ -179,6 +206,8 @@ class Engine {
   std::vector<std::vector<int32_t>> banned_;
   std::vector<SampleResult> results_;
   std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
+  bool async_scheduling_ = false;
+  std::optional<Started> next_;  // a continuation started and not yet committed
   PrefixCacheStats last_prefix_stats_;
 
   // Shared with submitting threads, under mutex_.

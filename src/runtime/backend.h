@@ -193,6 +193,9 @@ class Backend {
   // Copies a tensor into host f32 (converting from the activation dtype).
   virtual void tensor_to_host(const Tensor& t, float* dst) = 0;
   virtual void synchronize() = 0;
+  // Whether ops are queued on a device and run later (a GPU stream), rather
+  // than computed before the call returns (the CPU).
+  virtual bool queues_work_async() const { return false; }
   // copy_to_device in stream order, without waiting for the copy: the bytes are
   // taken from `src` before it returns, so `src` may be reused at once. Per-step
   // metadata goes this way, since each wait costs a round trip to the device

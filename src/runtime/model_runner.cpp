@@ -53,6 +53,7 @@ class BackendModelRunner : public ModelRunner {
   int64_t graph_replays() const override { return graph_replays_; }
   int64_t graphs_captured() const override { return graphs_captured_; }
   bool uses_graphs() const override { return graphs_ != nullptr; }
+  bool queues_steps_async() const override { return backend_->queues_work_async(); }
 
  private:
   std::unique_ptr<DeviceWeight> upload(const WeightStore& ws, const std::string& name,

@@ -103,6 +103,9 @@ class ModelRunner {
   virtual int64_t graphs_captured() const { return 0; }
   // Whether decode steps run from graphs (not eager only).
   virtual bool uses_graphs() const { return false; }
+  // Whether start_sample only queues the step (a GPU), so that the caller's
+  // work after it overlaps the step; false: it computes the step at once.
+  virtual bool queues_steps_async() const { return false; }
 
  private:
   Sampler host_sampler_;                        // forward_sample's default

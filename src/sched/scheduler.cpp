@@ -205,7 +205,7 @@ void Scheduler::fork_samples(StepPlan& plan) {
 }
 
 StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
-  SERVAL_CHECK(!in_flight_, "schedule() called again before commit() of the previous plan");
+  SERVAL_CHECK(in_flight_ == 0, "schedule() called again before commit() of the previous plan");
   StepPlan plan;
   expire_deadlines(now, plan);
   int64_t budget = config_.max_num_batched_tokens;
@@ -216,15 +216,75 @@ StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
   if (plan.num_preempted == 0 && (!config_.static_batching || running_.empty()))
     admit_waiting(budget, plan);
   fork_samples(plan);
-  in_flight_ = !plan.items.empty();
+  in_flight_ = plan.items.empty() ? 0 : 1;
   return plan;
+}
+
+StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_point now) {
+  SERVAL_CHECK(in_flight_ == 1, "continue_plan: ", in_flight_, " plans are in flight, expected the one continued");
+  StepPlan next;
+  next.continuation = true;
+  if (!waiting_.empty() || !plan.forks.empty() || !pending_aborts_.empty() ||
+      plan.items.size() != plan.sample_rows.size() || plan.items.size() != running_.size())
+    return next;
+  for (const Entry* e : running_)
+    if (e->deadline && *e->deadline <= now) return next;  // schedule() expires it first
+  for (size_t row = 0; row < plan.sample_rows.size(); ++row) {
+    Sequence& seq = *plan.sample_rows[row];
+    // The token this plan samples for it is at position num_tokens(); after
+    // it the sequence has num_tokens() + 1 tokens and output + 1 outputs.
+    const int64_t tokens_after = seq.num_tokens() + 1;
+    const int64_t outputs_after = int64_t(seq.output_ids().size()) + 1;
+    if (outputs_after >= seq.stop().max_tokens ||
+        (config_.max_model_len > 0 && tokens_after >= config_.max_model_len))
+      continue;  // finishes by length at the commit: nothing to continue
+    const int64_t missing = std::max<int64_t>(0, tokens_after - seq.block_table().num_tokens());
+    if (!kv_.can_allocate(seq.block_table(), missing)) return StepPlan{};  // slots taken so far stay, unused
+    auto alloc = kv_.allocate_slots(seq.block_table(), missing);
+    SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
+    next.copies.insert(next.copies.end(), alloc->copies.begin(), alloc->copies.end());
+    next.items.push_back(ScheduledChunk{&seq, 1});
+    next.sample_rows.push_back(&seq);
+    next.source_rows.push_back(int32_t(row));
+    next.row_keys.push_back(key_of(seq));
+  }
+  next.num_tokens = int64_t(next.items.size());
+  if (next.num_tokens > config_.max_num_batched_tokens) return StepPlan{};
+  if (!next.items.empty()) ++in_flight_;
+  return next;
+}
+
+Scheduler::Entry* Scheduler::row_entry(const StepPlan& plan, size_t i) {
+  if (!plan.continuation) return entries_.at(key_of(*plan.sample_rows[i])).get();
+  auto it = entries_.find(plan.row_keys[i]);
+  return it == entries_.end() ? nullptr : it->second.get();
 }
 
 void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
   SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size(), "commit: ",
                sampled.size(), " sampled tokens for ", plan.sample_rows.size(),
                " logits rows and ", plan.forks.size(), " forked samples");
-  in_flight_ = false;
+  if (in_flight_ > 0) --in_flight_;
+  if (plan.continuation) {
+    // Rows finished at the commit before (a stop, an abort) were computed
+    // for nothing: their tokens are dropped.
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      Entry* e = row_entry(plan, i);
+      if (e == nullptr) continue;
+      Sequence& seq = e->seq;
+      SERVAL_CHECK(seq.num_computed_tokens() + 1 == seq.num_tokens(), "commit: continued sequence ", seq.id(),
+                   " has ", seq.num_computed_tokens(), " of ", seq.num_tokens(), " tokens computed");
+      seq.advance_computed(1);
+      kv_.commit_full_blocks(seq.block_table(),
+                             std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
+      const FinishReason finish = seq.append_output(sampled[i].token, std::move(sampled[i].logprobs),
+                                                    config_.max_model_len);
+      e->tokens.push_back(sampled[i].token);
+      if (finish != FinishReason::kNone) retire(e);
+    }
+    apply_pending_aborts();
+    return;
+  }
   for (const ScheduledChunk& item : plan.items) {
     Sequence& seq = *item.seq;
     Entry* e = entries_.at(key_of(seq)).get();
@@ -255,9 +315,13 @@ void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
 }
 
 void Scheduler::fail_step(const StepPlan& plan) {
-  in_flight_ = false;
+  if (in_flight_ > 0) --in_flight_;
   std::vector<Key> failed;
-  for (const ScheduledChunk& item : plan.items) failed.push_back(key_of(*item.seq));
+  if (plan.continuation) {
+    failed = plan.row_keys;
+  } else {
+    for (const ScheduledChunk& item : plan.items) failed.push_back(key_of(*item.seq));
+  }
   for (const StepPlan::Fork& f : plan.forks) failed.push_back(key_of(*f.seq));
   for (const Key& k : failed) {
     auto it = entries_.find(k);
@@ -277,7 +341,7 @@ void Scheduler::apply_pending_aborts() {
 void Scheduler::abort_entry(const Key& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
-  if (in_flight_) {
+  if (in_flight_ > 0) {
     if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) == pending_aborts_.end())
       pending_aborts_.push_back(key);
     return;

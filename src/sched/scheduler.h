@@ -34,6 +34,16 @@
 // + its own output) and finished alone; abort(id) ends them all. Admission
 // reserves max_num_seqs seats for the samples still to fork.
 //
+// Continuation (async scheduling): while a plan is in flight, continue_plan()
+// may plan the step after it, in which every sample row of that plan computes
+// the token the plan samples for it (the engine feeds it on the device,
+// Batch::token_source), so the device never waits for the host between decode
+// steps. Only when nothing is waiting, everything running is in the plan and
+// every row is a sample row (no forks, no pending aborts or deadlines); a row
+// that surely finishes by length at the plan's commit is left out. A row
+// that stops at that commit (EOS, a stop token, an abort) is computed once
+// more for nothing: the continuation's commit drops its token.
+//
 // Priority: lower value = more important (as vLLM). Ties go by arrival; a
 // preempted request keeps its place (its arrival), ahead of later arrivals.
 // Engine loop thread only: no locks.
@@ -99,6 +109,14 @@ struct StepPlan {
   std::vector<Fork> forks;
   // KV block copies (src, dst) to make before the forward (copy-on-write).
   std::vector<std::pair<int32_t, int32_t>> copies;
+  // A continue_plan() plan: each item is one token at position
+  // seq->num_tokens() (not yet known: sampled by the plan before, the
+  // item's row there being `source_rows`), and commit() finds its sequences
+  // by `row_keys` (request id, sample index), since a sequence may have
+  // finished at the commit of the plan before.
+  bool continuation = false;
+  std::vector<int32_t> source_rows;
+  std::vector<std::pair<int64_t, int32_t>> row_keys;
   // Requests the scheduler finished itself this step (deadline: kTimeout).
   std::vector<int64_t> finished;
   int64_t num_tokens = 0;       // scheduled tokens, <= max_num_batched_tokens
@@ -134,8 +152,12 @@ class Scheduler {
   // max_tokens beyond max_model_len, or more KV blocks than the whole pool.
   void add(Sequence seq, RequestOptions options = {});
 
-  // Plans the next step (see the top of this file).
+  // Plans the next step (see the top of this file). No plan may be in flight.
   StepPlan schedule(SchedulerClock::time_point now = SchedulerClock::now());
+  // With `plan` (from schedule() or continue_plan()) the only plan in flight:
+  // the step after it, or an empty plan when it cannot be continued (see the
+  // top of this file). Allocates the KV slots it needs (never preempts).
+  StepPlan continue_plan(const StepPlan& plan, SchedulerClock::time_point now = SchedulerClock::now());
 
   // After the forward and sampling of `plan`: advances computed tokens,
   // caches newly written full blocks, appends `sampled` (one per
@@ -184,6 +206,9 @@ class Scheduler {
   void fork_samples(StepPlan& plan);
   // Ends one entry now, or at commit() while a plan is in flight.
   void abort_entry(const Key& key);
+  // The entry of a plan's i-th sample row, nullptr when it has finished
+  // since (a continuation's rows may have).
+  Entry* row_entry(const StepPlan& plan, size_t i);
   void preempt(Entry* e);
   // Frees e's blocks, moves its sequence to finished_ and forgets it.
   void retire(Entry* e);
@@ -197,7 +222,7 @@ class Scheduler {
   std::vector<Entry*> running_;  // sorted by (priority, arrival)
   std::vector<Sequence> finished_;
   std::vector<Key> pending_aborts_;  // abort() while a plan is in flight
-  bool in_flight_ = false;
+  int in_flight_ = 0;  // plans scheduled and not yet committed (or failed)
   uint64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
 };

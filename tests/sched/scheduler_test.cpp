@@ -338,3 +338,54 @@ TEST(SchedulerTest, RandomizedOperationsKeepKvConsistentAndLeakNothing) {
 
 }  // namespace
 }  // namespace serval
+
+namespace serval {
+namespace {
+
+using namespace sched_testing;
+
+// continue_plan: the step after an in-flight plan, while nothing waits; a row
+// that surely ends by length is left out, one that ends otherwise at the
+// commit before is dropped by the continuation's commit.
+TEST(SchedulerTest, ContinuePlanContinuesSteadyDecodesOnly) {
+  Harness h(64, 4, false, config(4096));
+  h.add(0, make_prompt(5, 1), 2);
+  h.add(1, make_prompt(2, 2), 10);
+  std::vector<SampledToken> two(2);
+  StepPlan p = h.sched.schedule();
+  ASSERT_EQ(p.sample_rows.size(), 2u);
+  StepPlan c1 = h.sched.continue_plan(p);
+  ASSERT_EQ(c1.items.size(), 2u);
+  EXPECT_TRUE(c1.continuation);
+  EXPECT_EQ(c1.source_rows, (std::vector<int32_t>{0, 1}));
+  EXPECT_GE(c1.sample_rows[0]->block_table().num_tokens(), 6);  // slot for position 5
+  EXPECT_THROW(h.sched.schedule(), Error);
+  EXPECT_THROW(h.sched.continue_plan(c1), Error) << "two plans in flight";
+  h.sched.commit(p, two);
+  StepPlan c2 = h.sched.continue_plan(c1);  // request 0 reaches max_tokens 2 at c1's commit
+  ASSERT_EQ(c2.items.size(), 1u);
+  EXPECT_EQ(c2.row_keys[0].first, 1);
+  EXPECT_EQ(c2.source_rows, (std::vector<int32_t>{1}));
+  h.sched.commit(c1, two);
+  std::vector<Sequence> done = h.sched.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].output_ids().size(), 2u);
+  h.sched.abort(1);  // deferred while c2 is in flight; c2's commit applies it
+  std::vector<SampledToken> one(1);
+  h.sched.commit(c2, one);
+  done = h.sched.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].finish_reason(), FinishReason::kAbort);
+  EXPECT_EQ(h.kv.usage().used_blocks, 0);
+
+  // Nothing is continued while a request waits.
+  h.add(2, make_prompt(3, 3), 8);
+  p = h.sched.schedule();
+  h.add(3, make_prompt(3, 4), 8);
+  EXPECT_TRUE(h.sched.continue_plan(p).empty());
+  std::vector<SampledToken> first(1);
+  h.sched.commit(p, first);
+}
+
+}  // namespace
+}  // namespace serval

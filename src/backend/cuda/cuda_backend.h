@@ -118,6 +118,7 @@ class CudaBackend : public Backend {
   void start_sample(const Tensor& logits, std::span<const SampleSpec> specs) override;
   void finish_sample(std::vector<SampleResult>& out) override;
   const int32_t* sampled_tokens() override;
+  bool queues_work_async() const override { return true; }
   int started_samples() const override;
 
   cudaStream_t stream() const { return stream_; }

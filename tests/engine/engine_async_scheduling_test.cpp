@@ -1,0 +1,184 @@
+// Async scheduling (EngineOptions::async_scheduling): decode steps planned and
+// queued while the step before runs, their tokens fed from that step's
+// samples (Scheduler::continue_plan, Batch::token_source). On the toy runner,
+// whose output depends on every slot, position and block-table entry, every
+// request must get the tokens and finish reasons it gets without it: greedy
+// and seeded sampling, n = 2, stop tokens that end a row a step before its
+// continuation, min_tokens, penalties (never continued), aborts; and the KV
+// pool must end empty.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <tuple>
+
+#include "engine/engine.h"
+#include "engine_test_util.h"
+#include "fake_model_runner.h"
+
+namespace serval {
+namespace {
+
+using testing::FakeModelRunner;
+using testing::toy_greedy;
+
+constexpr int64_t kVocab = 97;
+
+const Tokenizer& tokenizer() { return *testing::stories_model().tok; }
+
+std::vector<int32_t> prompt_of(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(int32_t((5 + 11 * i + 7 * salt) % kVocab));
+  return p;
+}
+
+// Counts the steps whose tokens were fed from the step before.
+class FeedCountingRunner : public FakeModelRunner {
+ public:
+  using FakeModelRunner::FakeModelRunner;
+  void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override {
+    if (!batch.token_source.empty()) ++fed_steps;
+    FakeModelRunner::start_sample(batch, specs);
+  }
+  std::atomic<int> fed_steps{0};
+};
+
+// A token the toy model first gives as its kStopAt-th output after `prompt`.
+constexpr size_t kStopAt = 3;
+int32_t stop_token_at(const std::vector<int32_t>& prompt) {
+  const std::vector<int32_t> g = toy_greedy(prompt, kVocab, int(kStopAt));
+  EXPECT_EQ(std::find(g.begin(), g.end() - 1, g.back()), g.end() - 1) << "pick another prompt";
+  return g.back();
+}
+
+std::vector<EngineRequest> workload() {
+  std::vector<EngineRequest> rs;
+  auto add = [&](int prompt_len, int max_tokens, float temperature) -> EngineRequest& {
+    EngineRequest r;
+    r.prompt_ids = prompt_of(prompt_len, int(rs.size()));
+    r.params.temperature = temperature;
+    r.stop.max_tokens = max_tokens;
+    rs.push_back(r);
+    return rs.back();
+  };
+  add(6, 14, 0);
+  add(1, 9, 0);
+  {
+    EngineRequest& r = add(5, 12, 0);  // stops at its kStopAt-th token, a step into its continuation
+    r.stop.stop_token_ids = {stop_token_at(r.prompt_ids)};
+  }
+  {
+    EngineRequest& r = add(3, 10, 0.9f);
+    r.params.seed = 7;
+  }
+  {
+    EngineRequest& r = add(7, 8, 1.0f);
+    r.params.seed = 3;
+    r.n = 2;
+  }
+  {
+    EngineRequest& r = add(4, 11, 0);  // EOS = its 2nd token, banned for the first 5 outputs
+    r.stop.eos_token_ids = {toy_greedy(r.prompt_ids, kVocab, 2)[1]};
+    r.stop.min_tokens = 5;
+  }
+  add(9, 13, 0);
+  return rs;
+}
+
+using Outcome = std::tuple<std::vector<int32_t>, FinishReason>;
+
+// Every sample's tokens and finish reason, by (request, sample).
+std::map<std::pair<size_t, int32_t>, Outcome> run(FakeModelRunner& runner, EngineOptions::AsyncScheduling mode,
+                                                  const std::vector<EngineRequest>& requests) {
+  EngineOptions o;
+  o.async_scheduling = mode;
+  o.check_invariants = true;
+  Engine engine(runner, tokenizer(), o);
+  std::vector<RequestHandle> hs = engine.submit_all(requests);
+  std::map<std::pair<size_t, int32_t>, Outcome> out;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    for (int32_t left = requests[i].n; left > 0;) {
+      std::optional<RequestEvent> ev = hs[i].next(std::chrono::milliseconds(20000));
+      if (!ev) {
+        ADD_FAILURE() << "request " << i << " timed out";
+        return out;
+      }
+      auto& [tokens, reason] = out[{i, ev->index}];
+      tokens.insert(tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
+      if (ev->finished()) {
+        reason = ev->finish;
+        --left;
+      }
+    }
+  }
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+  return out;
+}
+
+TEST(EngineAsyncScheduling, ContinuedStepsGiveEveryRequestItsTokens) {
+  const std::vector<EngineRequest> requests = workload();
+  FeedCountingRunner sync_runner(kVocab, 4, 256), async_runner(kVocab, 4, 256);
+  const auto want = run(sync_runner, EngineOptions::AsyncScheduling::kOff, requests);
+  const auto got = run(async_runner, EngineOptions::AsyncScheduling::kOn, requests);
+  EXPECT_EQ(sync_runner.fed_steps.load(), 0);
+  EXPECT_GT(async_runner.fed_steps.load(), 5) << "no step was continued";
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got, want);
+  // The references themselves: greedy rows follow the toy model.
+  EXPECT_EQ(std::get<0>(want.at({0, 0})), toy_greedy(requests[0].prompt_ids, kVocab, 14));
+  EXPECT_EQ(std::get<0>(want.at({2, 0})).size(), kStopAt);
+  EXPECT_EQ(std::get<1>(want.at({2, 0})), FinishReason::kStop);
+  EXPECT_GE(std::get<0>(want.at({5, 0})).size(), 6u);  // its EOS was banned for 5 outputs
+}
+
+TEST(EngineAsyncScheduling, PenaltiesAreNeverContinued) {
+  std::vector<EngineRequest> requests = workload();
+  for (EngineRequest& r : requests) r.params.repetition_penalty = 1.3f;
+  FeedCountingRunner sync_runner(kVocab, 4, 256), async_runner(kVocab, 4, 256);
+  const auto want = run(sync_runner, EngineOptions::AsyncScheduling::kOff, requests);
+  EXPECT_EQ(run(async_runner, EngineOptions::AsyncScheduling::kOn, requests), want);
+  EXPECT_EQ(async_runner.fed_steps.load(), 0);
+}
+
+// Aborts and a shutdown while a continued step is in flight end their requests
+// with kAbort, free every block and leave the runner with nothing started
+// (a later engine on it works).
+TEST(EngineAsyncScheduling, AbortAndShutdownWithAStepInFlight) {
+  FeedCountingRunner runner(kVocab, 4, 256);
+  EngineOptions o;
+  o.async_scheduling = EngineOptions::AsyncScheduling::kOn;
+  o.check_invariants = true;
+  {
+    Engine engine(runner, tokenizer(), o);
+    EngineRequest r;
+    r.prompt_ids = prompt_of(5, 1);
+    r.params.temperature = 0;
+    r.stop.max_tokens = 400;
+    r.stop.ignore_eos = true;
+    RequestHandle a = engine.submit(r), b = engine.submit(r);
+    std::optional<RequestEvent> ev = a.next(std::chrono::milliseconds(20000));
+    ASSERT_TRUE(ev.has_value());
+    engine.abort(a.id());
+    testing::Collected ca = testing::collect(a);
+    EXPECT_EQ(ca.final_event.finish, FinishReason::kAbort);
+    ev = b.next(std::chrono::milliseconds(20000));
+    ASSERT_TRUE(ev.has_value());
+    engine.shutdown();
+    testing::Collected cb = testing::collect(b);
+    EXPECT_EQ(cb.final_event.finish, FinishReason::kAbort);
+    EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+  }
+  EXPECT_GT(runner.fed_steps.load(), 0);
+  Engine again(runner, tokenizer(), o);
+  EngineRequest r;
+  r.prompt_ids = prompt_of(4, 2);
+  r.params.temperature = 0;
+  r.stop.max_tokens = 6;
+  RequestHandle h = again.submit(r);
+  testing::Collected c = testing::collect(h);
+  EXPECT_EQ(c.tokens, toy_greedy(r.prompt_ids, kVocab, 6));
+}
+
+}  // namespace
+}  // namespace serval
