@@ -357,9 +357,6 @@ void Engine::finish_continuation() {
 }
 
 void Engine::start_continuation(const Started& cur) {
-  // Penalties need every output token on the host, and the one being sampled is not.
-  for (const Sequence* seq : cur.plan.sample_rows)
-    if (seq->params().has_penalties()) return;
   StepPlan plan = sched_.continue_plan(cur.plan);
   if (plan.empty()) return;
   next_.emplace();

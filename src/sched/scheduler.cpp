@@ -225,12 +225,22 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   StepPlan next;
   next.continuation = true;
   if (!waiting_.empty() || !plan.forks.empty() || !pending_aborts_.empty() ||
-      plan.items.size() != plan.sample_rows.size() || plan.items.size() != running_.size())
+      plan.items.size() != plan.sample_rows.size())
     return next;
-  for (const Entry* e : running_)
+  // The plan's rows still running (a continuation's rows may have finished
+  // at the commit before it): they must be all that runs.
+  std::vector<Entry*> rows(plan.sample_rows.size(), nullptr);
+  size_t live = 0;
+  for (size_t row = 0; row < rows.size(); ++row) live += (rows[row] = row_entry(plan, row)) != nullptr;
+  if (live != running_.size()) return next;
+  for (const Entry* e : running_) {
     if (e->deadline && *e->deadline <= now) return next;  // schedule() expires it first
-  for (size_t row = 0; row < plan.sample_rows.size(); ++row) {
-    Sequence& seq = *plan.sample_rows[row];
+    // Penalties count every output token on the host, and the one being sampled is not there yet.
+    if (e->seq.params().has_penalties()) return next;
+  }
+  for (size_t row = 0; row < rows.size(); ++row) {
+    if (rows[row] == nullptr) continue;
+    Sequence& seq = rows[row]->seq;
     // The token this plan samples for it is at position num_tokens(); after
     // it the sequence has num_tokens() + 1 tokens and output + 1 outputs.
     const int64_t tokens_after = seq.num_tokens() + 1;

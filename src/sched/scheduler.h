@@ -39,7 +39,8 @@
 // the token the plan samples for it (the engine feeds it on the device,
 // Batch::token_source), so the device never waits for the host between decode
 // steps. Only when nothing is waiting, everything running is in the plan and
-// every row is a sample row (no forks, no pending aborts or deadlines); a row
+// every row is a sample row (no forks, no pending aborts or deadlines, no
+// penalties, which need every output token on the host); a row
 // that surely finishes by length at the plan's commit is left out. A row
 // that stops at that commit (EOS, a stop token, an abort) is computed once
 // more for nothing: the continuation's commit drops its token.

@@ -345,46 +345,73 @@ namespace {
 using namespace sched_testing;
 
 // continue_plan: the step after an in-flight plan, while nothing waits; a row
-// that surely ends by length is left out, one that ends otherwise at the
-// commit before is dropped by the continuation's commit.
+// that surely ends by length is left out, one that stops at the commit before
+// is dropped (from the continuation's commit and from its own continuation).
 TEST(SchedulerTest, ContinuePlanContinuesSteadyDecodesOnly) {
   Harness h(64, 4, false, config(4096));
-  h.add(0, make_prompt(5, 1), 2);
-  h.add(1, make_prompt(2, 2), 10);
-  std::vector<SampledToken> two(2);
+  auto add = [&](int64_t id, int32_t prompt_len, int32_t max_tokens, std::vector<int32_t> stop_tokens) {
+    StopCriteria stop;
+    stop.max_tokens = max_tokens;
+    stop.stop_token_ids = std::move(stop_tokens);
+    h.sched.add(Sequence(id, make_prompt(prompt_len, int(id)), SamplingParams{}, stop, h.kv.new_table()));
+  };
+  add(0, 5, 2, {});     // ends by length at its 2nd token
+  add(1, 2, 10, {42});  // stops when it samples 42
+  add(2, 3, 10, {});
+  auto tokens = [](std::vector<int32_t> ids) {
+    std::vector<SampledToken> t;
+    for (int32_t id : ids) t.push_back({id, {}});
+    return t;
+  };
   StepPlan p = h.sched.schedule();
-  ASSERT_EQ(p.sample_rows.size(), 2u);
+  ASSERT_EQ(p.sample_rows.size(), 3u);
   StepPlan c1 = h.sched.continue_plan(p);
-  ASSERT_EQ(c1.items.size(), 2u);
+  ASSERT_EQ(c1.items.size(), 3u);
   EXPECT_TRUE(c1.continuation);
-  EXPECT_EQ(c1.source_rows, (std::vector<int32_t>{0, 1}));
-  EXPECT_GE(c1.sample_rows[0]->block_table().num_tokens(), 6);  // slot for position 5
+  EXPECT_EQ(c1.source_rows, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_GE(c1.sample_rows[0]->block_table().num_tokens(), 6);  // a slot for position 5
   EXPECT_THROW(h.sched.schedule(), Error);
   EXPECT_THROW(h.sched.continue_plan(c1), Error) << "two plans in flight";
-  h.sched.commit(p, two);
-  StepPlan c2 = h.sched.continue_plan(c1);  // request 0 reaches max_tokens 2 at c1's commit
-  ASSERT_EQ(c2.items.size(), 1u);
-  EXPECT_EQ(c2.row_keys[0].first, 1);
-  EXPECT_EQ(c2.source_rows, (std::vector<int32_t>{1}));
-  h.sched.commit(c1, two);
+  auto sampled = tokens({7, 42, 7});  // request 1 stops at p's commit
+  h.sched.commit(p, sampled);
   std::vector<Sequence> done = h.sched.take_finished();
   ASSERT_EQ(done.size(), 1u);
-  EXPECT_EQ(done[0].output_ids().size(), 2u);
-  h.sched.abort(1);  // deferred while c2 is in flight; c2's commit applies it
-  std::vector<SampledToken> one(1);
-  h.sched.commit(c2, one);
+  EXPECT_EQ(done[0].id(), 1);
+  // c1 still lists request 1 (by key): its continuation leaves it out, and
+  // request 0, which reaches max_tokens 2 at c1's commit.
+  StepPlan c2 = h.sched.continue_plan(c1);
+  ASSERT_EQ(c2.items.size(), 1u);
+  EXPECT_EQ(c2.row_keys[0].first, 2);
+  EXPECT_EQ(c2.source_rows, (std::vector<int32_t>{2}));
+  sampled = tokens({8, 9, 8});  // request 1's 9 is dropped
+  h.sched.commit(c1, sampled);
+  done = h.sched.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].id(), 0);
+  EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(h.sched.find(2)->output_ids(), (std::vector<int32_t>{7, 8}));
+  h.sched.abort(2);  // deferred while c2 is in flight; c2's commit applies it
+  sampled = tokens({5});
+  h.sched.commit(c2, sampled);
   done = h.sched.take_finished();
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].finish_reason(), FinishReason::kAbort);
+  EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{7, 8, 5}));
   EXPECT_EQ(h.kv.usage().used_blocks, 0);
 
-  // Nothing is continued while a request waits.
-  h.add(2, make_prompt(3, 3), 8);
+  // Nothing is continued while a request waits, nor a row with penalties.
+  add(3, 3, 8, {});
   p = h.sched.schedule();
-  h.add(3, make_prompt(3, 4), 8);
+  add(4, 3, 8, {});
   EXPECT_TRUE(h.sched.continue_plan(p).empty());
-  std::vector<SampledToken> first(1);
-  h.sched.commit(p, first);
+  sampled = tokens({1});
+  h.sched.commit(p, sampled);
+  StopCriteria stop;
+  SamplingParams penalized;
+  penalized.repetition_penalty = 1.2f;
+  h.sched.add(Sequence(5, make_prompt(3, 5), penalized, stop, h.kv.new_table()));
+  p = h.sched.schedule();  // admits 4 and 5, continues 3
+  EXPECT_TRUE(h.sched.continue_plan(p).empty());
 }
 
 }  // namespace
