@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace serval::testing {
@@ -27,7 +28,9 @@ Batch decode_step(const std::vector<int32_t>& contexts) {
     b.query_start.push_back(int32_t(s) + 1);
     b.context_len.push_back(ctx);
     for (int32_t k = 0; k < stride; ++k) b.block_table.push_back(1 + int32_t(s) * stride + k);
-    b.slot_mapping.push_back(int64_t(b.block_table[s * size_t(stride) + size_t(pos / kBlockSize)]) * kBlockSize +
+    // A context past kMaxContext (a step the graphs refuse) writes into its last block.
+    const int32_t block = std::min(pos / kBlockSize, stride - 1);
+    b.slot_mapping.push_back(int64_t(b.block_table[s * size_t(stride) + size_t(block)]) * kBlockSize +
                              pos % kBlockSize);
     b.logits_rows.push_back(int32_t(s));
   }
