@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <random>
 
 #include "cli/bench_options.h"
@@ -64,7 +65,7 @@ int run_bench_runner(const BenchOptions& o) {
   std::vector<SampleResult> results;
   // One greedy spec per logits row; the sampled tokens go to `seqs`. start
   // queues a step, finish takes the tokens of the oldest one queued.
-  std::vector<std::vector<int32_t>> queued;
+  std::deque<std::vector<int32_t>> queued;
   auto start = [&](const Batch& b, const std::vector<int32_t>& seqs) {
     specs.assign(seqs.size(), SampleSpec{});
     for (size_t r = 0; r < seqs.size(); ++r) {
@@ -78,7 +79,7 @@ int run_bench_runner(const BenchOptions& o) {
     runner.finish_sample(results);
     const std::vector<int32_t>& seqs = queued.front();
     for (size_t r = 0; r < seqs.size(); ++r) last[size_t(seqs[r])] = results[r].token;
-    queued.erase(queued.begin());
+    queued.pop_front();
   };
   auto step = [&](const Batch& b, const std::vector<int32_t>& seqs) {
     start(b, seqs);

@@ -284,11 +284,7 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
     }
     return false;
   }
-  // A continuation's rows that finished at the commit before are dropped by commit().
-  int64_t generated = 0;
-  for (const SampleKey& k : cur.keys) generated += sched_.find(k.first, k.second) != nullptr;
-  sched_.commit(cur.plan, sampled);
-  it.num_generation_tokens = generated;
+  it.num_generation_tokens = sched_.commit(cur.plan, sampled);
   now.sampled_keys = std::move(cur.keys);
   return true;
 }

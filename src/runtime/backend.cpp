@@ -21,20 +21,26 @@ void Backend::fold_norm_weight(const DeviceWeight& norm, const std::vector<Devic
   fail("the ", name(), " backend does not fold norm weights (\"", norm.name(), "\") into matrices");
 }
 
-void Backend::start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
-  SERVAL_CHECK(started_samples() < kMaxStartedSamples, "start_sample: ", kMaxStartedSamples,
-               " samples are already started and unfinished");
-  std::vector<SampleResult> out;
-  sample(logits, specs, out);
-  started_tokens_.resize(out.size());
-  for (size_t i = 0; i < out.size(); ++i) started_tokens_[i] = out[i].token;
-  started_.push_back(std::move(out));
+void StartedSamples::push(std::vector<SampleResult> results) {
+  SERVAL_CHECK(size() < kMax, "start_sample: ", kMax, " starts are already unfinished");
+  latest_tokens_.resize(results.size());
+  for (size_t i = 0; i < results.size(); ++i) latest_tokens_[i] = results[i].token;
+  queue_.push_back(std::move(results));
 }
 
-void Backend::finish_sample(std::vector<SampleResult>& out) {
-  SERVAL_CHECK(!started_.empty(), "finish_sample without a started sample");
-  out = std::move(started_.front());
-  started_.pop_front();
+std::vector<SampleResult> StartedSamples::pop() {
+  SERVAL_CHECK(!queue_.empty(), "finish_sample without a started sample");
+  std::vector<SampleResult> out = std::move(queue_.front());
+  queue_.pop_front();
+  return out;
+}
+
+void Backend::start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
+  SERVAL_CHECK(started_samples() < kMaxStartedSamples, "start_sample: ", kMaxStartedSamples,
+               " starts are already unfinished");
+  std::vector<SampleResult> out;
+  sample(logits, specs, out);
+  started_.push(std::move(out));
 }
 
 void Backend::begin_capture() { fail("the ", name(), " backend cannot record graphs"); }

@@ -154,6 +154,26 @@ struct SampleSpec {
   double uniform = 0.0;                         // the request's draw in [0, 1); unused when greedy
 };
 
+// Samples drawn at once but started (start_sample) and not yet finished,
+// oldest first, and the tokens of the latest start (what a chained step's
+// Batch::token_source names): the default start_sample / finish_sample of
+// Backend and ModelRunner, which compute before they return.
+class StartedSamples {
+ public:
+  // Starts that may be unfinished at once (the step being finished, the next).
+  static constexpr int kMax = 2;
+  int size() const { return int(queue_.size()); }
+  // Throws when kMax starts are unfinished already.
+  void push(std::vector<SampleResult> results);
+  // The oldest start's results; throws when none is unfinished.
+  std::vector<SampleResult> pop();
+  const std::vector<int32_t>& latest_tokens() const { return latest_tokens_; }
+
+ private:
+  std::deque<std::vector<SampleResult>> queue_;
+  std::vector<int32_t> latest_tokens_;
+};
+
 // Ops recorded once and replayed (CUDA graphs). Replays read the same device
 // memory the capture saw: callers update the contents, never the addresses.
 class DeviceGraph {
@@ -326,23 +346,21 @@ class Backend {
   // the next step can be queued before the host has this one's tokens. Either
   // may throw what sample() throws; a start that throws leaves nothing to
   // finish. Default: start_sample samples at once.
-  static constexpr int kMaxStartedSamples = 2;
+  static constexpr int kMaxStartedSamples = StartedSamples::kMax;
   virtual void start_sample(const Tensor& logits, std::span<const SampleSpec> specs);
-  virtual void finish_sample(std::vector<SampleResult>& out);
+  virtual void finish_sample(std::vector<SampleResult>& out) { out = started_.pop(); }
   // The tokens the latest start_sample draws, in spec order, in device
   // memory (-1 for a row that fails): work queued after that start and before
   // the next may read them (TokenFeed). Its address changes only with
   // graph_epoch(), so graphs may record it.
-  virtual const int32_t* sampled_tokens() {
-    if (started_tokens_.empty()) started_tokens_.assign(1, -1);
-    return started_tokens_.data();
-  }
+  // Default: host memory, which is the device's for a backend that computes
+  // before it returns (and has no graphs).
+  virtual const int32_t* sampled_tokens() { return started_.latest_tokens().data(); }
   // Starts not yet finished.
-  virtual int started_samples() const { return int(started_.size()); }
+  virtual int started_samples() const { return started_.size(); }
 
  private:
-  std::deque<std::vector<SampleResult>> started_;
-  std::vector<int32_t> started_tokens_;
+  StartedSamples started_;
 };
 
 // "cuda" when `device` is "auto" and this build has CUDA and the machine a

@@ -518,31 +518,24 @@ void BackendModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_
 }  // namespace
 
 void ModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
-  SERVAL_CHECK(int(started_.size()) < kMaxStartedSteps, "start_sample: ", kMaxStartedSteps,
+  SERVAL_CHECK(started_.size() < kMaxStartedSteps, "start_sample: ", kMaxStartedSteps,
                " steps are already started and unfinished");
   std::vector<SampleResult> out;
   if (batch.token_source.empty()) {
     forward_sample(batch, specs, out);
   } else {
+    const std::vector<int32_t>& latest = started_.latest_tokens();
     Batch resolved = batch;
     resolved.token_source.clear();
     for (size_t t = 0; t < batch.token_source.size(); ++t) {
       const int32_t source = batch.token_source[t];
-      SERVAL_CHECK(source < int32_t(last_tokens_.size()), "batch: token_source[", t, "] = ", source,
-                   " names no spec of the sample before, which had ", last_tokens_.size());
-      if (source >= 0) resolved.token_ids[t] = last_tokens_[size_t(source)];
+      SERVAL_CHECK(source < int32_t(latest.size()), "batch: token_source[", t, "] = ", source,
+                   " names no spec of the sample before, which had ", latest.size());
+      if (source >= 0) resolved.token_ids[t] = latest[size_t(source)];
     }
     forward_sample(resolved, specs, out);
   }
-  last_tokens_.resize(out.size());
-  for (size_t i = 0; i < out.size(); ++i) last_tokens_[i] = out[i].token;
-  started_.push_back(std::move(out));
-}
-
-void ModelRunner::finish_sample(std::vector<SampleResult>& out) {
-  SERVAL_CHECK(!started_.empty(), "finish_sample without a started step");
-  out = std::move(started_.front());
-  started_.pop_front();
+  started_.push(std::move(out));
 }
 
 void ModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) {

@@ -3,7 +3,6 @@
 // owns that backend's paged KV pool. The model is written once, against the
 // Backend interface (runtime/backend.h); backends supply the kernels.
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -80,9 +79,9 @@ class ModelRunner {
   // it. `batch` and `specs` need not outlive start_sample. forward_sample
   // needs no start unfinished. Default: start_sample runs forward_sample at
   // once (a token_source resolved from the results on the host).
-  static constexpr int kMaxStartedSteps = 2;
+  static constexpr int kMaxStartedSteps = StartedSamples::kMax;
   virtual void start_sample(const Batch& batch, std::span<const SampleSpec> specs);
-  virtual void finish_sample(std::vector<SampleResult>& out);
+  virtual void finish_sample(std::vector<SampleResult>& out) { out = started_.pop(); }
 
   // Copies whole KV blocks (every layer, K and V): for each pair, block
   // `first` to block `second`. For copy-on-write of a shared partial block
@@ -108,9 +107,8 @@ class ModelRunner {
   virtual bool queues_steps_async() const { return false; }
 
  private:
-  Sampler host_sampler_;                        // forward_sample's default
-  std::deque<std::vector<SampleResult>> started_;  // start_sample's default: unfinished results
-  std::vector<int32_t> last_tokens_;              // the latest start's tokens, for token_source
+  Sampler host_sampler_;    // forward_sample's default
+  StartedSamples started_;  // start_sample's default
 };
 
 }  // namespace serval

@@ -270,7 +270,7 @@ Scheduler::Entry* Scheduler::row_entry(const StepPlan& plan, size_t i) {
   return it == entries_.end() ? nullptr : it->second.get();
 }
 
-void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
+int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
   SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size(), "commit: ",
                sampled.size(), " sampled tokens for ", plan.sample_rows.size(),
                " logits rows and ", plan.forks.size(), " forked samples");
@@ -278,9 +278,11 @@ void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
   if (plan.continuation) {
     // Rows finished at the commit before (a stop, an abort) were computed
     // for nothing: their tokens are dropped.
+    int64_t appended = 0;
     for (size_t i = 0; i < sampled.size(); ++i) {
       Entry* e = row_entry(plan, i);
       if (e == nullptr) continue;
+      ++appended;
       Sequence& seq = e->seq;
       SERVAL_CHECK(seq.num_computed_tokens() + 1 == seq.num_tokens(), "commit: continued sequence ", seq.id(),
                    " has ", seq.num_computed_tokens(), " of ", seq.num_tokens(), " tokens computed");
@@ -293,7 +295,7 @@ void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
       if (finish != FinishReason::kNone) retire(e);
     }
     apply_pending_aborts();
-    return;
+    return appended;
   }
   for (const ScheduledChunk& item : plan.items) {
     Sequence& seq = *item.seq;
@@ -322,6 +324,7 @@ void Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
     if (finish != FinishReason::kNone) retire(e);
   }
   apply_pending_aborts();
+  return int64_t(sampled.size());
 }
 
 void Scheduler::fail_step(const StepPlan& plan) {

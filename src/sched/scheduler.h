@@ -164,8 +164,9 @@ class Scheduler {
   // caches newly written full blocks, appends `sampled` (one per
   // plan.sample_rows entry, same order, then one per plan.forks entry),
   // applies stop criteria and frees finished sequences' blocks. Throws on a
-  // size mismatch.
-  void commit(const StepPlan& plan, std::span<SampledToken> sampled);
+  // size mismatch. Returns the tokens appended (a continuation drops those of
+  // rows that finished at the commit before).
+  int64_t commit(const StepPlan& plan, std::span<SampledToken> sampled);
 
   // When the forward or sampling of `plan` failed (commit() will not come):
   // finishes every request of the plan with kError and frees its blocks; the

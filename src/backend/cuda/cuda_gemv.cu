@@ -402,7 +402,6 @@ void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t str
 
 bool gemv_fits(const Tensor& x) { return x.rows <= kMaxTokens && gemv_any_rows_fits(x); }
 
-
 bool gemv_any_rows_fits(const Tensor& x) {
   return x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= (int64_t(1) << 30) && x.cols >= 8 && x.cols % 8 == 0 &&
          x.cols <= (int64_t(1) << 30) && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;

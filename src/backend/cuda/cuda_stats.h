@@ -14,7 +14,7 @@ int64_t batched_gemm_calls(const Backend& be);
 // (qkv_rope_kv_write, 17..256 rows); `be` must be the CUDA backend.
 int64_t stacked_qkv_calls(const Backend& be);
 // Norms left to the GEMV after their projection (matmul_add_rmsnorm with a
-// unit norm weight, up to 8 rows; cuda_norm_fold.cu); `be` must be the CUDA backend.
+// unit norm weight, up to 16 rows; cuda_norm_fold.cu); `be` must be the CUDA backend.
 int64_t elided_norms(const Backend& be);
 // Matmul shapes whose algorithm the wide search chose (--gemm-search,
 // Backend::set_gemm_search); `be` must be the CUDA backend.

@@ -429,7 +429,9 @@ TEST(CudaFusedOps, NormLeftToTheNextGemvMatchesCpu) {
                 e_res, e_xn, e_mlp, e_q, e_k, e_v);
     const std::vector<float> row0(mlp.begin(), mlp.begin() + I);
     if (T == 1) alone = row0;
-    if (T == 5 || T == 9 || T == 16) EXPECT_EQ(row0, alone) << "row 0 of " << T << " rows against alone";
+    if (T == 5 || T == 9 || T == 16) {
+      EXPECT_EQ(row0, alone) << "row 0 of " << T << " rows against alone";
+    }
   }
   EXPECT_EQ(cuda::elided_norms(*gpu) - elided_before, elided);
 }

@@ -27,6 +27,19 @@ TinySpec llama3_like() {
   return s;
 }
 
+// A runner of up to 64 sequences whose prefills of up to 2048 tokens fit its
+// workspace (no growth drops the graphs), with a pool of `kv_tokens`.
+std::unique_ptr<ModelRunner> test_runner(const ModelConfig& cfg, const WeightStore& weights, const char* device,
+                                         bool eager, int64_t kv_tokens) {
+  RunnerOptions o;
+  o.device = device;
+  o.kv_cache_tokens = kv_tokens;
+  o.max_num_seqs = 64;
+  o.max_num_batched_tokens = 2048;
+  o.enforce_eager = eager;
+  return ModelRunner::create(cfg, weights, o);
+}
+
 int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
 
 std::vector<int32_t> shuffled_blocks(int64_t n, uint32_t seed) {
@@ -47,15 +60,7 @@ TEST(CudaRunner, GraphReplayedDecodeStepsMatchEagerAndCpu) {
   const ModelConfig cfg = tiny_config(spec);
   const WeightStore weights = tiny_weights(cfg, spec);
   std::unique_ptr<ModelRunner> runners[3];
-  for (int i = 0; i < 3; ++i) {
-    RunnerOptions o;
-    o.device = i == 0 ? "cpu" : "cuda";
-    o.kv_cache_tokens = 4096;
-    o.max_num_seqs = 64;
-    o.max_num_batched_tokens = 2048;  // the prefills below fit: no workspace growth drops the graphs
-    o.enforce_eager = i == 1;
-    runners[i] = ModelRunner::create(cfg, weights, o);
-  }
+  for (int i = 0; i < 3; ++i) runners[i] = test_runner(cfg, weights, i == 0 ? "cpu" : "cuda", i == 1, 4096);
   const int32_t bs = runners[0]->block_size();
   double worst_cpu = 0, worst_eager = 0;
   int steps = 0, agree = 0;
@@ -229,13 +234,7 @@ TEST(CudaRunner, ChainedStepsGiveTheTokensOfStepsTakenOneAtATime) {
   const ModelConfig cfg = tiny_config(spec);
   const WeightStore weights = tiny_weights(cfg, spec);
   for (const bool eager : {false, true}) {
-    RunnerOptions o;
-    o.device = "cuda";
-    o.kv_cache_tokens = 8192;
-    o.max_num_seqs = 64;
-    o.max_num_batched_tokens = 2048;
-    o.enforce_eager = eager;
-    auto runner = ModelRunner::create(cfg, weights, o);
+    auto runner = test_runner(cfg, weights, "cuda", eager, 8192);
     for (const int n : {1, 3, 13}) {
       std::vector<std::vector<int32_t>> prompts;
       for (int i = 0; i < n; ++i) {
@@ -247,7 +246,9 @@ TEST(CudaRunner, ChainedStepsGiveTheTokensOfStepsTakenOneAtATime) {
       const auto got = greedy_decode(*runner, prompts, 24, true);
       EXPECT_EQ(got, want) << n << " prompts, " << (eager ? "eager" : "graphs");
     }
-    if (!eager) EXPECT_GT(runner->graph_replays(), 0);
+    if (!eager) {
+      EXPECT_GT(runner->graph_replays(), 0);
+    }
   }
   std::printf("[chained steps] 1, 3 and 13 sequences x 24 tokens, graphs and eager: equal to one step at a time\n");
 }
