@@ -31,15 +31,22 @@ void reset(Batch& batch) {
 
 void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) const {
   reset(batch);
+  const bool any_fed = std::any_of(items.begin(), items.end(), [](const ScheduledChunk& c) { return c.fed(); });
 
   int32_t max_blocks = 0;
   for (const ScheduledChunk& item : items) {
     const Sequence& seq = *item.seq;
-    const int64_t start = seq.num_computed_tokens();
+    const int64_t start = item.first();
     const int64_t end = start + item.num_new_tokens;
-    SERVAL_CHECK(item.num_new_tokens >= 1 && end <= seq.num_tokens(), "sequence ", seq.id(),
-                 ": cannot schedule ", item.num_new_tokens, " new tokens (", start, " of ",
-                 seq.num_tokens(), " computed)");
+    if (item.fed()) {
+      SERVAL_CHECK(item.num_new_tokens == 1 && start == seq.num_tokens(), "sequence ", seq.id(),
+                   ": a fed chunk is one token at position ", seq.num_tokens(), ", got ", item.num_new_tokens,
+                   " at ", start);
+    } else {
+      SERVAL_CHECK(item.num_new_tokens >= 1 && start >= seq.num_computed_tokens() && end <= seq.num_tokens(),
+                   "sequence ", seq.id(), ": cannot schedule ", item.num_new_tokens, " new tokens from position ",
+                   start, " (", seq.num_computed_tokens(), " of ", seq.num_tokens(), " computed)");
+    }
     const BlockTable& table = seq.block_table();
     SERVAL_CHECK(table.block_size() == block_size_, "sequence ", seq.id(),
                  ": block table has block size ", table.block_size(), ", the batch uses ",
@@ -48,39 +55,18 @@ void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) co
                  table.num_tokens(), " tokens but the step needs ", end,
                  " (allocate slots before building the batch)");
     for (int64_t p = start; p < end; ++p) {
-      batch.token_ids.push_back(seq.token_at(p));
+      batch.token_ids.push_back(item.fed() ? 0 : seq.token_at(p));  // a fed token: the device's
+      if (any_fed) batch.token_source.push_back(item.source_row);
       batch.positions.push_back(int32_t(p));
       batch.slot_mapping.push_back(table.slot(p));
     }
-    if (end == seq.num_tokens()) batch.logits_rows.push_back(int32_t(batch.token_ids.size()) - 1);
+    if (item.fed() || end == seq.num_tokens()) batch.logits_rows.push_back(int32_t(batch.token_ids.size()) - 1);
     batch.query_start.push_back(int32_t(batch.token_ids.size()));
     batch.context_len.push_back(int32_t(end));
     max_blocks = std::max(max_blocks, int32_t((end + block_size_ - 1) / block_size_));
   }
 
   fill_block_table(items, max_blocks, batch);
-}
-
-void BatchBuilder::build_continuation(const StepPlan& plan, Batch& batch) const {
-  SERVAL_CHECK(plan.continuation && plan.source_rows.size() == plan.items.size(),
-               "build_continuation: not a continue_plan() plan");
-  reset(batch);
-  batch.token_ids.assign(plan.items.size(), 0);  // the device feeds them
-  batch.token_source = plan.source_rows;
-  int32_t max_blocks = 0;
-  for (const ScheduledChunk& item : plan.items) {
-    const Sequence& seq = *item.seq;
-    const int64_t p = seq.num_tokens();
-    SERVAL_CHECK(seq.block_table().num_tokens() > p, "sequence ", seq.id(), ": KV slots cover ",
-                 seq.block_table().num_tokens(), " tokens but the continued step needs ", p + 1);
-    batch.positions.push_back(int32_t(p));
-    batch.slot_mapping.push_back(seq.block_table().slot(p));
-    batch.logits_rows.push_back(int32_t(batch.positions.size()) - 1);
-    batch.query_start.push_back(int32_t(batch.positions.size()));
-    batch.context_len.push_back(int32_t(p + 1));
-    max_blocks = std::max(max_blocks, int32_t((p + block_size_) / block_size_));
-  }
-  fill_block_table(plan.items, max_blocks, batch);
 }
 
 void BatchBuilder::fill_block_table(std::span<const ScheduledChunk> items, int32_t max_blocks, Batch& batch) const {

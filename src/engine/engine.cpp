@@ -254,19 +254,9 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
       }
       return false;
     }
-    for (const ScheduledChunk& c : cur.plan.items) {
-      Active& a = *active_.at(c.seq->id());
-      if (!a.first_scheduled) {
-        a.first_scheduled = start_time;
-        // Before its first chunk is computed, a request's computed tokens
-        // are exactly its prefix-cache hit.
-        a.num_cached_tokens = c.seq->num_computed_tokens();
-      }
-      const int64_t prompt_left = c.seq->num_prompt_tokens() - c.seq->num_computed_tokens();
-      it.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
-    }
-    start(cur);
+    start(cur, start_time);
   }
+  it.num_prompt_tokens += cur.num_prompt_tokens;
   if (async_scheduling_ && cur.error.empty()) start_continuation(cur);
   // While the device runs the step. Stop strings found here end their
   // samples at this step's commit (the scheduler holds aborts while a step is in flight).
@@ -289,28 +279,38 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   return true;
 }
 
-void Engine::start(Started& s) {
+void Engine::start(Started& s, EngineClock::time_point start_time) {
   const StepPlan& plan = s.plan;
   for (const Sequence* seq : plan.sample_rows) s.keys.emplace_back(seq->id(), seq->sample_index());
   for (const StepPlan::Fork& f : plan.forks) s.keys.emplace_back(f.seq->id(), f.seq->sample_index());
+  for (const ScheduledChunk& c : plan.items) {
+    if (c.fed()) continue;
+    Active& a = *active_.at(c.seq->id());
+    if (!a.first_scheduled) {
+      a.first_scheduled = start_time;
+      // Before its first chunk is computed, a request's computed tokens
+      // are exactly its prefix-cache hit.
+      a.num_cached_tokens = c.seq->num_computed_tokens();
+    }
+    const int64_t prompt_left = c.seq->num_prompt_tokens() - c.first();
+    s.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
+  }
   const size_t num_rows = plan.sample_rows.size(), num_specs = s.keys.size();
   try {
     if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
-    if (plan.continuation)
-      batch_builder_.build_continuation(plan, batch_);
-    else
-      batch_builder_.build(plan.items, batch_);
+    batch_builder_.build(plan.items, batch_);
     SERVAL_CHECK(batch_.logits_rows.size() == num_rows, "batch builder made ", batch_.logits_rows.size(),
                  " logits rows for ", num_rows, " sampled sequences");
     // One spec per sample; a forked sample draws from its parent's row. The
     // draws are made here, from each request's Rng, so that a seed picks
-    // the same token on every backend. A continued row's output is one
-    // token longer by the time it samples (that token is being sampled now).
+    // the same token on every backend. A fed row's output is one token
+    // longer by the time it samples (that token is being sampled now).
     specs_.resize(num_specs);
     banned_.resize(num_specs);
-    const int64_t pending = plan.continuation ? 1 : 0;
     for (size_t i = 0; i < num_specs; ++i) {
       Sequence& seq = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
+      const int32_t row = i < num_rows ? batch_.logits_rows[i] : -1;
+      const int64_t pending = row >= 0 && !batch_.token_source.empty() && batch_.token_source[size_t(row)] >= 0;
       banned_[i] = seq.stop().banned_tokens(int64_t(seq.output_ids().size()) + pending);
       SampleSpec& spec = specs_[i];
       spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
@@ -357,7 +357,7 @@ void Engine::start_continuation(const Started& cur) {
   if (plan.empty()) return;
   next_.emplace();
   next_->plan = std::move(plan);
-  start(*next_);
+  start(*next_, EngineClock::now());
 }
 
 void Engine::emit(StepOutputs& o) {

@@ -11,10 +11,11 @@
 // safe text; stop strings held back and cut) and metrics while the device
 // runs -> ModelRunner::finish_sample -> Scheduler::commit. A step's events thus
 // go out during the next step: the host's detokenization and event pushes no
-// longer leave the GPU idle. With async scheduling, a decode step's
-// continuation (Scheduler::continue_plan) is started right after it, before
-// its tokens are back, and is the step the next iteration finishes. A stop string found then ends its sample at the
-// next commit; the token that step computed for it is neither published nor
+// longer leave the GPU idle. With async scheduling, a step's
+// continuation (Scheduler::continue_plan: its decodes fed on the device, the
+// next prompt chunks, new admissions) is started right after it, before its
+// tokens are back, and is the step the next iteration finishes. A stop string
+// found then ends its sample at the next commit; the token that step computed for it is neither published nor
 // counted. A forward or sampling failure finishes that step's requests with
 // an error event (Scheduler::fail_step); the engine keeps running.
 //
@@ -56,8 +57,8 @@ struct EngineOptions {
   // Tests: KvCacheManager::check_invariants() after every step; a violation
   // throws on the loop thread and so ends the process (slow: recounts the pool).
   bool check_invariants = false;
-  // Async scheduling: a decode step is planned and queued while the one
-  // before it runs, its tokens fed from that step's samples on the device
+  // Async scheduling: a step is planned and queued while the one before it
+  // runs, its decodes' tokens fed from that step's samples on the device
   // (Scheduler::continue_plan), so the device does not wait for the host
   // between steps. kAuto: on when the runner queues steps asynchronously (a
   // GPU); on a CPU the step would run before the one before is published.
@@ -152,6 +153,7 @@ class Engine {
   struct Started {
     StepPlan plan;
     std::vector<SampleKey> keys;  // its rows, then forks
+    int64_t num_prompt_tokens = 0;
     std::string error;
   };
   // Schedules and starts a step (or takes the continuation started last
@@ -160,9 +162,10 @@ class Engine {
   // committed: `now` is then emitted during the next step; otherwise it is
   // ready at once.
   bool step(StepOutputs& now, std::optional<StepOutputs>& previous);
-  // Copies, builds and starts `s.plan` (a continuation's batch is fed on the
-  // device); a failure goes to s.error.
-  void start(Started& s);
+  // Copies, builds and starts `s.plan` (a continuation's fed rows take their
+  // tokens on the device); a failure goes to s.error. Requests first
+  // scheduled now are so from `start_time`.
+  void start(Started& s, EngineClock::time_point start_time);
   // Waits for the tokens of `s` (one per key); returns why it failed, or "".
   std::string finish(const Started& s, std::vector<SampledToken>& sampled);
   // Starts the continuation of `cur` into next_, when the scheduler makes one.

@@ -144,14 +144,14 @@ bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   auto alloc = kv_.allocate_slots(seq.block_table(), missing);
   SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
   plan.copies.insert(plan.copies.end(), alloc->copies.begin(), alloc->copies.end());
-  plan.items.push_back(ScheduledChunk{&seq, int32_t(n)});
+  plan.items.push_back(ScheduledChunk{&seq, int32_t(n), seq.num_computed_tokens()});
   if (end == seq.num_tokens()) plan.sample_rows.push_back(&seq);
   budget -= n;
   plan.num_tokens += n;
   return true;
 }
 
-void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan) {
+void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* in_flight) {
   // Seats taken: running sequences and the samples they will still fork.
   int64_t seats = 0;
   for (const Entry* r : running_) seats += 1 + r->seq.num_pending_forks();
@@ -161,9 +161,12 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan) {
     // A request of more samples than max_num_seqs still runs, alone.
     const int64_t need = 1 + seq.num_pending_forks();
     if (seats + need > config_.max_num_seqs && seats > 0) break;
+    // A continuation forks nothing (continue_plan leaves such a request to schedule()).
+    if (in_flight && seq.num_pending_forks() > 0) break;
     // Look up the prefix cache, then check, adopt and allocate, in that
     // order with nothing in between (an eviction would make the match stale).
     const PrefixMatch match = kv_.match_prefix(e->tokens);
+    if (in_flight && computes_uncached_prefix(*in_flight, *e, match.num_tokens)) break;
     const int64_t n = std::min(seq.num_tokens() - match.num_tokens, budget);
     // Head-of-line: the next request in order waits for blocks rather than
     // being overtaken, so no request starves.
@@ -177,11 +180,34 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan) {
     waiting_.pop_front();
     insert_running(e);
     seats += need;
-    plan.items.push_back(ScheduledChunk{&seq, int32_t(n)});
-    if (match.num_tokens + n == seq.num_tokens()) plan.sample_rows.push_back(&seq);
+    plan.items.push_back(ScheduledChunk{&seq, int32_t(n), match.num_tokens});
+    if (plan.continuation) plan.item_keys.push_back(key_of(seq));
+    if (match.num_tokens + n == seq.num_tokens()) {
+      plan.sample_rows.push_back(&seq);
+      if (plan.continuation) plan.row_keys.push_back(key_of(seq));
+    }
     budget -= n;
     plan.num_tokens += n;
   }
+}
+
+bool Scheduler::computes_uncached_prefix(const StepPlan& in_flight, const Entry& e, int64_t cached) {
+  if (!kv_.prefix_cache_enabled()) return false;
+  const int64_t bs = kv_.block_size();
+  for (size_t i = 0; i < in_flight.items.size(); ++i) {
+    const ScheduledChunk& item = in_flight.items[i];
+    if (item.fed()) continue;
+    const Entry* other = item_entry(in_flight, i);
+    if (other == nullptr) continue;
+    // Tokens [0, end) of `other` are in the KV cache after in_flight; the
+    // blocks e shares with them past `cached` would be cached then.
+    const int64_t end = item.first() + item.num_new_tokens;
+    const int64_t len = std::min<int64_t>(end, int64_t(e.tokens.size()));
+    const auto diff = std::mismatch(e.tokens.begin(), e.tokens.begin() + len, other->tokens.begin());
+    const int64_t common = diff.first - e.tokens.begin();
+    if (common / bs > cached / bs) return true;
+  }
+  return false;
 }
 
 void Scheduler::fork_samples(StepPlan& plan) {
@@ -224,42 +250,82 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   SERVAL_CHECK(in_flight_ == 1, "continue_plan: ", in_flight_, " plans are in flight, expected the one continued");
   StepPlan next;
   next.continuation = true;
-  if (!waiting_.empty() || !plan.forks.empty() || !pending_aborts_.empty() ||
-      plan.items.size() != plan.sample_rows.size())
-    return next;
-  // The plan's rows still running (a continuation's rows may have finished
-  // at the commit before it): they must be all that runs.
-  std::vector<Entry*> rows(plan.sample_rows.size(), nullptr);
-  size_t live = 0;
-  for (size_t row = 0; row < rows.size(); ++row) live += (rows[row] = row_entry(plan, row)) != nullptr;
-  if (live != running_.size()) return next;
-  for (const Entry* e : running_) {
+  if (!plan.forks.empty() || !pending_aborts_.empty()) return next;
+  for (const auto& [key, e] : entries_)
     if (e->deadline && *e->deadline <= now) return next;  // schedule() expires it first
-    // Penalties count every output token on the host, and the one being sampled is not there yet.
-    if (e->seq.params().has_penalties()) return next;
+  // Where the plan leaves each of its sequences still here (a fed row may
+  // have finished at the commit before), and its logits row there, if any.
+  struct Left {
+    Entry* e;
+    int64_t end;
+    int32_t row;  // -1: a prompt chunk that does not complete the prompt
+  };
+  std::vector<Left> left;
+  left.reserve(plan.items.size());
+  int32_t row = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    const ScheduledChunk& item = plan.items[i];
+    Entry* e = item_entry(plan, i);
+    if (e == nullptr) {
+      SERVAL_CHECK(item.fed(), "internal error: a prompt chunk's sequence finished while in flight");
+      ++row;
+      continue;
+    }
+    const int64_t end = item.first() + item.num_new_tokens;
+    const bool samples = end == e->seq.num_tokens();
+    left.push_back(Left{e, end, samples ? row : -1});
+    // Its prompt's last chunk forks its samples: schedule()'s to plan.
+    if (!samples && e->seq.num_pending_forks() > 0) return next;
+    if (samples) {
+      ++row;
+      // Penalties count every output token on the host, and the one being sampled is not there yet.
+      if (e->seq.params().has_penalties()) return next;
+    }
   }
-  for (size_t row = 0; row < rows.size(); ++row) {
-    if (rows[row] == nullptr) continue;
-    Sequence& seq = rows[row]->seq;
-    // The token this plan samples for it is at position num_tokens(); after
-    // it the sequence has num_tokens() + 1 tokens and output + 1 outputs.
-    const int64_t tokens_after = seq.num_tokens() + 1;
-    const int64_t outputs_after = int64_t(seq.output_ids().size()) + 1;
-    if (outputs_after >= seq.stop().max_tokens ||
-        (config_.max_model_len > 0 && tokens_after >= config_.max_model_len))
-      continue;  // finishes by length at the commit: nothing to continue
-    const int64_t missing = std::max<int64_t>(0, tokens_after - seq.block_table().num_tokens());
-    if (!kv_.can_allocate(seq.block_table(), missing)) return StepPlan{};  // slots taken so far stay, unused
+  SERVAL_CHECK(size_t(row) == plan.sample_rows.size(), "internal error: continue_plan found ", row,
+               " sample rows in a plan of ", plan.sample_rows.size());
+  // Everything running must be in the plan (schedule() would schedule it).
+  if (left.size() != running_.size()) return next;
+  // A waiting request that would fork samples is schedule()'s to admit.
+  if (!waiting_.empty() && waiting_.front()->seq.num_pending_forks() > 0 && !config_.static_batching) {
+    int64_t seats = 0;
+    for (const Entry* r : running_) seats += 1 + r->seq.num_pending_forks();
+    if (seats + 1 + waiting_.front()->seq.num_pending_forks() <= config_.max_num_seqs) return next;
+  }
+
+  int64_t budget = config_.max_num_batched_tokens;
+  for (const Left& l : left) {
+    Sequence& seq = l.e->seq;
+    ScheduledChunk chunk{&seq, 0, l.end};
+    if (l.row >= 0) {
+      // The plan samples the token at position end; after it the sequence
+      // has end + 1 tokens and one more output.
+      const int64_t outputs_after = int64_t(seq.output_ids().size()) + 1;
+      if (outputs_after >= seq.stop().max_tokens ||
+          (config_.max_model_len > 0 && l.end + 1 >= config_.max_model_len))
+        continue;  // finishes by length at the commit: nothing to continue
+      chunk.num_new_tokens = 1;
+      chunk.source_row = l.row;
+    } else {
+      chunk.num_new_tokens = int32_t(std::min(seq.num_tokens() - l.end, budget));
+    }
+    // Out of budget or blocks: schedule() decides (slots taken so far stay, unused until then).
+    if (chunk.num_new_tokens < 1 || chunk.num_new_tokens > budget) return StepPlan{};
+    const int64_t missing = std::max<int64_t>(0, l.end + chunk.num_new_tokens - seq.block_table().num_tokens());
+    if (!kv_.can_allocate(seq.block_table(), missing)) return StepPlan{};
     auto alloc = kv_.allocate_slots(seq.block_table(), missing);
     SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
     next.copies.insert(next.copies.end(), alloc->copies.begin(), alloc->copies.end());
-    next.items.push_back(ScheduledChunk{&seq, 1});
-    next.sample_rows.push_back(&seq);
-    next.source_rows.push_back(int32_t(row));
-    next.row_keys.push_back(key_of(seq));
+    next.items.push_back(chunk);
+    next.item_keys.push_back(key_of(seq));
+    if (chunk.fed() || l.end + chunk.num_new_tokens == seq.num_tokens()) {
+      next.sample_rows.push_back(&seq);
+      next.row_keys.push_back(key_of(seq));
+    }
+    budget -= chunk.num_new_tokens;
+    next.num_tokens += chunk.num_new_tokens;
   }
-  next.num_tokens = int64_t(next.items.size());
-  if (next.num_tokens > config_.max_num_batched_tokens) return StepPlan{};
+  if (!config_.static_batching) admit_waiting(budget, next, &plan);
   if (!next.items.empty()) ++in_flight_;
   return next;
 }
@@ -270,27 +336,38 @@ Scheduler::Entry* Scheduler::row_entry(const StepPlan& plan, size_t i) {
   return it == entries_.end() ? nullptr : it->second.get();
 }
 
+Scheduler::Entry* Scheduler::item_entry(const StepPlan& plan, size_t i) {
+  if (!plan.continuation) return entries_.at(key_of(*plan.items[i].seq)).get();
+  auto it = entries_.find(plan.item_keys[i]);
+  return it == entries_.end() ? nullptr : it->second.get();
+}
+
 int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
   SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size(), "commit: ",
                sampled.size(), " sampled tokens for ", plan.sample_rows.size(),
                " logits rows and ", plan.forks.size(), " forked samples");
   if (in_flight_ > 0) --in_flight_;
   if (plan.continuation) {
-    // Rows finished at the commit before (a stop, an abort) were computed
-    // for nothing: their tokens are dropped.
+    // Fed rows finished at the commit before (a stop, an abort) were
+    // computed for nothing: their tokens are dropped.
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+      Entry* e = item_entry(plan, i);
+      if (e == nullptr) continue;
+      Sequence& seq = e->seq;
+      const ScheduledChunk& item = plan.items[i];
+      SERVAL_CHECK(seq.num_computed_tokens() == item.start, "commit: continued sequence ", seq.id(), " has ",
+                   seq.num_computed_tokens(), " tokens computed, its chunk starts at ", item.start);
+      seq.advance_computed(item.num_new_tokens);
+      kv_.commit_full_blocks(seq.block_table(),
+                             std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
+    }
     int64_t appended = 0;
     for (size_t i = 0; i < sampled.size(); ++i) {
       Entry* e = row_entry(plan, i);
       if (e == nullptr) continue;
       ++appended;
-      Sequence& seq = e->seq;
-      SERVAL_CHECK(seq.num_computed_tokens() + 1 == seq.num_tokens(), "commit: continued sequence ", seq.id(),
-                   " has ", seq.num_computed_tokens(), " of ", seq.num_tokens(), " tokens computed");
-      seq.advance_computed(1);
-      kv_.commit_full_blocks(seq.block_table(),
-                             std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
-      const FinishReason finish = seq.append_output(sampled[i].token, std::move(sampled[i].logprobs),
-                                                    config_.max_model_len);
+      const FinishReason finish = e->seq.append_output(sampled[i].token, std::move(sampled[i].logprobs),
+                                                       config_.max_model_len);
       e->tokens.push_back(sampled[i].token);
       if (finish != FinishReason::kNone) retire(e);
     }
@@ -331,7 +408,7 @@ void Scheduler::fail_step(const StepPlan& plan) {
   if (in_flight_ > 0) --in_flight_;
   std::vector<Key> failed;
   if (plan.continuation) {
-    failed = plan.row_keys;
+    failed = plan.item_keys;
   } else {
     for (const ScheduledChunk& item : plan.items) failed.push_back(key_of(*item.seq));
   }

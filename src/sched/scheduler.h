@@ -35,15 +35,22 @@
 // reserves max_num_seqs seats for the samples still to fork.
 //
 // Continuation (async scheduling): while a plan is in flight, continue_plan()
-// may plan the step after it, in which every sample row of that plan computes
-// the token the plan samples for it (the engine feeds it on the device,
-// Batch::token_source), so the device never waits for the host between decode
-// steps. Only when nothing is waiting, everything running is in the plan and
-// every row is a sample row (no forks, no pending aborts or deadlines, no
-// penalties, which need every output token on the host); a row
-// that surely finishes by length at the plan's commit is left out. A row
-// that stops at that commit (EOS, a stop token, an abort) is computed once
-// more for nothing: the continuation's commit drops its token.
+// may plan the step after it, computed from where that plan leaves its
+// sequences: every sample row of the plan computes the token the plan
+// samples for it (not on the host yet: the engine feeds it on the device,
+// Batch::token_source), a prompt chunk is followed by the next chunk, and
+// waiting requests are admitted into what budget, seats and KV blocks are
+// left, as schedule() would; so the device never waits for the host between
+// steps. Only when everything running is in the plan, with no forks, no
+// pending aborts or expired deadlines, no penalties on a row it continues
+// (they need every output token on the host) and blocks enough without
+// preempting; otherwise schedule() plans the step after the commit. A
+// waiting request of n > 1 samples is left to schedule() (its forks), and
+// one whose prompt shares blocks the plan is computing waits a step for
+// them to enter the prefix cache. A row that surely finishes by length at
+// the plan's commit is left out; one that stops at that commit (EOS, a stop
+// token, an abort) is computed once more for nothing: the continuation's
+// commit drops its token.
 //
 // Priority: lower value = more important (as vLLM). Ties go by arrival; a
 // preempted request keeps its place (its arrival), ahead of later arrivals.
@@ -86,11 +93,22 @@ struct RequestOptions {
   std::optional<SchedulerClock::time_point> deadline;
 };
 
-// The next num_new_tokens uncomputed tokens of a sequence, starting at its
-// num_computed_tokens; BatchBuilder (engine/) turns a list of these into a Batch.
+// The next num_new_tokens uncomputed tokens of a sequence, from position
+// `start` (-1: its num_computed_tokens, as when a test builds one; the
+// scheduler always sets it: a continuation's chunks start past what the plan
+// in flight computes); BatchBuilder (engine/) turns a list of these into a
+// Batch.
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int32_t num_new_tokens = 0;
+  int64_t start = -1;
+  // >= 0: one token at position seq->num_tokens(), not on the host yet: the
+  // one the plan before samples for its logits row `source_row` (fed on the
+  // device, Batch::token_source). -1: the tokens are the sequence's own.
+  int32_t source_row = -1;
+
+  int64_t first() const { return start >= 0 ? start : seq->num_computed_tokens(); }
+  bool fed() const { return source_row >= 0; }
 };
 
 // What one step computes. Items point at sequences the scheduler owns; they
@@ -110,13 +128,11 @@ struct StepPlan {
   std::vector<Fork> forks;
   // KV block copies (src, dst) to make before the forward (copy-on-write).
   std::vector<std::pair<int32_t, int32_t>> copies;
-  // A continue_plan() plan: each item is one token at position
-  // seq->num_tokens() (not yet known: sampled by the plan before, the
-  // item's row there being `source_rows`), and commit() finds its sequences
-  // by `row_keys` (request id, sample index), since a sequence may have
-  // finished at the commit of the plan before.
+  // A continue_plan() plan: commit() finds its sequences by key (request
+  // id, sample index), `item_keys` for items and `row_keys` for sample_rows,
+  // since a fed row's sequence may have finished at the commit before.
   bool continuation = false;
-  std::vector<int32_t> source_rows;
+  std::vector<std::pair<int64_t, int32_t>> item_keys;
   std::vector<std::pair<int64_t, int32_t>> row_keys;
   // Requests the scheduler finished itself this step (deadline: kTimeout).
   std::vector<int64_t> finished;
@@ -203,14 +219,22 @@ class Scheduler {
   // Schedules running request e, preempting others (or e itself) for blocks;
   // false if e was preempted.
   bool schedule_running(Entry* e, int64_t& budget, StepPlan& plan);
-  void admit_waiting(int64_t& budget, StepPlan& plan);
+  // Admits waiting requests into plan. With `in_flight` (a continuation of
+  // it): none of n > 1 samples, and none while in_flight computes blocks of
+  // its prompt that the prefix cache does not have yet.
+  void admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* in_flight = nullptr);
+  // Whether `in_flight` computes a whole block of e's prompt past the
+  // `cached` tokens the prefix cache holds: admitted now, e would compute it
+  // again; after the commit it finds it cached.
+  bool computes_uncached_prefix(const StepPlan& in_flight, const Entry& e, int64_t cached);
   // Forks the pending samples of plan.sample_rows (their prompt completes).
   void fork_samples(StepPlan& plan);
   // Ends one entry now, or at commit() while a plan is in flight.
   void abort_entry(const Key& key);
-  // The entry of a plan's i-th sample row, nullptr when it has finished
-  // since (a continuation's rows may have).
+  // The entry of a plan's i-th sample row / item, nullptr when it has
+  // finished since (a continuation's fed rows may have).
   Entry* row_entry(const StepPlan& plan, size_t i);
+  Entry* item_entry(const StepPlan& plan, size_t i);
   void preempt(Entry* e);
   // Frees e's blocks, moves its sequence to finished_ and forgets it.
   void retire(Entry* e);

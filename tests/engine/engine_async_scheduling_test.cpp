@@ -39,9 +39,11 @@ class FeedCountingRunner : public FakeModelRunner {
   using FakeModelRunner::FakeModelRunner;
   void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override {
     if (!batch.token_source.empty()) ++fed_steps;
+    // A fed step that also computes prompt tokens: an admission or a prompt's next chunk.
+    if (std::count(batch.token_source.begin(), batch.token_source.end(), -1) > 0) ++mixed_steps;
     FakeModelRunner::start_sample(batch, specs);
   }
-  std::atomic<int> fed_steps{0};
+  std::atomic<int> fed_steps{0}, mixed_steps{0};
 };
 
 // A token the toy model first gives as its kStopAt-th output after `prompt`.
@@ -90,8 +92,10 @@ using Outcome = std::tuple<std::vector<int32_t>, FinishReason>;
 
 // Every sample's tokens and finish reason, by (request, sample).
 std::map<std::pair<size_t, int32_t>, Outcome> run(FakeModelRunner& runner, EngineOptions::AsyncScheduling mode,
-                                                  const std::vector<EngineRequest>& requests) {
+                                                  const std::vector<EngineRequest>& requests,
+                                                  SchedulerConfig scheduler = {}) {
   EngineOptions o;
+  o.scheduler = scheduler;
   o.async_scheduling = mode;
   o.check_invariants = true;
   Engine engine(runner, tokenizer(), o);
@@ -130,6 +134,31 @@ TEST(EngineAsyncScheduling, ContinuedStepsGiveEveryRequestItsTokens) {
   EXPECT_EQ(std::get<0>(want.at({2, 0})).size(), kStopAt);
   EXPECT_EQ(std::get<1>(want.at({2, 0})), FinishReason::kStop);
   EXPECT_GE(std::get<0>(want.at({5, 0})).size(), 6u);  // its EOS was banned for 5 outputs
+}
+
+// More requests than seats, prompts longer than the step's token budget,
+// shared prompt prefixes: continued steps admit waiting requests and take
+// prompts' next chunks next to the fed decodes.
+TEST(EngineAsyncScheduling, ContinuedStepsAdmitAndChunkPrompts) {
+  std::vector<EngineRequest> requests;
+  for (int round = 0; round < 3; ++round) {
+    for (EngineRequest& r : workload()) requests.push_back(r);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::vector<int32_t> p = prompt_of(9, 4);  // a shared prefix of two blocks and more
+    p.insert(p.end(), requests[i].prompt_ids.begin(), requests[i].prompt_ids.end());
+    requests[i].prompt_ids = p;
+  }
+  SchedulerConfig sc;
+  sc.max_num_seqs = 4;
+  sc.max_num_batched_tokens = 7;
+  FeedCountingRunner sync_runner(kVocab, 4, 256), async_runner(kVocab, 4, 256);
+  const auto want = run(sync_runner, EngineOptions::AsyncScheduling::kOff, requests, sc);
+  const auto got = run(async_runner, EngineOptions::AsyncScheduling::kOn, requests, sc);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got, want);
+  EXPECT_GT(async_runner.fed_steps.load(), 20);
+  EXPECT_GT(async_runner.mixed_steps.load(), 10);
 }
 
 TEST(EngineAsyncScheduling, PenaltiesAreNeverContinued) {

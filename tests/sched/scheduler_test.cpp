@@ -368,7 +368,7 @@ TEST(SchedulerTest, ContinuePlanContinuesSteadyDecodesOnly) {
   StepPlan c1 = h.sched.continue_plan(p);
   ASSERT_EQ(c1.items.size(), 3u);
   EXPECT_TRUE(c1.continuation);
-  EXPECT_EQ(c1.source_rows, (std::vector<int32_t>{0, 1, 2}));
+  for (int32_t i = 0; i < 3; ++i) EXPECT_EQ(c1.items[size_t(i)].source_row, i);
   EXPECT_GE(c1.sample_rows[0]->block_table().num_tokens(), 6);  // a slot for position 5
   EXPECT_THROW(h.sched.schedule(), Error);
   EXPECT_THROW(h.sched.continue_plan(c1), Error) << "two plans in flight";
@@ -382,7 +382,7 @@ TEST(SchedulerTest, ContinuePlanContinuesSteadyDecodesOnly) {
   StepPlan c2 = h.sched.continue_plan(c1);
   ASSERT_EQ(c2.items.size(), 1u);
   EXPECT_EQ(c2.row_keys[0].first, 2);
-  EXPECT_EQ(c2.source_rows, (std::vector<int32_t>{2}));
+  EXPECT_EQ(c2.items[0].source_row, 2);
   sampled = tokens({8, 9, 8});  // request 1's 9 is dropped
   h.sched.commit(c1, sampled);
   done = h.sched.take_finished();
@@ -399,18 +399,33 @@ TEST(SchedulerTest, ContinuePlanContinuesSteadyDecodesOnly) {
   EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{7, 8, 5}));
   EXPECT_EQ(h.kv.usage().used_blocks, 0);
 
-  // Nothing is continued while a request waits, nor a row with penalties.
+  // A request that waits is admitted into the continuation, after the rows
+  // fed from the plan: a prompt chunk of its own tokens.
   add(3, 3, 8, {});
   p = h.sched.schedule();
   add(4, 3, 8, {});
-  EXPECT_TRUE(h.sched.continue_plan(p).empty());
+  StepPlan c = h.sched.continue_plan(p);
+  ASSERT_EQ(c.items.size(), 2u);
+  EXPECT_TRUE(c.items[0].fed());
+  EXPECT_EQ(c.items[0].start, 3);
+  EXPECT_FALSE(c.items[1].fed());
+  EXPECT_EQ(c.item_keys[1].first, 4);
+  EXPECT_EQ(c.items[1].start, 0);
+  EXPECT_EQ(c.items[1].num_new_tokens, 3);
+  ASSERT_EQ(c.row_keys.size(), 2u);
+  EXPECT_EQ(c.num_tokens, 4);
   sampled = tokens({1});
   h.sched.commit(p, sampled);
+  sampled = tokens({2, 3});
+  EXPECT_EQ(h.sched.commit(c, sampled), 2);
+  EXPECT_EQ(h.sched.find(3)->output_ids(), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(h.sched.find(4)->output_ids(), (std::vector<int32_t>{3}));
+  // A row with penalties is not continued.
   StopCriteria stop;
   SamplingParams penalized;
   penalized.repetition_penalty = 1.2f;
   h.sched.add(Sequence(5, make_prompt(3, 5), penalized, stop, h.kv.new_table()));
-  p = h.sched.schedule();  // admits 4 and 5, continues 3
+  p = h.sched.schedule();  // admits 5, continues 3 and 4
   EXPECT_TRUE(h.sched.continue_plan(p).empty());
 }
 
