@@ -283,6 +283,8 @@ int run_bench_engine(const BenchOptions& o) {
   j["host_under_device_ms"] = ratio(all.seconds - all.start_s - all.wait_s, double(all.steps)) * 1e3;
   j["host_wait_ms"] = ratio(all.wait_s, double(all.steps)) * 1e3;
   j["host_between_steps_ms"] = ratio(all.gap_s, double(all.gaps)) * 1e3;
+  // Steps queued while the one before ran (async scheduling's continuations).
+  j["pipelined_steps"] = all.pipelined;
   j["decode_steps"] = decode.steps;
   j["mean_decode_batch"] = ratio(decode.seqs, double(decode.steps));
   j["decode_step_ms"] = ratio(decode.seconds, double(decode.steps)) * 1e3;

@@ -21,6 +21,7 @@ void StepTotals::add(const StepRecord& r, const Limits& limits) {
   if (r.gap_s >= 0) {
     gap_s += r.gap_s;
     ++gaps;
+    pipelined += r.gap_s == 0;
   }
 }
 

@@ -41,6 +41,7 @@ struct StepTotals {
   double seconds = 0, seqs = 0, bytes_s = 0, limit_s = 0, op_limit_s = 0;
   double start_s = 0, wait_s = 0, gap_s = 0;
   int64_t gaps = 0;  // steps with a gap_s
+  int64_t pipelined = 0;  // steps queued while the one before was in flight (gap_s 0)
   void add(const StepRecord& r, const Limits& limits);
 };
 

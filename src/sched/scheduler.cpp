@@ -163,6 +163,9 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* i
     if (seats + need > config_.max_num_seqs && seats > 0) break;
     // A continuation forks nothing (continue_plan leaves such a request to schedule()).
     if (in_flight && seq.num_pending_forks() > 0) break;
+    // Nor what is aborted at its commit.
+    if (in_flight && std::find(pending_aborts_.begin(), pending_aborts_.end(), key_of(seq)) != pending_aborts_.end())
+      break;
     // Look up the prefix cache, then check, adopt and allocate, in that
     // order with nothing in between (an eviction would make the match stale).
     const PrefixMatch match = kv_.match_prefix(e->tokens);
@@ -243,6 +246,7 @@ StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
     admit_waiting(budget, plan);
   fork_samples(plan);
   in_flight_ = plan.items.empty() ? 0 : 1;
+  scheduled_in_flight_ = in_flight_ == 1;
   return plan;
 }
 
@@ -250,11 +254,12 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   SERVAL_CHECK(in_flight_ == 1, "continue_plan: ", in_flight_, " plans are in flight, expected the one continued");
   StepPlan next;
   next.continuation = true;
-  if (!plan.forks.empty() || !pending_aborts_.empty()) return next;
+  if (!plan.forks.empty()) return next;
   for (const auto& [key, e] : entries_)
     if (e->deadline && *e->deadline <= now) return next;  // schedule() expires it first
-  // Where the plan leaves each of its sequences still here (a fed row may
-  // have finished at the commit before), and its logits row there, if any.
+  // Where the plan leaves each of its sequences still here (one may have
+  // finished at the commit before, or been aborted since), and its logits
+  // row there, if any. Sample rows are in item order.
   struct Left {
     Entry* e;
     int64_t end;
@@ -262,30 +267,29 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   };
   std::vector<Left> left;
   left.reserve(plan.items.size());
-  int32_t row = 0;
+  size_t row = 0, aborting = 0;
   for (size_t i = 0; i < plan.items.size(); ++i) {
-    const ScheduledChunk& item = plan.items[i];
+    const Key key = plan.continuation ? plan.item_keys[i] : key_of(*plan.items[i].seq);
+    const bool samples = row < plan.sample_rows.size() &&
+                         key == (plan.continuation ? plan.row_keys[row] : key_of(*plan.sample_rows[row]));
+    const int32_t item_row = samples ? int32_t(row++) : -1;
     Entry* e = item_entry(plan, i);
-    if (e == nullptr) {
-      SERVAL_CHECK(item.fed(), "internal error: a prompt chunk's sequence finished while in flight");
-      ++row;
+    if (e == nullptr) continue;
+    // Aborted at the plan's commit: not continued.
+    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) != pending_aborts_.end()) {
+      ++aborting;
       continue;
     }
-    const int64_t end = item.first() + item.num_new_tokens;
-    const bool samples = end == e->seq.num_tokens();
-    left.push_back(Left{e, end, samples ? row : -1});
+    left.push_back(Left{e, plan.items[i].first() + plan.items[i].num_new_tokens, item_row});
     // Its prompt's last chunk forks its samples: schedule()'s to plan.
     if (!samples && e->seq.num_pending_forks() > 0) return next;
-    if (samples) {
-      ++row;
-      // Penalties count every output token on the host, and the one being sampled is not there yet.
-      if (e->seq.params().has_penalties()) return next;
-    }
+    // Penalties count every output token on the host, and the one being sampled is not there yet.
+    if (samples && e->seq.params().has_penalties()) return next;
   }
-  SERVAL_CHECK(size_t(row) == plan.sample_rows.size(), "internal error: continue_plan found ", row,
-               " sample rows in a plan of ", plan.sample_rows.size());
+  SERVAL_CHECK(row == plan.sample_rows.size(), "internal error: continue_plan matched ", row,
+               " of the plan's ", plan.sample_rows.size(), " sample rows to its items");
   // Everything running must be in the plan (schedule() would schedule it).
-  if (left.size() != running_.size()) return next;
+  if (left.size() + aborting != running_.size()) return next;
   // A waiting request that would fork samples is schedule()'s to admit.
   if (!waiting_.empty() && waiting_.front()->seq.num_pending_forks() > 0 && !config_.static_batching) {
     int64_t seats = 0;
@@ -347,9 +351,10 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
                sampled.size(), " sampled tokens for ", plan.sample_rows.size(),
                " logits rows and ", plan.forks.size(), " forked samples");
   if (in_flight_ > 0) --in_flight_;
+  if (!plan.continuation) scheduled_in_flight_ = false;
   if (plan.continuation) {
-    // Fed rows finished at the commit before (a stop, an abort) were
-    // computed for nothing: their tokens are dropped.
+    // Sequences finished since the plan was made (at the commit before, or
+    // aborted) were computed for nothing: their tokens are dropped.
     for (size_t i = 0; i < plan.items.size(); ++i) {
       Entry* e = item_entry(plan, i);
       if (e == nullptr) continue;
@@ -406,6 +411,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
 
 void Scheduler::fail_step(const StepPlan& plan) {
   if (in_flight_ > 0) --in_flight_;
+  if (!plan.continuation) scheduled_in_flight_ = false;
   std::vector<Key> failed;
   if (plan.continuation) {
     failed = plan.item_keys;
@@ -431,7 +437,7 @@ void Scheduler::apply_pending_aborts() {
 void Scheduler::abort_entry(const Key& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
-  if (in_flight_ > 0) {
+  if (scheduled_in_flight_) {
     if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) == pending_aborts_.end())
       pending_aborts_.push_back(key);
     return;

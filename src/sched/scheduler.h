@@ -42,15 +42,16 @@
 // waiting requests are admitted into what budget, seats and KV blocks are
 // left, as schedule() would; so the device never waits for the host between
 // steps. Only when everything running is in the plan, with no forks, no
-// pending aborts or expired deadlines, no penalties on a row it continues
-// (they need every output token on the host) and blocks enough without
-// preempting; otherwise schedule() plans the step after the commit. A
-// waiting request of n > 1 samples is left to schedule() (its forks), and
-// one whose prompt shares blocks the plan is computing waits a step for
-// them to enter the prefix cache. A row that surely finishes by length at
-// the plan's commit is left out; one that stops at that commit (EOS, a stop
-// token, an abort) is computed once more for nothing: the continuation's
-// commit drops its token.
+// expired deadlines, no penalties on a row it continues (they need every
+// output token on the host) and blocks enough without preempting;
+// otherwise schedule() plans the step after the commit. A sequence aborted
+// at the plan's commit is not continued. A waiting request of n > 1 samples
+// is left to schedule() (its forks), and one whose prompt shares blocks the
+// plan is computing waits a step for them to enter the prefix cache. A row
+// that surely finishes by length at the plan's commit is left out; one that
+// stops at that commit (EOS, a stop token) or is aborted while only
+// continuations are in flight is computed once more for nothing: the
+// continuation's commit drops its token.
 //
 // Priority: lower value = more important (as vLLM). Ties go by arrival; a
 // preempted request keeps its place (its arrival), ahead of later arrivals.
@@ -190,8 +191,10 @@ class Scheduler {
   void fail_step(const StepPlan& plan);
 
   // Ends a waiting or running request (all its samples) with kAbort and
-  // frees its blocks; false if the id is unknown or already finished. Called
-  // between schedule() and commit(), it takes effect at commit().
+  // frees its blocks; false if the id is unknown or already finished. While
+  // a schedule() plan is in flight (it points at its sequences), it takes
+  // effect at that plan's commit(); while only continuations are (they find
+  // theirs by key), at once.
   bool abort(int64_t id);
   // The same for one sample of a request (e.g. a stop string ended it).
   bool abort_sample(int64_t id, int32_t sample_index);
@@ -249,6 +252,7 @@ class Scheduler {
   std::vector<Sequence> finished_;
   std::vector<Key> pending_aborts_;  // abort() while a plan is in flight
   int in_flight_ = 0;  // plans scheduled and not yet committed (or failed)
+  bool scheduled_in_flight_ = false;  // one of them is schedule()'s
   uint64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
 };

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "engine/engine.h"
@@ -38,12 +40,14 @@ class FeedCountingRunner : public FakeModelRunner {
  public:
   using FakeModelRunner::FakeModelRunner;
   void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override {
+    if (step_time.count() > 0) std::this_thread::sleep_for(step_time);
     if (!batch.token_source.empty()) ++fed_steps;
     // A fed step that also computes prompt tokens: an admission or a prompt's next chunk.
     if (std::count(batch.token_source.begin(), batch.token_source.end(), -1) > 0) ++mixed_steps;
     FakeModelRunner::start_sample(batch, specs);
   }
   std::atomic<int> fed_steps{0}, mixed_steps{0};
+  std::chrono::microseconds step_time{0};
 };
 
 // A token the toy model first gives as its kStopAt-th output after `prompt`.
@@ -149,6 +153,25 @@ TEST(EngineAsyncScheduling, ContinuedStepsAdmitAndChunkPrompts) {
     p.insert(p.end(), requests[i].prompt_ids.begin(), requests[i].prompt_ids.end());
     requests[i].prompt_ids = p;
   }
+  // Stop strings on some greedy requests (found a step late, then aborted
+  // with a continuation in flight): a printable one-character token text new
+  // in the output.
+  int with_stop_string = 0;
+  for (size_t i = 0; i < requests.size(); i += 2) {
+    EngineRequest& r = requests[i];
+    if (r.params.temperature != 0 || r.n != 1) continue;
+    const std::vector<int32_t> full = toy_greedy(r.prompt_ids, kVocab, int(r.stop.max_tokens));
+    for (size_t k = 2; k + 1 < full.size(); ++k) {
+      const std::string piece = tokenizer().decode({full[k]});
+      const std::string before = tokenizer().decode(std::vector<int32_t>(full.begin(), full.begin() + long(k)));
+      if (piece.size() == 1 && piece[0] > ' ' && before.find(piece) == std::string::npos) {
+        r.stop_strings = {piece};
+        ++with_stop_string;
+        break;
+      }
+    }
+  }
+  ASSERT_GE(with_stop_string, 3);
   SchedulerConfig sc;
   sc.max_num_seqs = 4;
   sc.max_num_batched_tokens = 7;
@@ -159,6 +182,10 @@ TEST(EngineAsyncScheduling, ContinuedStepsAdmitAndChunkPrompts) {
   EXPECT_EQ(got, want);
   EXPECT_GT(async_runner.fed_steps.load(), 20);
   EXPECT_GT(async_runner.mixed_steps.load(), 10);
+  int stopped_by_string = 0;
+  for (size_t i = 0; i < requests.size(); ++i)
+    stopped_by_string += !requests[i].stop_strings.empty() && std::get<1>(want.at({i, 0})) == FinishReason::kStop;
+  EXPECT_GE(stopped_by_string, 3);
 }
 
 TEST(EngineAsyncScheduling, PenaltiesAreNeverContinued) {
@@ -174,7 +201,8 @@ TEST(EngineAsyncScheduling, PenaltiesAreNeverContinued) {
 // with kAbort, free every block and leave the runner with nothing started
 // (a later engine on it works).
 TEST(EngineAsyncScheduling, AbortAndShutdownWithAStepInFlight) {
-  FeedCountingRunner runner(kVocab, 4, 256);
+  FeedCountingRunner runner(kVocab, 4, 1024);
+  runner.step_time = std::chrono::milliseconds(1);  // b cannot finish its 1,000 tokens before the shutdown
   EngineOptions o;
   o.async_scheduling = EngineOptions::AsyncScheduling::kOn;
   o.check_invariants = true;
@@ -183,7 +211,7 @@ TEST(EngineAsyncScheduling, AbortAndShutdownWithAStepInFlight) {
     EngineRequest r;
     r.prompt_ids = prompt_of(5, 1);
     r.params.temperature = 0;
-    r.stop.max_tokens = 400;
+    r.stop.max_tokens = 1000;
     r.stop.ignore_eos = true;
     RequestHandle a = engine.submit(r), b = engine.submit(r);
     std::optional<RequestEvent> ev = a.next(std::chrono::milliseconds(20000));

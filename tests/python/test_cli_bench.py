@@ -92,6 +92,7 @@ def test_engine_mode_random_requests(serval, models):
     assert sum(parts) == pytest.approx(p["mean_step_ms"], rel=1e-6)
     # (gaps lie inside the measured run: their mean is under its wall time over steps - 1)
     assert 0 < p["host_between_steps_ms"] < p["duration_s"] * 1e3 / (p["steps"] - 1)
+    assert p["pipelined_steps"] == 0  # no async scheduling on the CPU
 
 
 def test_engine_mode_warms_up_each_class_of_context_the_run_reaches(serval, models):

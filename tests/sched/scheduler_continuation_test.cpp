@@ -317,5 +317,39 @@ TEST(SchedulerContinuationTest, NoContinuationWithoutBlocks) {
   EXPECT_EQ(h.sched.stats().num_preemptions, 1);
 }
 
+// An abort while a schedule() plan is in flight waits for its commit (the
+// plan points at the sequence), and its continuation leaves the sequence
+// out; with only a continuation in flight it ends the request at once.
+TEST(SchedulerContinuationTest, AbortsWhileInFlight) {
+  Harness h(64, 4, false, config(64));
+  h.add(0, make_prompt(3, 1), 8);
+  h.add(1, make_prompt(3, 2), 8);
+  h.add(2, make_prompt(3, 3), 8);
+  StepPlan p = h.sched.schedule();
+  EXPECT_TRUE(h.sched.abort(1));
+  ASSERT_NE(h.sched.find(1), nullptr) << "deferred";
+  StepPlan c = h.sched.continue_plan(p);
+  ASSERT_EQ(c.items.size(), 2u);
+  EXPECT_EQ(c.item_keys[0].first, 0);
+  EXPECT_EQ(c.item_keys[1].first, 2);
+  EXPECT_EQ(c.items[1].source_row, 2);
+  std::vector<SampledToken> t{{4, {}}, {5, {}}, {6, {}}};
+  h.sched.commit(p, t);
+  std::vector<Sequence> done = h.sched.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].finish_reason(), FinishReason::kAbort);
+  EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{5}));
+  EXPECT_TRUE(h.sched.abort(2));  // only c in flight
+  EXPECT_EQ(h.sched.find(2), nullptr);
+  StepPlan c2 = h.sched.continue_plan(c);
+  ASSERT_EQ(c2.items.size(), 1u);
+  EXPECT_EQ(c2.item_keys[0].first, 0);
+  t = {{7, {}}, {8, {}}};
+  EXPECT_EQ(h.sched.commit(c, t), 1);
+  t = {{9, {}}};
+  EXPECT_EQ(h.sched.commit(c2, t), 1);
+  EXPECT_EQ(h.sched.find(0)->output_ids(), (std::vector<int32_t>{4, 7, 9}));
+}
+
 }  // namespace
 }  // namespace serval

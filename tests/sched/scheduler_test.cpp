@@ -390,14 +390,14 @@ TEST(SchedulerTest, ContinuePlanContinuesSteadyDecodesOnly) {
   EXPECT_EQ(done[0].id(), 0);
   EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{7, 8}));
   EXPECT_EQ(h.sched.find(2)->output_ids(), (std::vector<int32_t>{7, 8}));
-  h.sched.abort(2);  // deferred while c2 is in flight; c2's commit applies it
-  sampled = tokens({5});
-  h.sched.commit(c2, sampled);
+  h.sched.abort(2);  // only c2, a continuation, is in flight: at once, and c2 drops its token
   done = h.sched.take_finished();
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].finish_reason(), FinishReason::kAbort);
-  EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{7, 8, 5}));
+  EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{7, 8}));
   EXPECT_EQ(h.kv.usage().used_blocks, 0);
+  sampled = tokens({5});
+  EXPECT_EQ(h.sched.commit(c2, sampled), 0);
 
   // A request that waits is admitted into the continuation, after the rows
   // fed from the plan: a prompt chunk of its own tokens.
