@@ -47,6 +47,7 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--max-queued-requests", {"engine"}},
       {"--no-prefix-cache", {"engine"}},
       {"--no-async-scheduling", {"engine"}},
+      {"--async-scheduling", {"engine"}},
       {"--gemm-search", {"runner", "engine", "sweep"}},  // attention runs no matmul
       {"--gemm-search-cache", {"runner", "engine", "sweep"}},
   };

@@ -263,7 +263,7 @@ int run_bench_engine(const BenchOptions& o) {
   add_percentiles_ms("ttft", ttft_s, j);
   add_percentiles_ms("tpot", tpot_s, j);
   add_percentiles_ms("itl", itl_s, j);
-  j["async_scheduling"] = !o.engine.no_async_scheduling && m.runner->queues_steps_async();
+  j["async_scheduling"] = engine.async_scheduling();
   j["steps"] = all.steps;
   j["mean_running_batch"] = ratio(all.seqs, double(all.steps));
   j["mean_step_ms"] = ratio(all.seconds, double(all.steps)) * 1e3;

@@ -19,9 +19,12 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_option("--max-model-len", f.scheduler.max_model_len,
                  "context length in tokens, prompt + output (default: the model's)");
   sub.add_flag("--no-prefix-cache", f.no_prefix_cache, "turn the radix prefix cache off");
-  sub.add_flag("--no-async-scheduling", f.no_async_scheduling,
-               "on a GPU: plan each decode step only after the step before has returned its tokens (default: "
-               "queue it while that step runs, its tokens fed on the device)");
+  sub.add_option("--async-scheduling", f.async_scheduling,
+                 "plan and queue each step while the step before runs, its decodes' tokens fed on the device: "
+                 "auto (default: on a GPU), on (also on a CPU, where the steps still run one after the other: "
+                 "for tests) or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  sub.add_flag("--no-async-scheduling", f.no_async_scheduling, "--async-scheduling off");
   sub.add_option("--block-size", f.block_size, "tokens per KV block");
   sub.add_option("--gpu-memory-fraction", f.gpu_memory_fraction,
                  "on a GPU: the fraction of its memory for weights, activations and the KV pool (default 0.9)");
@@ -47,7 +50,12 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.scheduler = f.scheduler;
   o.scheduler.validate();
   o.enable_prefix_cache = !f.no_prefix_cache;
-  if (f.no_async_scheduling) o.async_scheduling = EngineOptions::AsyncScheduling::kOff;
+  SERVAL_CHECK(!f.no_async_scheduling || f.async_scheduling != "on",
+               "--no-async-scheduling contradicts --async-scheduling on");
+  using A = EngineOptions::AsyncScheduling;
+  o.async_scheduling = f.no_async_scheduling || f.async_scheduling == "off" ? A::kOff
+                       : f.async_scheduling == "on"                         ? A::kOn
+                                                                            : A::kAuto;
   return o;
 }
 

@@ -16,7 +16,8 @@ namespace serval::cli {
 struct EngineFlags {
   SchedulerConfig scheduler;
   bool no_prefix_cache = false;
-  bool no_async_scheduling = false;     // EngineOptions::async_scheduling kOff
+  std::string async_scheduling = "auto";  // EngineOptions::async_scheduling: auto, on or off
+  bool no_async_scheduling = false;       // --no-async-scheduling: off
   int64_t kv_cache_tokens = 0;          // 0: from the memory fraction
   double kv_cache_memory_fraction = 0;  // 0: the runner's default pool
   int32_t block_size = 16;

@@ -91,9 +91,11 @@ int run_serve(const ServeOptions& o) {
   server::HttpServer http(limits, o.api_key);
   server::register_openai_routes(http, ctx);
   const int port = http.bind(o.host, o.port);
-  std::fprintf(stderr, "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s) "
-               "on http://%s:%d\n", name.c_str(), (long long)ctx.max_model_len, (long long)runner->num_blocks(),
-               runner->block_size(), chat->available() ? "yes" : "no", o.host.c_str(), port);
+  std::fprintf(stderr,
+               "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s, async "
+               "scheduling: %s) on http://%s:%d\n",
+               name.c_str(), (long long)ctx.max_model_len, (long long)runner->num_blocks(), runner->block_size(),
+               chat->available() ? "yes" : "no", engine.async_scheduling() ? "on" : "off", o.host.c_str(), port);
 
   std::atomic<bool> stop{false};
   std::thread signals([&] {

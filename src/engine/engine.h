@@ -123,6 +123,8 @@ class Engine {
   // Thread-safe snapshots, updated by the loop before it publishes a step's events.
   KvUsage kv_usage() const;
   int64_t num_unfinished() const;
+  // Whether steps are planned while the one before runs (EngineOptions::async_scheduling resolved).
+  bool async_scheduling() const { return async_scheduling_; }
 
   metrics::Registry& metrics_registry() { return registry_; }
 

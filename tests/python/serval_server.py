@@ -1,6 +1,7 @@
 """Starts `serval serve` on a free loopback port for end-to-end tests and stops it."""
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -21,8 +22,11 @@ class ServalServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
+        # SERVAL_SERVER_ARGS: flags every test server gets (scripts/test.sh runs
+        # the server tests again with "--async-scheduling on").
+        extra = shlex.split(os.environ.get("SERVAL_SERVER_ARGS", ""))
         self.cmd = [str(binary), "serve", "--model", str(model), "--port", str(self.port),
-                    "--served-model-name", name, "--threads", str(threads), *map(str, args)]
+                    "--served-model-name", name, "--threads", str(threads), *extra, *map(str, args)]
         # stderr to a file: the access log of a long test would fill a pipe and block the server.
         self.log = tempfile.TemporaryFile(mode="w+", errors="replace")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)

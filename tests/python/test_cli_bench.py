@@ -95,6 +95,22 @@ def test_engine_mode_random_requests(serval, models):
     assert p["pipelined_steps"] == 0  # no async scheduling on the CPU
 
 
+def test_engine_mode_async_scheduling_on_the_cpu(serval, models):
+    # Forced on, the CPU engine plans each step while the one before is in
+    # flight (its steps still run one after the other): continuations admit
+    # the 8 requests past the 3 seats and chunk 40-token prompts at a
+    # 16-token budget.
+    args = ["--mode", "engine", "--model", stories(models), "--requests", 8, "--input-len", 40,
+            "--output-len", 12, "--max-num-seqs", 3, "--max-num-batched-tokens", 16,
+            "--kv-cache-tokens", 512]
+    (on,) = bench_json(serval, *args, "--async-scheduling", "on")
+    (off,) = bench_json(serval, *args)
+    assert on["async_scheduling"] is True and off["async_scheduling"] is False
+    assert on["failed"] == 0 and on["output_tokens"] == off["output_tokens"] == 8 * 12
+    assert off["pipelined_steps"] == 0
+    assert on["pipelined_steps"] > on["steps"] // 2, on
+
+
 def test_engine_mode_warms_up_each_class_of_context_the_run_reaches(serval, models):
     # Contexts up to 130 + 6: decode graphs for bounds 128 and 1024 (StepGraphs::class_starts).
     (p,) = bench_json(serval, "--mode", "engine", "--model", stories(models), "--requests", 3,
@@ -197,6 +213,10 @@ def test_attention_mode_takes_the_shape_from_the_model(serval, models):
     (["--repeats", "0"], "--repeats must be positive"),
     (["--mode", "engine", "--repeats", "2"], "--repeats does not apply to --mode engine"),
     (["--mode", "bogus"], "bogus not in"),
+    (["--mode", "engine", "--async-scheduling", "maybe"], "maybe not in"),
+    (["--mode", "engine", "--async-scheduling", "on", "--no-async-scheduling"],
+     "--no-async-scheduling contradicts --async-scheduling on"),
+    (["--mode", "runner", "--async-scheduling", "on"], "--async-scheduling does not apply to --mode runner"),
 ])
 def test_bad_arguments_name_the_problem(serval, models, args, message):
     proc = run_serval(serval, "bench", "--device", "cpu", "--model", stories(models), *args, check=False)

@@ -105,3 +105,15 @@ def test_shutdown_timeout_aborts_the_rest_with_a_final_event(serval, models):
     assert s.proc.wait(timeout=30) == 0
     s.stop()
     assert out["chunks"][-1]["choices"][0]["finish_reason"] == "abort"
+
+
+@pytest.mark.parametrize("flag,want", [([], "off"), (["--async-scheduling", "on"], "on"),
+                                       (["--no-async-scheduling"], "off")])
+def test_startup_line_says_whether_steps_are_scheduled_asynchronously(serval, models, monkeypatch, flag, want):
+    # Off by default on the CPU, where a step runs inside its start; "on" forces it (for tests).
+    monkeypatch.delenv("SERVAL_SERVER_ARGS", raising=False)
+    s = ServalServer(serval, models.joinpath(*MODEL), *flag)
+    try:
+        assert f"async scheduling: {want})" in s.read_log()
+    finally:
+        s.stop()
