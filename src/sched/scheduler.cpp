@@ -161,8 +161,6 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* i
     // A request of more samples than max_num_seqs still runs, alone.
     const int64_t need = 1 + seq.num_pending_forks();
     if (seats + need > config_.max_num_seqs && seats > 0) break;
-    // A continuation forks nothing (continue_plan leaves such a request to schedule()).
-    if (in_flight && seq.num_pending_forks() > 0) break;
     // Nor what is aborted at its commit.
     if (in_flight && std::find(pending_aborts_.begin(), pending_aborts_.end(), key_of(seq)) != pending_aborts_.end())
       break;
@@ -228,6 +226,7 @@ void Scheduler::fork_samples(StepPlan& plan) {
       entries_.emplace(key_of(raw->seq), std::move(e));
       insert_running(raw);
       plan.forks.push_back(StepPlan::Fork{&raw->seq, int32_t(row)});
+      if (plan.continuation) plan.fork_keys.push_back(key_of(raw->seq));
     }
     parent.mark_forked();
   }
@@ -236,6 +235,8 @@ void Scheduler::fork_samples(StepPlan& plan) {
 StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
   SERVAL_CHECK(in_flight_ == 0, "schedule() called again before commit() of the previous plan");
   StepPlan plan;
+  plan.copies = std::move(unused_copies_);
+  unused_copies_.clear();
   expire_deadlines(now, plan);
   int64_t budget = config_.max_num_batched_tokens;
   // Index loop: preemption removes entries from the back of running_.
@@ -245,6 +246,7 @@ StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
   if (plan.num_preempted == 0 && (!config_.static_batching || running_.empty()))
     admit_waiting(budget, plan);
   fork_samples(plan);
+  if (plan.items.empty()) std::swap(unused_copies_, plan.copies);  // for the next plan that runs
   in_flight_ = plan.items.empty() ? 0 : 1;
   scheduled_in_flight_ = in_flight_ == 1;
   return plan;
@@ -254,7 +256,6 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   SERVAL_CHECK(in_flight_ == 1, "continue_plan: ", in_flight_, " plans are in flight, expected the one continued");
   StepPlan next;
   next.continuation = true;
-  if (!plan.forks.empty()) return next;
   for (const auto& [key, e] : entries_)
     if (e->deadline && *e->deadline <= now) return next;  // schedule() expires it first
   // Where the plan leaves each of its sequences still here (one may have
@@ -281,22 +282,40 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
       continue;
     }
     left.push_back(Left{e, plan.items[i].first() + plan.items[i].num_new_tokens, item_row});
-    // Its prompt's last chunk forks its samples: schedule()'s to plan.
-    if (!samples && e->seq.num_pending_forks() > 0) return next;
     // Penalties count every output token on the host, and the one being sampled is not there yet.
     if (samples && e->seq.params().has_penalties()) return next;
   }
   SERVAL_CHECK(row == plan.sample_rows.size(), "internal error: continue_plan matched ", row,
                " of the plan's ", plan.sample_rows.size(), " sample rows to its items");
+  // Samples forked by the plan: their first token is its spec after the rows.
+  for (size_t f = 0; f < plan.forks.size(); ++f) {
+    const Key key = plan.continuation ? plan.fork_keys[f] : key_of(*plan.forks[f].seq);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) continue;
+    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) != pending_aborts_.end()) {
+      ++aborting;
+      continue;
+    }
+    Entry* e = it->second.get();
+    if (e->seq.params().has_penalties()) return next;
+    left.push_back(Left{e, e->seq.num_tokens(), int32_t(plan.sample_rows.size() + f)});
+  }
+  // In schedule()'s order (forks next to their parent): the budget goes as it would.
+  std::stable_sort(left.begin(), left.end(), [](const Left& a, const Left& b) {
+    if (a.e->before(*b.e) || b.e->before(*a.e)) return a.e->before(*b.e);
+    return a.e->seq.sample_index() < b.e->seq.sample_index();
+  });
   // Everything running must be in the plan (schedule() would schedule it).
   if (left.size() + aborting != running_.size()) return next;
-  // A waiting request that would fork samples is schedule()'s to admit.
-  if (!waiting_.empty() && waiting_.front()->seq.num_pending_forks() > 0 && !config_.static_batching) {
-    int64_t seats = 0;
-    for (const Entry* r : running_) seats += 1 + r->seq.num_pending_forks();
-    if (seats + 1 + waiting_.front()->seq.num_pending_forks() <= config_.max_num_seqs) return next;
-  }
 
+  // Out of budget or blocks: schedule() decides. The slots taken so far stay
+  // (it uses them), and so must their copy-on-write copies: the next plan makes them.
+  auto give_up = [&] {
+    unused_copies_.insert(unused_copies_.end(), next.copies.begin(), next.copies.end());
+    return StepPlan{};
+  };
+  next.copies = std::move(unused_copies_);
+  unused_copies_.clear();
   int64_t budget = config_.max_num_batched_tokens;
   for (const Left& l : left) {
     Sequence& seq = l.e->seq;
@@ -313,10 +332,9 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
     } else {
       chunk.num_new_tokens = int32_t(std::min(seq.num_tokens() - l.end, budget));
     }
-    // Out of budget or blocks: schedule() decides (slots taken so far stay, unused until then).
-    if (chunk.num_new_tokens < 1 || chunk.num_new_tokens > budget) return StepPlan{};
+    if (chunk.num_new_tokens < 1 || chunk.num_new_tokens > budget) return give_up();
     const int64_t missing = std::max<int64_t>(0, l.end + chunk.num_new_tokens - seq.block_table().num_tokens());
-    if (!kv_.can_allocate(seq.block_table(), missing)) return StepPlan{};
+    if (!kv_.can_allocate(seq.block_table(), missing)) return give_up();
     auto alloc = kv_.allocate_slots(seq.block_table(), missing);
     SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
     next.copies.insert(next.copies.end(), alloc->copies.begin(), alloc->copies.end());
@@ -330,13 +348,21 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
     next.num_tokens += chunk.num_new_tokens;
   }
   if (!config_.static_batching) admit_waiting(budget, next, &plan);
-  if (!next.items.empty()) ++in_flight_;
+  fork_samples(next);
+  if (next.items.empty()) return give_up();
+  ++in_flight_;
   return next;
 }
 
 Scheduler::Entry* Scheduler::row_entry(const StepPlan& plan, size_t i) {
   if (!plan.continuation) return entries_.at(key_of(*plan.sample_rows[i])).get();
   auto it = entries_.find(plan.row_keys[i]);
+  return it == entries_.end() ? nullptr : it->second.get();
+}
+
+Scheduler::Entry* Scheduler::fork_entry(const StepPlan& plan, size_t i) {
+  if (!plan.continuation) return entries_.at(key_of(*plan.forks[i].seq)).get();
+  auto it = entries_.find(plan.fork_keys[i]);
   return it == entries_.end() ? nullptr : it->second.get();
 }
 
@@ -366,9 +392,18 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
       kv_.commit_full_blocks(seq.block_table(),
                              std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
     }
+    // Forked samples computed their parent's prompt (shared blocks) with it.
+    for (const auto& key : plan.fork_keys) {
+      auto it = entries_.find(key);
+      if (it == entries_.end()) continue;
+      Sequence& seq = it->second->seq;
+      seq.advance_computed(seq.num_tokens() - seq.num_computed_tokens());
+      kv_.commit_full_blocks(seq.block_table(),
+                             std::span<const int32_t>(seq.prompt_ids()).first(size_t(seq.num_computed_tokens())));
+    }
     int64_t appended = 0;
     for (size_t i = 0; i < sampled.size(); ++i) {
-      Entry* e = row_entry(plan, i);
+      Entry* e = i < plan.sample_rows.size() ? row_entry(plan, i) : fork_entry(plan, i - plan.sample_rows.size());
       if (e == nullptr) continue;
       ++appended;
       const FinishReason finish = e->seq.append_output(sampled[i].token, std::move(sampled[i].logprobs),
@@ -415,10 +450,11 @@ void Scheduler::fail_step(const StepPlan& plan) {
   std::vector<Key> failed;
   if (plan.continuation) {
     failed = plan.item_keys;
+    failed.insert(failed.end(), plan.fork_keys.begin(), plan.fork_keys.end());
   } else {
     for (const ScheduledChunk& item : plan.items) failed.push_back(key_of(*item.seq));
+    for (const StepPlan::Fork& f : plan.forks) failed.push_back(key_of(*f.seq));
   }
-  for (const StepPlan::Fork& f : plan.forks) failed.push_back(key_of(*f.seq));
   for (const Key& k : failed) {
     auto it = entries_.find(k);
     if (it == entries_.end()) continue;

@@ -35,23 +35,23 @@
 // reserves max_num_seqs seats for the samples still to fork.
 //
 // Continuation (async scheduling): while a plan is in flight, continue_plan()
-// may plan the step after it, computed from where that plan leaves its
-// sequences: every sample row of the plan computes the token the plan
-// samples for it (not on the host yet: the engine feeds it on the device,
+// may plan the step after it, from where that plan leaves its sequences:
+// every sample row and fork of the plan computes the token the plan samples
+// for it (not on the host yet: the engine feeds it on the device,
 // Batch::token_source), a prompt chunk is followed by the next chunk, and
 // waiting requests are admitted into what budget, seats and KV blocks are
-// left, as schedule() would; so the device never waits for the host between
-// steps. Only when everything running is in the plan, with no forks, no
-// expired deadlines, no penalties on a row it continues (they need every
-// output token on the host) and blocks enough without preempting;
-// otherwise schedule() plans the step after the commit. A sequence aborted
-// at the plan's commit is not continued. A waiting request of n > 1 samples
-// is left to schedule() (its forks), and one whose prompt shares blocks the
-// plan is computing waits a step for them to enter the prefix cache. A row
-// that surely finishes by length at the plan's commit is left out; one that
-// stops at that commit (EOS, a stop token) or is aborted while only
-// continuations are in flight is computed once more for nothing: the
-// continuation's commit drops its token.
+// left, forking their samples when their prompt completes, as schedule()
+// would; so the device never waits for the host between steps. Only when
+// everything running is in the plan, with no expired deadlines, no
+// penalties on a row it continues (they need every output token on the
+// host) and blocks enough without preempting; otherwise schedule() plans
+// the step after the commit. A sequence aborted at the plan's commit is not
+// continued. A waiting request whose prompt shares blocks the plan is
+// computing waits a step for them to enter the prefix cache. A row that
+// surely finishes by length at the plan's commit is left out; one that stops
+// at that commit (EOS, a stop token) or is aborted while only continuations
+// are in flight is computed once more for nothing: the continuation's
+// commit drops its token.
 //
 // Priority: lower value = more important (as vLLM). Ties go by arrival; a
 // preempted request keeps its place (its arrival), ahead of later arrivals.
@@ -130,11 +130,12 @@ struct StepPlan {
   // KV block copies (src, dst) to make before the forward (copy-on-write).
   std::vector<std::pair<int32_t, int32_t>> copies;
   // A continue_plan() plan: commit() finds its sequences by key (request
-  // id, sample index), `item_keys` for items and `row_keys` for sample_rows,
-  // since a fed row's sequence may have finished at the commit before.
+  // id, sample index), `item_keys` for items, `row_keys` for sample_rows and
+  // `fork_keys` for forks, since a sequence may have finished since.
   bool continuation = false;
   std::vector<std::pair<int64_t, int32_t>> item_keys;
   std::vector<std::pair<int64_t, int32_t>> row_keys;
+  std::vector<std::pair<int64_t, int32_t>> fork_keys;
   // Requests the scheduler finished itself this step (deadline: kTimeout).
   std::vector<int64_t> finished;
   int64_t num_tokens = 0;       // scheduled tokens, <= max_num_batched_tokens
@@ -223,8 +224,8 @@ class Scheduler {
   // false if e was preempted.
   bool schedule_running(Entry* e, int64_t& budget, StepPlan& plan);
   // Admits waiting requests into plan. With `in_flight` (a continuation of
-  // it): none of n > 1 samples, and none while in_flight computes blocks of
-  // its prompt that the prefix cache does not have yet.
+  // it): none while in_flight computes blocks of its prompt that the prefix
+  // cache does not have yet, nor one its commit aborts.
   void admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* in_flight = nullptr);
   // Whether `in_flight` computes a whole block of e's prompt past the
   // `cached` tokens the prefix cache holds: admitted now, e would compute it
@@ -238,6 +239,7 @@ class Scheduler {
   // finished since (a continuation's fed rows may have).
   Entry* row_entry(const StepPlan& plan, size_t i);
   Entry* item_entry(const StepPlan& plan, size_t i);
+  Entry* fork_entry(const StepPlan& plan, size_t i);
   void preempt(Entry* e);
   // Frees e's blocks, moves its sequence to finished_ and forgets it.
   void retire(Entry* e);
@@ -251,6 +253,9 @@ class Scheduler {
   std::vector<Entry*> running_;  // sorted by (priority, arrival)
   std::vector<Sequence> finished_;
   std::vector<Key> pending_aborts_;  // abort() while a plan is in flight
+  // Copy-on-write copies of slots allocated for a plan that was not made
+  // (continue_plan gave up): the next plan made makes them first.
+  std::vector<std::pair<int32_t, int32_t>> unused_copies_;
   int in_flight_ = 0;  // plans scheduled and not yet committed (or failed)
   bool scheduled_in_flight_ = false;  // one of them is schedule()'s
   uint64_t next_arrival_ = 0;

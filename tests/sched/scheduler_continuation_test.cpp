@@ -276,29 +276,65 @@ TEST(SchedulerContinuationTest, AdmissionWaitsForBlocksTheFlightIsComputing) {
   EXPECT_EQ(h.sched.stats().prefix_hit_tokens, 12);
 }
 
-// A waiting request of n > 1 samples that could be admitted is left to
-// schedule() (a continuation forks nothing): no continuation; and so is the
-// last chunk of such a request's prompt.
-TEST(SchedulerContinuationTest, ForkingRequestsAreLeftToSchedule) {
-  Harness h(64, 4, false, config(8));
+// A request of n > 1 samples admitted into a continuation forks there, as
+// schedule() would, when its prompt completes; the continuation after it
+// feeds each fork from its own spec (after the rows), next to its parent.
+TEST(SchedulerContinuationTest, ForksInAContinuation) {
+  Harness h(64, 4, false, config(64));
   h.add(0, make_prompt(3, 1), 6);
   StepPlan p = h.sched.schedule();
   StopCriteria stop;
   stop.max_tokens = 4;
-  Sequence two(1, make_prompt(12, 2), SamplingParams{}, stop, h.kv.new_table());
+  Sequence two(1, make_prompt(6, 2), SamplingParams{}, stop, h.kv.new_table());
   two.set_num_samples(2);
   h.sched.add(std::move(two));
-  EXPECT_TRUE(h.sched.continue_plan(p).empty());
+  StepPlan c = h.sched.continue_plan(p);
+  ASSERT_EQ(c.items.size(), 2u);
+  ASSERT_EQ(c.forks.size(), 1u);
+  EXPECT_EQ(c.forks[0].row, 1);
+  EXPECT_EQ(c.fork_keys[0], std::make_pair(int64_t(1), int32_t(1)));
   std::vector<SampledToken> t{{5, {}}};
   h.sched.commit(p, t);
-  p = h.sched.schedule();  // 0's decode and 7 of 1's 12 prompt tokens
-  ASSERT_EQ(p.items.size(), 2u);
-  EXPECT_EQ(p.items[1].num_new_tokens, 7);
-  EXPECT_TRUE(h.sched.continue_plan(p).empty()) << "1's last chunk forks";
-  t = {{6, {}}};
+  StepPlan c2 = h.sched.continue_plan(c);
+  ASSERT_EQ(c2.items.size(), 3u);
+  EXPECT_EQ(c2.item_keys[1], std::make_pair(int64_t(1), int32_t(0)));
+  EXPECT_EQ(c2.items[1].source_row, 1);
+  EXPECT_EQ(c2.item_keys[2], std::make_pair(int64_t(1), int32_t(1)));
+  EXPECT_EQ(c2.items[2].source_row, 2) << "the fork's spec";
+  EXPECT_EQ(c2.items[2].start, 6);
+  t = {{6, {}}, {7, {}}, {8, {}}};
+  EXPECT_EQ(h.sched.commit(c, t), 3);
+  EXPECT_EQ(h.sched.find(1, 1)->output_ids(), (std::vector<int32_t>{8}));
+  EXPECT_EQ(h.sched.find(1, 1)->num_computed_tokens(), 6);
+  t = {{1, {}}, {2, {}}, {3, {}}};
+  EXPECT_EQ(h.sched.commit(c2, t), 3);
+  EXPECT_EQ(h.sched.find(1, 0)->output_ids(), (std::vector<int32_t>{7, 2}));
+  EXPECT_EQ(h.sched.find(1, 1)->output_ids(), (std::vector<int32_t>{8, 3}));
+}
+
+// A continuation that gives up after taking a slot whose block it shares
+// (a fork's parent, copy-on-write) leaves the copy to the next plan.
+TEST(SchedulerContinuationTest, CopiesOfAContinuationNotMadeGoToTheNextPlan) {
+  Harness h(64, 4, false, config(1));
+  StopCriteria stop;
+  stop.max_tokens = 4;
+  Sequence two(0, make_prompt(3, 2), SamplingParams{}, stop, h.kv.new_table());
+  two.set_num_samples(2);
+  h.sched.add(std::move(two));
+  std::vector<SampledToken> none;
+  for (int i = 0; i < 2; ++i) {  // the prompt, one token a step
+    StepPlan p = h.sched.schedule();
+    ASSERT_TRUE(p.sample_rows.empty());
+    h.sched.commit(p, none);
+  }
+  StepPlan p = h.sched.schedule();
+  ASSERT_EQ(p.forks.size(), 1u);
+  EXPECT_TRUE(h.sched.continue_plan(p).empty()) << "the budget of 1 token takes the parent only";
+  std::vector<SampledToken> t{{5, {}}, {6, {}}};
   h.sched.commit(p, t);
   p = h.sched.schedule();
-  EXPECT_EQ(p.forks.size(), 1u);
+  ASSERT_EQ(p.items.size(), 1u);
+  EXPECT_EQ(p.copies.size(), 1u) << "the parent's copy of the shared block, from the continuation";
 }
 
 // Out of blocks, a continuation never preempts: there is none, and
