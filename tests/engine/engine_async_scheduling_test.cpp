@@ -12,6 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <random>
+#include <string>
 #include <thread>
 #include <tuple>
 
@@ -186,6 +188,79 @@ TEST(EngineAsyncScheduling, ContinuedStepsAdmitAndChunkPrompts) {
   for (size_t i = 0; i < requests.size(); ++i)
     stopped_by_string += !requests[i].stop_strings.empty() && std::get<1>(want.at({i, 0})) == FinishReason::kStop;
   EXPECT_GE(stopped_by_string, 3);
+}
+
+// Random workloads arriving in waves while the engine runs (random budgets,
+// seats, shared prefixes, n = 2, seeded sampling, stop tokens and strings, a
+// pool small enough to preempt): every sample's tokens and finish reason
+// equal those of the engine without async scheduling.
+TEST(EngineAsyncScheduling, RandomWorkloadsArrivingInWaves) {
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    std::mt19937 rng(seed);
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    std::vector<EngineRequest> requests;
+    const std::vector<int32_t> shared = prompt_of(10, int(seed));
+    for (int i = 0, n = pick(12, 30); i < n; ++i) {
+      EngineRequest r;
+      r.prompt_ids = pick(0, 2) == 0 ? shared : std::vector<int32_t>{};
+      for (int k = pick(1, 20); k > 0; --k) r.prompt_ids.push_back(int32_t(pick(0, int(kVocab) - 1)));
+      r.stop.max_tokens = pick(1, 24);
+      r.stop.ignore_eos = true;
+      r.params.temperature = 0;
+      if (pick(0, 2) == 0) {
+        r.params.temperature = 0.8f;
+        r.params.seed = pick(0, 1000);
+      }
+      if (pick(0, 5) == 0) r.n = 2;
+      if (pick(0, 4) == 0) r.stop.stop_token_ids = {int32_t(pick(0, int(kVocab) - 1))};
+      if (pick(0, 5) == 0) r.stop_strings = {std::string(1, char('a' + pick(0, 25)))};
+      requests.push_back(std::move(r));
+    }
+    SchedulerConfig sc;
+    sc.max_num_seqs = pick(2, 8);
+    sc.max_num_batched_tokens = pick(4, 64);
+    const int64_t blocks = pick(24, 64);
+    std::vector<size_t> waves;  // first request of each wave
+    for (size_t i = 0; i < requests.size(); i += size_t(pick(1, 8))) waves.push_back(i);
+    auto run_waves = [&](EngineOptions::AsyncScheduling mode, FeedCountingRunner& runner) {
+      EngineOptions o;
+      o.scheduler = sc;
+      o.async_scheduling = mode;
+      o.check_invariants = true;
+      Engine engine(runner, tokenizer(), o);
+      std::vector<RequestHandle> hs;
+      for (size_t w = 0; w < waves.size(); ++w) {
+        const size_t end = w + 1 < waves.size() ? waves[w + 1] : requests.size();
+        std::vector<EngineRequest> wave(requests.begin() + long(waves[w]), requests.begin() + long(end));
+        for (RequestHandle& h : engine.submit_all(std::move(wave))) hs.push_back(std::move(h));
+        std::this_thread::sleep_for(std::chrono::microseconds(pick(0, 1500)));
+      }
+      std::map<std::pair<size_t, int32_t>, Outcome> out;
+      for (size_t i = 0; i < hs.size(); ++i) {
+        for (int32_t left = requests[i].n; left > 0;) {
+          std::optional<RequestEvent> ev = hs[i].next(std::chrono::milliseconds(20000));
+          if (!ev) {
+            ADD_FAILURE() << "seed " << seed << " request " << i << " timed out";
+            return out;
+          }
+          auto& [tokens, reason] = out[{i, ev->index}];
+          tokens.insert(tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
+          if (ev->finished()) {
+            reason = ev->finish;
+            --left;
+          }
+        }
+      }
+      EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+      return out;
+    };
+    FeedCountingRunner sync_runner(kVocab, 4, blocks), async_runner(kVocab, 4, blocks);
+    const auto want = run_waves(EngineOptions::AsyncScheduling::kOff, sync_runner);
+    const auto got = run_waves(EngineOptions::AsyncScheduling::kOn, async_runner);
+    EXPECT_EQ(got, want) << "seed " << seed;
+    EXPECT_GT(async_runner.fed_steps.load(), 0) << "seed " << seed;
+    if (::testing::Test::HasFailure()) break;
+  }
 }
 
 TEST(EngineAsyncScheduling, PenaltiesAreNeverContinued) {
