@@ -7,7 +7,9 @@
 // that overlap (docs/BENCHMARKS.md, session 21).
 //
 // Workload: N requests of 512 random prompt tokens, 256 greedy output tokens
-// each (ignore_eos), all submitted at once, at most N running; the client
+// each (ignore_eos), all submitted at once, at most N running (second
+// argument 1: async scheduling on, so each step is planned while the one
+// before is in flight, its tokens fed; on a GPU that is the default); the client
 // drains each request's events in turn, blocking (as a server's handler
 // would). Reported: host microseconds per engine step (prefill and decode
 // steps together), wall and CPU of the engine's threads, and per generated token.
@@ -77,6 +79,7 @@ void BM_EngineHostStep(benchmark::State& state) {
     return;
   }
   const int32_t n = int32_t(state.range(0));
+  const bool async = state.range(1) != 0;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, kVocab - 1);
   int64_t steps = 0, tokens = 0;
@@ -88,6 +91,7 @@ void BM_EngineHostStep(benchmark::State& state) {
     EngineOptions eo;
     eo.scheduler.max_num_seqs = n;
     eo.scheduler.max_num_batched_tokens = 2048;
+    eo.async_scheduling = async ? EngineOptions::AsyncScheduling::kOn : EngineOptions::AsyncScheduling::kOff;
     Engine engine(runner, *tok, eo);
     std::vector<RequestHandle> handles;
     for (int32_t i = 0; i < n; ++i) {
@@ -113,7 +117,13 @@ void BM_EngineHostStep(benchmark::State& state) {
   state.counters["us_per_token"] = seconds / double(tokens) * 1e6;
   state.counters["steps"] = double(steps) / double(state.iterations());
 }
-BENCHMARK(BM_EngineHostStep)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_EngineHostStep)
+    ->Args({64, 0})
+    ->Args({256, 0})
+    ->Args({256, 1})
+    ->ArgNames({"seqs", "async"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace serval
