@@ -162,8 +162,7 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* i
     const int64_t need = 1 + seq.num_pending_forks();
     if (seats + need > config_.max_num_seqs && seats > 0) break;
     // Nor what is aborted at its commit.
-    if (in_flight && std::find(pending_aborts_.begin(), pending_aborts_.end(), key_of(seq)) != pending_aborts_.end())
-      break;
+    if (in_flight && abort_pending(key_of(seq))) break;
     // Look up the prefix cache, then check, adopt and allocate, in that
     // order with nothing in between (an eviction would make the match stale).
     const PrefixMatch match = kv_.match_prefix(e->tokens);
@@ -198,7 +197,7 @@ bool Scheduler::computes_uncached_prefix(const StepPlan& in_flight, const Entry&
   for (size_t i = 0; i < in_flight.items.size(); ++i) {
     const ScheduledChunk& item = in_flight.items[i];
     if (item.fed()) continue;
-    const Entry* other = item_entry(in_flight, i);
+    const Entry* other = find_entry(item_key(in_flight, i));
     if (other == nullptr) continue;
     // Tokens [0, end) of `other` are in the KV cache after in_flight; the
     // blocks e shares with them past `cached` would be cached then.
@@ -270,14 +269,13 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   left.reserve(plan.items.size());
   size_t row = 0, aborting = 0;
   for (size_t i = 0; i < plan.items.size(); ++i) {
-    const Key key = plan.continuation ? plan.item_keys[i] : key_of(*plan.items[i].seq);
-    const bool samples = row < plan.sample_rows.size() &&
-                         key == (plan.continuation ? plan.row_keys[row] : key_of(*plan.sample_rows[row]));
+    const Key key = item_key(plan, i);
+    const bool samples = row < plan.sample_rows.size() && key == row_key(plan, row);
     const int32_t item_row = samples ? int32_t(row++) : -1;
-    Entry* e = item_entry(plan, i);
+    Entry* e = find_entry(key);
     if (e == nullptr) continue;
     // Aborted at the plan's commit: not continued.
-    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) != pending_aborts_.end()) {
+    if (abort_pending(key)) {
       ++aborting;
       continue;
     }
@@ -289,14 +287,13 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
                " of the plan's ", plan.sample_rows.size(), " sample rows to its items");
   // Samples forked by the plan: their first token is its spec after the rows.
   for (size_t f = 0; f < plan.forks.size(); ++f) {
-    const Key key = plan.continuation ? plan.fork_keys[f] : key_of(*plan.forks[f].seq);
-    auto it = entries_.find(key);
-    if (it == entries_.end()) continue;
-    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) != pending_aborts_.end()) {
+    const Key key = fork_key(plan, f);
+    Entry* e = find_entry(key);
+    if (e == nullptr) continue;
+    if (abort_pending(key)) {
       ++aborting;
       continue;
     }
-    Entry* e = it->second.get();
     if (e->seq.params().has_penalties()) return next;
     left.push_back(Left{e, e->seq.num_tokens(), int32_t(plan.sample_rows.size() + f)});
   }
@@ -354,22 +351,25 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   return next;
 }
 
-Scheduler::Entry* Scheduler::row_entry(const StepPlan& plan, size_t i) {
-  if (!plan.continuation) return entries_.at(key_of(*plan.sample_rows[i])).get();
-  auto it = entries_.find(plan.row_keys[i]);
+Scheduler::Key Scheduler::item_key(const StepPlan& plan, size_t i) {
+  return plan.continuation ? plan.item_keys[i] : key_of(*plan.items[i].seq);
+}
+
+Scheduler::Key Scheduler::row_key(const StepPlan& plan, size_t i) {
+  return plan.continuation ? plan.row_keys[i] : key_of(*plan.sample_rows[i]);
+}
+
+Scheduler::Key Scheduler::fork_key(const StepPlan& plan, size_t i) {
+  return plan.continuation ? plan.fork_keys[i] : key_of(*plan.forks[i].seq);
+}
+
+Scheduler::Entry* Scheduler::find_entry(const Key& key) {
+  auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : it->second.get();
 }
 
-Scheduler::Entry* Scheduler::fork_entry(const StepPlan& plan, size_t i) {
-  if (!plan.continuation) return entries_.at(key_of(*plan.forks[i].seq)).get();
-  auto it = entries_.find(plan.fork_keys[i]);
-  return it == entries_.end() ? nullptr : it->second.get();
-}
-
-Scheduler::Entry* Scheduler::item_entry(const StepPlan& plan, size_t i) {
-  if (!plan.continuation) return entries_.at(key_of(*plan.items[i].seq)).get();
-  auto it = entries_.find(plan.item_keys[i]);
-  return it == entries_.end() ? nullptr : it->second.get();
+bool Scheduler::abort_pending(const Key& key) const {
+  return std::find(pending_aborts_.begin(), pending_aborts_.end(), key) != pending_aborts_.end();
 }
 
 int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
@@ -382,7 +382,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
     // Sequences finished since the plan was made (at the commit before, or
     // aborted) were computed for nothing: their tokens are dropped.
     for (size_t i = 0; i < plan.items.size(); ++i) {
-      Entry* e = item_entry(plan, i);
+      Entry* e = find_entry(item_key(plan, i));
       if (e == nullptr) continue;
       Sequence& seq = e->seq;
       const ScheduledChunk& item = plan.items[i];
@@ -393,17 +393,18 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
                              std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
     }
     // Forked samples computed their parent's prompt (shared blocks) with it.
-    for (const auto& key : plan.fork_keys) {
-      auto it = entries_.find(key);
-      if (it == entries_.end()) continue;
-      Sequence& seq = it->second->seq;
+    for (const Key& key : plan.fork_keys) {
+      Entry* e = find_entry(key);
+      if (e == nullptr) continue;
+      Sequence& seq = e->seq;
       seq.advance_computed(seq.num_tokens() - seq.num_computed_tokens());
       kv_.commit_full_blocks(seq.block_table(),
                              std::span<const int32_t>(seq.prompt_ids()).first(size_t(seq.num_computed_tokens())));
     }
     int64_t appended = 0;
     for (size_t i = 0; i < sampled.size(); ++i) {
-      Entry* e = i < plan.sample_rows.size() ? row_entry(plan, i) : fork_entry(plan, i - plan.sample_rows.size());
+      const size_t rows = plan.sample_rows.size();
+      Entry* e = find_entry(i < rows ? row_key(plan, i) : fork_key(plan, i - rows));
       if (e == nullptr) continue;
       ++appended;
       const FinishReason finish = e->seq.append_output(sampled[i].token, std::move(sampled[i].logprobs),
@@ -447,19 +448,15 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
 void Scheduler::fail_step(const StepPlan& plan) {
   if (in_flight_ > 0) --in_flight_;
   if (!plan.continuation) scheduled_in_flight_ = false;
+  // Keys first: retiring frees the sequences a schedule() plan points at.
   std::vector<Key> failed;
-  if (plan.continuation) {
-    failed = plan.item_keys;
-    failed.insert(failed.end(), plan.fork_keys.begin(), plan.fork_keys.end());
-  } else {
-    for (const ScheduledChunk& item : plan.items) failed.push_back(key_of(*item.seq));
-    for (const StepPlan::Fork& f : plan.forks) failed.push_back(key_of(*f.seq));
-  }
+  for (size_t i = 0; i < plan.items.size(); ++i) failed.push_back(item_key(plan, i));
+  for (size_t f = 0; f < plan.forks.size(); ++f) failed.push_back(fork_key(plan, f));
   for (const Key& k : failed) {
-    auto it = entries_.find(k);
-    if (it == entries_.end()) continue;
-    it->second->seq.finish(FinishReason::kError);
-    retire(it->second.get());
+    Entry* e = find_entry(k);
+    if (e == nullptr) continue;
+    e->seq.finish(FinishReason::kError);
+    retire(e);
   }
   apply_pending_aborts();
 }
@@ -474,8 +471,7 @@ void Scheduler::abort_entry(const Key& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   if (scheduled_in_flight_) {
-    if (std::find(pending_aborts_.begin(), pending_aborts_.end(), key) == pending_aborts_.end())
-      pending_aborts_.push_back(key);
+    if (!abort_pending(key)) pending_aborts_.push_back(key);
     return;
   }
   Entry* e = it->second.get();

@@ -235,11 +235,15 @@ class Scheduler {
   void fork_samples(StepPlan& plan);
   // Ends one entry now, or at commit() while a plan is in flight.
   void abort_entry(const Key& key);
-  // The entry of a plan's i-th sample row / item, nullptr when it has
-  // finished since (a continuation's fed rows may have).
-  Entry* row_entry(const StepPlan& plan, size_t i);
-  Entry* item_entry(const StepPlan& plan, size_t i);
-  Entry* fork_entry(const StepPlan& plan, size_t i);
+  // The key of a plan's i-th item / sample row / fork: a continuation's are
+  // stored (its sequences may have finished since), others from the sequence.
+  static Key item_key(const StepPlan& plan, size_t i);
+  static Key row_key(const StepPlan& plan, size_t i);
+  static Key fork_key(const StepPlan& plan, size_t i);
+  // The entry of a key, nullptr when it has finished.
+  Entry* find_entry(const Key& key);
+  // Whether abort() of this sample waits for the plan in flight's commit.
+  bool abort_pending(const Key& key) const;
   void preempt(Entry* e);
   // Frees e's blocks, moves its sequence to finished_ and forgets it.
   void retire(Entry* e);
