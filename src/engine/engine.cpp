@@ -261,11 +261,8 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   // While the device runs the step. Stop strings found here end their
   // samples at this step's commit (the scheduler holds aborts while a step is in flight).
   emit_previous();
-  std::vector<SampledToken> sampled;
-  std::string& error = now.error;
-  error = finish(cur, sampled);
-  if (!error.empty()) {
-    sched_.fail_step(cur.plan);
+  now.error = settle(cur, it.num_generation_tokens);
+  if (!now.error.empty()) {
     if (next_) {  // its rows were this step's: they failed with it
       std::vector<SampledToken> ignored;
       finish(*next_, ignored);
@@ -274,7 +271,6 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
     }
     return false;
   }
-  it.num_generation_tokens = sched_.commit(cur.plan, sampled);
   now.sampled_keys = std::move(cur.keys);
   return true;
 }
@@ -341,14 +337,20 @@ std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled)
   return "";
 }
 
+std::string Engine::settle(const Started& s, int64_t& appended) {
+  std::vector<SampledToken> sampled;
+  std::string error = finish(s, sampled);
+  if (error.empty())
+    appended = sched_.commit(s.plan, sampled);
+  else
+    sched_.fail_step(s.plan);
+  return error;
+}
+
 void Engine::finish_continuation() {
   if (!next_) return;
-  std::vector<SampledToken> sampled;
-  const std::string error = finish(*next_, sampled);
-  if (error.empty())
-    sched_.commit(next_->plan, sampled);
-  else
-    sched_.fail_step(next_->plan);
+  int64_t appended = 0;
+  settle(*next_, appended);
   next_.reset();
 }
 

@@ -170,6 +170,9 @@ class Engine {
   void start(Started& s, EngineClock::time_point start_time);
   // Waits for the tokens of `s` (one per key); returns why it failed, or "".
   std::string finish(const Started& s, std::vector<SampledToken>& sampled);
+  // finish(), then commits `s` (`appended`: the tokens the scheduler took)
+  // or, when it failed, fails its requests; returns why it failed, or "".
+  std::string settle(const Started& s, int64_t& appended);
   // Starts the continuation of `cur` into next_, when the scheduler makes one.
   void start_continuation(const Started& cur);
   // Takes the tokens of a continuation still in flight and commits it (the
