@@ -96,16 +96,10 @@ std::vector<EngineRequest> workload() {
 
 using Outcome = std::tuple<std::vector<int32_t>, FinishReason>;
 
-// Every sample's tokens and finish reason, by (request, sample).
-std::map<std::pair<size_t, int32_t>, Outcome> run(FakeModelRunner& runner, EngineOptions::AsyncScheduling mode,
-                                                  const std::vector<EngineRequest>& requests,
-                                                  SchedulerConfig scheduler = {}) {
-  EngineOptions o;
-  o.scheduler = scheduler;
-  o.async_scheduling = mode;
-  o.check_invariants = true;
-  Engine engine(runner, tokenizer(), o);
-  std::vector<RequestHandle> hs = engine.submit_all(requests);
+// Every sample's tokens and finish reason, by (request, sample), read from
+// the handles of `requests`; then no KV block is left in use.
+std::map<std::pair<size_t, int32_t>, Outcome> outcomes(Engine& engine, std::vector<RequestHandle>& hs,
+                                                       const std::vector<EngineRequest>& requests) {
   std::map<std::pair<size_t, int32_t>, Outcome> out;
   for (size_t i = 0; i < hs.size(); ++i) {
     for (int32_t left = requests[i].n; left > 0;) {
@@ -124,6 +118,19 @@ std::map<std::pair<size_t, int32_t>, Outcome> run(FakeModelRunner& runner, Engin
   }
   EXPECT_EQ(engine.kv_usage().used_blocks, 0);
   return out;
+}
+
+// Every sample's tokens and finish reason, by (request, sample).
+std::map<std::pair<size_t, int32_t>, Outcome> run(FakeModelRunner& runner, EngineOptions::AsyncScheduling mode,
+                                                  const std::vector<EngineRequest>& requests,
+                                                  SchedulerConfig scheduler = {}) {
+  EngineOptions o;
+  o.scheduler = scheduler;
+  o.async_scheduling = mode;
+  o.check_invariants = true;
+  Engine engine(runner, tokenizer(), o);
+  std::vector<RequestHandle> hs = engine.submit_all(requests);
+  return outcomes(engine, hs, requests);
 }
 
 TEST(EngineAsyncScheduling, ContinuedStepsGiveEveryRequestItsTokens) {
@@ -235,24 +242,8 @@ TEST(EngineAsyncScheduling, RandomWorkloadsArrivingInWaves) {
         for (RequestHandle& h : engine.submit_all(std::move(wave))) hs.push_back(std::move(h));
         std::this_thread::sleep_for(std::chrono::microseconds(pick(0, 1500)));
       }
-      std::map<std::pair<size_t, int32_t>, Outcome> out;
-      for (size_t i = 0; i < hs.size(); ++i) {
-        for (int32_t left = requests[i].n; left > 0;) {
-          std::optional<RequestEvent> ev = hs[i].next(std::chrono::milliseconds(20000));
-          if (!ev) {
-            ADD_FAILURE() << "seed " << seed << " request " << i << " timed out";
-            return out;
-          }
-          auto& [tokens, reason] = out[{i, ev->index}];
-          tokens.insert(tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
-          if (ev->finished()) {
-            reason = ev->finish;
-            --left;
-          }
-        }
-      }
-      EXPECT_EQ(engine.kv_usage().used_blocks, 0);
-      return out;
+      SCOPED_TRACE("seed " + std::to_string(seed));
+      return outcomes(engine, hs, requests);
     };
     FeedCountingRunner sync_runner(kVocab, 4, blocks), async_runner(kVocab, 4, blocks);
     const auto want = run_waves(EngineOptions::AsyncScheduling::kOff, sync_runner);
