@@ -73,7 +73,7 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B, const int32_t* sampled) 
   auto* slots = reinterpret_cast<int64_t*>(h + layout_.slot_mapping);
   std::memcpy(tok, b.token_ids.data(), size_t(S) * 4);
   if (b.token_source.empty())
-    std::fill(source, source + B, -1);
+    std::fill(source, source + S, -1);  // the padding rows below get theirs
   else
     std::memcpy(source, b.token_source.data(), size_t(S) * 4);
   std::memcpy(pos, b.positions.data(), size_t(S) * 4);
