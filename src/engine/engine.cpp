@@ -15,8 +15,10 @@ constexpr int32_t kMaxSamples = 128;
 
 double seconds(EngineClock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-EngineOptions with_model_len(EngineOptions o, const ModelRunner& runner) {
+// The scheduler's settings that come from the runner.
+EngineOptions with_runner_limits(EngineOptions o, const ModelRunner& runner) {
   if (o.scheduler.max_model_len == 0) o.scheduler.max_model_len = runner.config().max_position;
+  o.scheduler.fed_penalties = runner.counts_fed_tokens();
   return o;
 }
 
@@ -58,7 +60,7 @@ struct Engine::Active {
 Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions options)
     : runner_(runner),
       tokenizer_(tokenizer),
-      options_(with_model_len(std::move(options), runner)),
+      options_(with_runner_limits(std::move(options), runner)),
       vocab_size_(runner.config().vocab_size),
       registry_(metrics::Labels{{"model_name", options_.model_name}}),
       metrics_(registry_, options_.scheduler.max_model_len),
@@ -306,9 +308,10 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
     for (size_t i = 0; i < num_specs; ++i) {
       Sequence& seq = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
       const int32_t row = i < num_rows ? batch_.logits_rows[i] : -1;
-      const int64_t pending = row >= 0 && !batch_.token_source.empty() && batch_.token_source[size_t(row)] >= 0;
-      banned_[i] = seq.stop().banned_tokens(int64_t(seq.output_ids().size()) + pending);
+      const int32_t fed_source = row >= 0 && !batch_.token_source.empty() ? batch_.token_source[size_t(row)] : -1;
+      banned_[i] = seq.stop().banned_tokens(int64_t(seq.output_ids().size()) + (fed_source >= 0));
       SampleSpec& spec = specs_[i];
+      spec.fed_source = fed_source;
       spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
       spec.params = &seq.params();
       spec.prompt_ids = seq.prompt_ids();

@@ -35,11 +35,32 @@ std::vector<SampleResult> StartedSamples::pop() {
   return out;
 }
 
+FedOutputs::FedOutputs(std::span<const SampleSpec> specs, std::span<const int32_t> latest) : specs_(specs) {
+  size_t fed = 0;
+  for (const SampleSpec& s : specs) {
+    SERVAL_CHECK(s.fed_source < int64_t(latest.size()), "sample spec: fed_source ", s.fed_source,
+                 " names no spec of the sample before, which had ", latest.size());
+    fed += s.fed_source >= 0;
+  }
+  if (fed == 0) return;
+  resolved_.assign(specs.begin(), specs.end());
+  outputs_.reserve(fed);  // the spans below point into these
+  for (SampleSpec& s : resolved_) {
+    if (s.fed_source < 0) continue;
+    std::vector<int32_t>& out = outputs_.emplace_back(s.output_ids.begin(), s.output_ids.end());
+    out.push_back(latest[size_t(s.fed_source)]);
+    s.output_ids = out;
+    s.fed_source = -1;
+  }
+  specs_ = resolved_;
+}
+
 void Backend::start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
   SERVAL_CHECK(started_samples() < kMaxStartedSamples, "start_sample: ", kMaxStartedSamples,
                " starts are already unfinished");
   std::vector<SampleResult> out;
-  sample(logits, specs, out);
+  const FedOutputs fed(specs, started_.latest_tokens());
+  sample(logits, fed.specs(), out);
   started_.push(std::move(out));
 }
 

@@ -152,6 +152,28 @@ struct SampleSpec {
   std::span<const int32_t> prompt_ids, output_ids;  // for the penalties
   std::span<const int32_t> banned;              // logit -inf before anything else
   double uniform = 0.0;                         // the request's draw in [0, 1); unused when greedy
+  // >= 0: the sequence has one output token more than output_ids, not on the
+  // host yet: the one spec `fed_source` of the start before this one draws
+  // (the row's input token, fed on the device: Batch::token_source). The
+  // penalties count it. start_sample honours it; sample() takes none.
+  int32_t fed_source = -1;
+};
+
+// Specs as a sampler on the host needs them: those with a fed_source get
+// output_ids with the fed token (from `latest`, the tokens of the start
+// before) appended, and fed_source -1. Throws when a fed_source names no
+// token of `latest`. Without fed sources, specs() is the specs given.
+class FedOutputs {
+ public:
+  FedOutputs(std::span<const SampleSpec> specs, std::span<const int32_t> latest);
+  FedOutputs(const FedOutputs&) = delete;  // specs() may point into it
+  FedOutputs& operator=(const FedOutputs&) = delete;
+  std::span<const SampleSpec> specs() const { return specs_; }
+
+ private:
+  std::span<const SampleSpec> specs_;
+  std::vector<SampleSpec> resolved_;
+  std::vector<std::vector<int32_t>> outputs_;
 };
 
 // Samples drawn at once but started (start_sample) and not yet finished,
@@ -358,6 +380,9 @@ class Backend {
   virtual const int32_t* sampled_tokens() { return started_.latest_tokens().data(); }
   // Starts not yet finished.
   virtual int started_samples() const { return started_.size(); }
+  // Whether start_sample's penalties count a spec's fed_source token (else a
+  // caller must not start penalized specs with one). Default: yes.
+  virtual bool counts_fed_tokens() const { return true; }
 
  private:
   StartedSamples started_;

@@ -54,6 +54,7 @@ class BackendModelRunner : public ModelRunner {
   int64_t graphs_captured() const override { return graphs_captured_; }
   bool uses_graphs() const override { return graphs_ != nullptr; }
   bool queues_steps_async() const override { return backend_->queues_work_async(); }
+  bool counts_fed_tokens() const override { return backend_->counts_fed_tokens(); }
 
  private:
   std::unique_ptr<DeviceWeight> upload(const WeightStore& ws, const std::string& name,
@@ -437,10 +438,13 @@ void BackendModelRunner::forward_sample(const Batch& batch, std::span<const Samp
 void BackendModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
   SERVAL_CHECK(backend_->started_samples() < Backend::kMaxStartedSamples, "start_sample: ",
                Backend::kMaxStartedSamples, " steps are already started and unfinished");
-  for (const SampleSpec& s : specs)
+  for (const SampleSpec& s : specs) {
     SERVAL_CHECK(s.params != nullptr && s.row >= 0 && s.row < int64_t(batch.logits_rows.size()),
                  "forward_sample: spec row ", s.row, " is outside the step's ", batch.logits_rows.size(),
                  " logits rows");
+    SERVAL_CHECK(s.fed_source < sampled_specs_, "sample spec: fed_source ", s.fed_source,
+                 " names no spec of the sample before, which had ", sampled_specs_);
+  }
   const Tensor logits = run(batch);
   sampled_specs_ = 0;  // a chained step after a failed start would read stale tokens
   backend_->start_sample(logits, specs);
@@ -521,10 +525,11 @@ void ModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> s
   SERVAL_CHECK(started_.size() < kMaxStartedSteps, "start_sample: ", kMaxStartedSteps,
                " steps are already started and unfinished");
   std::vector<SampleResult> out;
+  const std::vector<int32_t>& latest = started_.latest_tokens();
+  const FedOutputs fed(specs, latest);
   if (batch.token_source.empty()) {
-    forward_sample(batch, specs, out);
+    forward_sample(batch, fed.specs(), out);
   } else {
-    const std::vector<int32_t>& latest = started_.latest_tokens();
     Batch resolved = batch;
     resolved.token_source.clear();
     for (size_t t = 0; t < batch.token_source.size(); ++t) {
@@ -533,7 +538,7 @@ void ModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> s
                    " names no spec of the sample before, which had ", latest.size());
       if (source >= 0) resolved.token_ids[t] = latest[size_t(source)];
     }
-    forward_sample(resolved, specs, out);
+    forward_sample(resolved, fed.specs(), out);
   }
   started_.push(std::move(out));
 }

@@ -105,6 +105,9 @@ class ModelRunner {
   // Whether start_sample only queues the step (a GPU), so that the caller's
   // work after it overlaps the step; false: it computes the step at once.
   virtual bool queues_steps_async() const { return false; }
+  // Whether start_sample's penalties count a spec's fed_source token
+  // (Backend::counts_fed_tokens); the default start_sample does.
+  virtual bool counts_fed_tokens() const { return true; }
 
  private:
   Sampler host_sampler_;    // forward_sample's default

@@ -255,8 +255,14 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   SERVAL_CHECK(in_flight_ == 1, "continue_plan: ", in_flight_, " plans are in flight, expected the one continued");
   StepPlan next;
   next.continuation = true;
+  // Expired requests end now, as aborts do, unless a schedule() plan in
+  // flight points at them: then schedule() expires them after its commit.
   for (const auto& [key, e] : entries_)
-    if (e->deadline && *e->deadline <= now) return next;  // schedule() expires it first
+    if (e->deadline && *e->deadline <= now) {
+      if (scheduled_in_flight_) return next;
+      expire_deadlines(now, next);
+      break;
+    }
   // Where the plan leaves each of its sequences still here (one may have
   // finished at the commit before, or been aborted since), and its logits
   // row there, if any. Sample rows are in item order.
@@ -280,8 +286,8 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
       continue;
     }
     left.push_back(Left{e, plan.items[i].first() + plan.items[i].num_new_tokens, item_row});
-    // Penalties count every output token on the host, and the one being sampled is not there yet.
-    if (samples && e->seq.params().has_penalties()) return next;
+    // Penalties count every output token, and the one being sampled is not on the host yet.
+    if (samples && e->seq.params().has_penalties() && !config_.fed_penalties) return next;
   }
   SERVAL_CHECK(row == plan.sample_rows.size(), "internal error: continue_plan matched ", row,
                " of the plan's ", plan.sample_rows.size(), " sample rows to its items");
@@ -294,7 +300,7 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
       ++aborting;
       continue;
     }
-    if (e->seq.params().has_penalties()) return next;
+    if (e->seq.params().has_penalties() && !config_.fed_penalties) return next;
     left.push_back(Left{e, e->seq.num_tokens(), int32_t(plan.sample_rows.size() + f)});
   }
   // In schedule()'s order (forks next to their parent): the budget goes as it would.

@@ -42,16 +42,17 @@
 // waiting requests are admitted into what budget, seats and KV blocks are
 // left, forking their samples when their prompt completes, as schedule()
 // would; so the device never waits for the host between steps. Only when
-// everything running is in the plan, with no expired deadlines, no
-// penalties on a row it continues (they need every output token on the
-// host) and blocks enough without preempting; otherwise schedule() plans
-// the step after the commit. A sequence aborted at the plan's commit is not
-// continued. A waiting request whose prompt shares blocks the plan is
-// computing waits a step for them to enter the prefix cache. A row that
-// surely finishes by length at the plan's commit is left out; one that stops
-// at that commit (EOS, a stop token) or is aborted while only continuations
-// are in flight is computed once more for nothing: the continuation's
-// commit drops its token.
+// everything running is in the plan, with no penalties on a row it
+// continues unless the sampler counts the fed token
+// (SchedulerConfig::fed_penalties), blocks enough without preempting, and
+// no expired deadline while a schedule() plan is in flight; otherwise
+// schedule() plans the step after the commit. A sequence aborted at the
+// plan's commit is not continued. A waiting request whose prompt shares
+// blocks the plan is computing waits a step for them to enter the prefix
+// cache. A row that surely finishes by length at the plan's commit is left
+// out; one that stops at that commit (EOS, a stop token), or is aborted or
+// expires while only continuations are in flight, is computed once more for
+// nothing: the continuation's commit drops its token.
 //
 // Priority: lower value = more important (as vLLM). Ties go by arrival; a
 // preempted request keeps its place (its arrival), ahead of later arrivals.
@@ -84,6 +85,10 @@ struct SchedulerConfig {
   // where nothing is running, so a batch is what one step admits and it
   // drains completely before the next one starts. Off: continuous batching.
   bool static_batching = false;
+  // Whether the sampler counts a row's fed token (SampleSpec::fed_source) in
+  // its penalties, so that continue_plan may continue rows with penalties.
+  // The engine sets it from its runner (ModelRunner::counts_fed_tokens).
+  bool fed_penalties = false;
   // Throws serval::Error naming the bad field.
   void validate() const;
 };

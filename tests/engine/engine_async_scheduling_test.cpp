@@ -4,7 +4,7 @@
 // whose output depends on every slot, position and block-table entry, every
 // request must get the tokens and finish reasons it gets without it: greedy
 // and seeded sampling, n = 2, stop tokens that end a row a step before its
-// continuation, min_tokens, penalties (never continued), aborts; and the KV
+// continuation, min_tokens, penalties (the fed token counted), aborts; and the KV
 // pool must end empty.
 #include <gtest/gtest.h>
 
@@ -35,6 +35,13 @@ std::vector<int32_t> prompt_of(int n, int salt) {
   std::vector<int32_t> p;
   for (int i = 0; i < n; ++i) p.push_back(int32_t((5 + 11 * i + 7 * salt) % kVocab));
   return p;
+}
+
+EngineOptions async_on() {
+  EngineOptions o;
+  o.async_scheduling = EngineOptions::AsyncScheduling::kOn;
+  o.check_invariants = true;
+  return o;
 }
 
 // Counts the steps whose tokens were fed from the step before.
@@ -198,9 +205,9 @@ TEST(EngineAsyncScheduling, ContinuedStepsAdmitAndChunkPrompts) {
 }
 
 // Random workloads arriving in waves while the engine runs (random budgets,
-// seats, shared prefixes, n = 2, seeded sampling, stop tokens and strings, a
-// pool small enough to preempt): every sample's tokens and finish reason
-// equal those of the engine without async scheduling.
+// seats, shared prefixes, n = 2, seeded sampling, penalties, stop tokens and
+// strings, a pool small enough to preempt): every sample's tokens and finish
+// reason equal those of the engine without async scheduling.
 TEST(EngineAsyncScheduling, RandomWorkloadsArrivingInWaves) {
   for (uint32_t seed = 1; seed <= 6; ++seed) {
     std::mt19937 rng(seed);
@@ -221,6 +228,10 @@ TEST(EngineAsyncScheduling, RandomWorkloadsArrivingInWaves) {
       if (pick(0, 5) == 0) r.n = 2;
       if (pick(0, 4) == 0) r.stop.stop_token_ids = {int32_t(pick(0, int(kVocab) - 1))};
       if (pick(0, 5) == 0) r.stop_strings = {std::string(1, char('a' + pick(0, 25)))};
+      if (pick(0, 3) == 0) {
+        r.params.frequency_penalty = float(pick(-4, 4)) / 2.0f;
+        r.params.repetition_penalty = float(pick(5, 15)) / 10.0f;
+      }
       requests.push_back(std::move(r));
     }
     SchedulerConfig sc;
@@ -254,13 +265,61 @@ TEST(EngineAsyncScheduling, RandomWorkloadsArrivingInWaves) {
   }
 }
 
-TEST(EngineAsyncScheduling, PenaltiesAreNeverContinued) {
+// Penalties count every output token, the fed one too (the default
+// start_sample appends it to the spec's output): penalized rows are
+// continued and get the tokens they get without async scheduling. Negative
+// penalties make a row repeat its latest token, so a fed token left
+// uncounted changes the output.
+TEST(EngineAsyncScheduling, PenalizedRowsAreContinued) {
+  std::vector<EngineRequest> requests = workload();
+  const float penalties[][3] = {{1.3f, 0.4f, 0.3f}, {1.0f, -1.5f, -1.0f}, {0.6f, 0.0f, 0.0f}, {1.0f, 2.0f, 2.0f}};
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const float(&p)[3] = penalties[i % 4];
+    requests[i].params.repetition_penalty = p[0];
+    requests[i].params.frequency_penalty = p[1];
+    requests[i].params.presence_penalty = p[2];
+  }
+  FeedCountingRunner sync_runner(kVocab, 4, 256), async_runner(kVocab, 4, 256), plain_runner(kVocab, 4, 256);
+  const auto want = run(sync_runner, EngineOptions::AsyncScheduling::kOff, requests);
+  EXPECT_EQ(run(async_runner, EngineOptions::AsyncScheduling::kOn, requests), want);
+  EXPECT_GT(async_runner.fed_steps.load(), 5) << "no penalized step was continued";
+  EXPECT_NE(run(plain_runner, EngineOptions::AsyncScheduling::kOff, workload()), want) << "the penalties do nothing";
+}
+
+// A runner whose sampler cannot count a fed token gets no penalized row continued.
+TEST(EngineAsyncScheduling, PenalizedRowsWaitForASamplerThatCannotCountFedTokens) {
+  class NotCounting : public FeedCountingRunner {
+   public:
+    using FeedCountingRunner::FeedCountingRunner;
+    bool counts_fed_tokens() const override { return false; }
+  };
   std::vector<EngineRequest> requests = workload();
   for (EngineRequest& r : requests) r.params.repetition_penalty = 1.3f;
-  FeedCountingRunner sync_runner(kVocab, 4, 256), async_runner(kVocab, 4, 256);
+  FeedCountingRunner sync_runner(kVocab, 4, 256);
+  NotCounting async_runner(kVocab, 4, 256);
   const auto want = run(sync_runner, EngineOptions::AsyncScheduling::kOff, requests);
   EXPECT_EQ(run(async_runner, EngineOptions::AsyncScheduling::kOn, requests), want);
   EXPECT_EQ(async_runner.fed_steps.load(), 0);
+}
+
+// A deadline that passes mid-run ends its request with kTimeout; the others
+// keep being continued and get their tokens.
+TEST(EngineAsyncScheduling, DeadlinesEndRequestsMidRun) {
+  FeedCountingRunner runner(kVocab, 4, 1024);
+  runner.step_time = std::chrono::microseconds(300);
+  Engine engine(runner, tokenizer(), async_on());
+  const EngineRequest r = testing::greedy_request(prompt_of(5, 1), 60, true);
+  EngineRequest timed = testing::greedy_request(prompt_of(5, 1), 1000, true);
+  timed.options.deadline = SchedulerClock::now() + std::chrono::milliseconds(5);
+  RequestHandle a = engine.submit(r), b = engine.submit(timed);
+  const testing::Collected cb = testing::collect(b);
+  EXPECT_EQ(cb.final_event.finish, FinishReason::kTimeout);
+  EXPECT_LT(cb.tokens.size(), 1000u);
+  const testing::Collected ca = testing::collect(a);
+  EXPECT_EQ(ca.final_event.finish, FinishReason::kLength);
+  EXPECT_EQ(ca.tokens, toy_greedy(r.prompt_ids, kVocab, 60));
+  EXPECT_GT(runner.fed_steps.load(), 30);
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
 }
 
 // Aborts and a shutdown while a continued step is in flight end their requests
@@ -269,16 +328,9 @@ TEST(EngineAsyncScheduling, PenaltiesAreNeverContinued) {
 TEST(EngineAsyncScheduling, AbortAndShutdownWithAStepInFlight) {
   FeedCountingRunner runner(kVocab, 4, 1024);
   runner.step_time = std::chrono::milliseconds(1);  // b cannot finish its 1,000 tokens before the shutdown
-  EngineOptions o;
-  o.async_scheduling = EngineOptions::AsyncScheduling::kOn;
-  o.check_invariants = true;
   {
-    Engine engine(runner, tokenizer(), o);
-    EngineRequest r;
-    r.prompt_ids = prompt_of(5, 1);
-    r.params.temperature = 0;
-    r.stop.max_tokens = 1000;
-    r.stop.ignore_eos = true;
+    Engine engine(runner, tokenizer(), async_on());
+    const EngineRequest r = testing::greedy_request(prompt_of(5, 1), 1000, true);
     RequestHandle a = engine.submit(r), b = engine.submit(r);
     std::optional<RequestEvent> ev = a.next(std::chrono::milliseconds(20000));
     ASSERT_TRUE(ev.has_value());
@@ -293,11 +345,8 @@ TEST(EngineAsyncScheduling, AbortAndShutdownWithAStepInFlight) {
     EXPECT_EQ(engine.kv_usage().used_blocks, 0);
   }
   EXPECT_GT(runner.fed_steps.load(), 0);
-  Engine again(runner, tokenizer(), o);
-  EngineRequest r;
-  r.prompt_ids = prompt_of(4, 2);
-  r.params.temperature = 0;
-  r.stop.max_tokens = 6;
+  Engine again(runner, tokenizer(), async_on());
+  const EngineRequest r = testing::greedy_request(prompt_of(4, 2), 6, true);
   RequestHandle h = again.submit(r);
   testing::Collected c = testing::collect(h);
   EXPECT_EQ(c.tokens, toy_greedy(r.prompt_ids, kVocab, 6));

@@ -212,5 +212,52 @@ TEST(EngineOnCuda, BatchInvariantModeGivesEveryRequestItsTokensAlone) {
               same(together, alone), requests.size(), default_same, requests.size());
 }
 
+// Penalized requests (greedy and seeded) with async scheduling get, in
+// batch-invariant mode, exactly the tokens they get without it. Where the GPU
+// sampler counts fed tokens (SERVAL_CUDA_FED_PENALTIES=1 until that is the
+// default), their steps are continued, and a fed token left uncounted shows:
+// negative penalties make the latest token the likely next one.
+TEST(EngineOnCuda, PenalizedRowsWithAsyncSchedulingGetTheTokensOfStepsPlannedOneAtATime) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  const std::vector<int32_t> text = testing::story_tokens(400);
+  std::mt19937 rng(9);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 24; ++i) {
+    const int len = 1 + int(rng() % 80), off = int(rng() % (text.size() - size_t(len)));
+    EngineRequest r = testing::greedy_request({text.begin() + off, text.begin() + off + len}, 40, true);
+    r.params.repetition_penalty = i % 3 == 0 ? 0.7f : 1.3f;
+    r.params.frequency_penalty = i % 2 == 0 ? -1.0f : 0.5f;
+    r.params.presence_penalty = 0.25f;
+    if (i % 4 == 1) r.params.temperature = 0.8f, r.params.seed = uint64_t(i);
+    requests.push_back(std::move(r));
+  }
+  bool counted = false;
+  auto run = [&](EngineOptions::AsyncScheduling mode) {
+    auto runner = cuda_stories_runner(8192, /*batch_invariant=*/true);
+    counted = runner->counts_fed_tokens();
+    EngineOptions opts;
+    opts.scheduler.max_num_seqs = 16;  // a queue: admissions in continued steps
+    opts.scheduler.max_num_batched_tokens = 48;
+    opts.async_scheduling = mode;
+    opts.check_invariants = true;
+    Engine engine(*runner, *testing::stories_model().tok, opts);
+    std::vector<RequestHandle> handles = engine.submit_all(requests);
+    std::vector<std::vector<int32_t>> out;
+    for (RequestHandle& h : handles) out.push_back(collect(h).tokens);
+    EXPECT_EQ(engine.kv_usage().used_blocks, 0);
+    return out;
+  };
+  const auto sync = run(EngineOptions::AsyncScheduling::kOff);
+  const auto async = run(EngineOptions::AsyncScheduling::kOn);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(int(sync[i].size()), 40) << "request " << i;
+    EXPECT_EQ(async[i], sync[i]) << "request " << i;
+  }
+  std::printf("[engine on cuda] penalized rows, async scheduling (fed tokens counted on the GPU: %s): equal to "
+              "steps planned one at a time\n",
+              counted ? "yes, continued" : "no, not continued");
+}
+
 }  // namespace
 }  // namespace serval

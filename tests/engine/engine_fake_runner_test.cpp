@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "fake_model_runner.h"
 #include "model/model_loader.h"
 
@@ -42,11 +43,7 @@ std::vector<int32_t> iota_prompt(int n, int32_t first) {
 }
 
 EngineRequest greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-  EngineRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.params.temperature = 0.0f;
-  r.stop.max_tokens = max_tokens;
-  return r;
+  return testing::greedy_request(std::move(prompt), max_tokens);
 }
 
 EngineRequest sampled(std::vector<int32_t> prompt, int32_t max_tokens, uint64_t seed, int32_t n = 1) {

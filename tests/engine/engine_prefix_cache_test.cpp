@@ -19,13 +19,9 @@ using testing::metric_value;
 
 const std::string kLabels = "{model_name=\"serval\"}";
 
+// A fixed number of decode steps.
 EngineRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
-  EngineRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.params.temperature = 0.0f;
-  r.stop.max_tokens = max_tokens;
-  r.stop.ignore_eos = true;  // a fixed number of decode steps
-  return r;
+  return testing::greedy_request(std::move(prompt), max_tokens, /*ignore_eos=*/true);
 }
 
 struct SharedPrefixRun {

@@ -10,6 +10,15 @@
 
 namespace serval::testing {
 
+EngineRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens, bool ignore_eos) {
+  EngineRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.params.temperature = 0.0f;
+  r.stop.max_tokens = max_tokens;
+  r.stop.ignore_eos = ignore_eos;
+  return r;
+}
+
 const StoriesModel& stories_model() {
   static const StoriesModel* m = [] {
     const std::string path = models_dir() + "/stories260K/stories260K.gguf";

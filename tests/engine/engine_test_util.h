@@ -35,6 +35,9 @@ std::unique_ptr<ModelRunner> stories_runner(int64_t kv_cache_tokens = 0, int64_t
 // sentences, repeated; every id is a real token of natural text.
 std::vector<int32_t> story_tokens(size_t n);
 
+// A greedy request for up to max_tokens tokens (ignore_eos: exactly that many).
+EngineRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens, bool ignore_eos = false);
+
 // Every event of one request, up to and including its final one.
 struct Collected {
   std::vector<int32_t> tokens;

@@ -1,5 +1,7 @@
 #include "chained_decode.h"
 
+#include <gtest/gtest.h>
+
 #include <deque>
 #include <numeric>
 
@@ -8,7 +10,7 @@
 namespace serval::testing {
 
 std::vector<std::vector<int32_t>> greedy_decode(ModelRunner& runner, const std::vector<std::vector<int32_t>>& prompts,
-                                                int32_t steps, bool chained) {
+                                                int32_t steps, bool chained, SamplingParams params) {
   const int n = int(prompts.size());
   const int32_t bs = runner.block_size();
   int32_t longest = 0;
@@ -20,8 +22,7 @@ std::vector<std::vector<int32_t>> greedy_decode(ModelRunner& runner, const std::
   std::vector<int> ids;
   for (int i = 0; i < n; ++i) ids.push_back(seqs.add_sequence());
 
-  SamplingParams greedy;
-  greedy.temperature = 0;
+  EXPECT_TRUE(params.greedy());
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
   std::vector<int32_t> spec_of(static_cast<size_t>(n), -1);  // in the latest started step
   std::deque<std::vector<int>> queued;  // per started step: the prompt of each spec
@@ -61,11 +62,16 @@ std::vector<std::vector<int32_t>> greedy_decode(ModelRunner& runner, const std::
     std::vector<int> owner(static_cast<size_t>(R));
     for (int k = 0; k < R; ++k) {
       const int row = R - 1 - k;
-      specs[size_t(k)].row = row;
-      specs[size_t(k)].params = &greedy;
-      owner[size_t(k)] = active[size_t(row)];
-      spec_of[size_t(active[size_t(row)])] = k;
-      ++queued_tokens[size_t(active[size_t(row)])];
+      const size_t i = size_t(active[size_t(row)]);
+      SampleSpec& spec = specs[size_t(k)];
+      spec.row = row;
+      spec.params = &params;
+      spec.prompt_ids = prompts[i];
+      spec.output_ids = out[i];  // chained: without the token fed from the step before
+      if (chained && queued_tokens[i] > 0) spec.fed_source = spec_of[i];
+      owner[size_t(k)] = int(i);
+      spec_of[i] = k;
+      ++queued_tokens[i];
     }
     runner.start_sample(b, specs);
     queued.push_back(owner);

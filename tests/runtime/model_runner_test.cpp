@@ -216,6 +216,14 @@ TEST(ModelRunner, ChainedStepsGiveTheTokensOfStepsTakenOneAtATime) {
   const auto want = greedy_decode(*one_at_a_time, prompts, 12, false);
   EXPECT_EQ(greedy_decode(*chained, prompts, 12, true), want);
   for (const auto& t : want) EXPECT_EQ(t.size(), 12u);
+  // Penalties count the token fed from the step before (SampleSpec::fed_source).
+  SamplingParams penalized = greedy_params();
+  penalized.repetition_penalty = 0.5f;
+  penalized.frequency_penalty = -2.0f;
+  penalized.presence_penalty = 1.0f;
+  const auto want_penalized = greedy_decode(*one_at_a_time, prompts, 12, false, penalized);
+  EXPECT_EQ(greedy_decode(*chained, prompts, 12, true, penalized), want_penalized);
+  EXPECT_NE(want_penalized, want) << "the penalties change nothing";
 
   PagedSeqs seqs(chained->block_size(), {0, 1, 2, 3}, 4);
   const int s = seqs.add_sequence();

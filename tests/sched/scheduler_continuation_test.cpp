@@ -391,5 +391,39 @@ TEST(SchedulerContinuationTest, AbortsWhileInFlight) {
   EXPECT_EQ(h.sched.find(0)->output_ids(), (std::vector<int32_t>{4, 7, 9}));
 }
 
+// A deadline that passes while only continuations are in flight ends its
+// request at once (waiting or running), as an abort does: the continuation
+// goes on without it, and the one in flight drops its token. While a
+// schedule() plan is in flight (it points at its sequences), nothing is
+// continued: schedule() expires them after that plan's commit.
+TEST(SchedulerContinuationTest, DeadlinesWhileInFlight) {
+  using std::chrono::milliseconds;
+  const auto t0 = SchedulerClock::now();
+  Harness h(64, 4, false, config(64));
+  h.add(0, make_prompt(3, 1), 8);
+  h.add(1, make_prompt(3, 2), 8, deadline(t0 + milliseconds(10)));
+  StepPlan p = h.sched.schedule(t0);
+  EXPECT_TRUE(h.sched.continue_plan(p, t0 + milliseconds(20)).empty()) << "schedule()'s plan in flight";
+  StepPlan c = h.sched.continue_plan(p, t0);
+  ASSERT_EQ(c.items.size(), 2u);
+  std::vector<SampledToken> t{{4, {}}, {5, {}}};
+  h.sched.commit(p, t);
+  h.add(2, make_prompt(3, 3), 8, deadline(t0 + milliseconds(15)));  // expires waiting
+  StepPlan c2 = h.sched.continue_plan(c, t0 + milliseconds(20));
+  EXPECT_EQ(c2.finished, (std::vector<int64_t>{1, 2}));
+  ASSERT_EQ(c2.items.size(), 1u);
+  EXPECT_EQ(c2.item_keys[0].first, 0);
+  std::vector<Sequence> done = h.sched.take_finished();
+  ASSERT_EQ(done.size(), 2u);
+  for (const Sequence& s : done) EXPECT_EQ(s.finish_reason(), FinishReason::kTimeout);
+  EXPECT_EQ(done[0].output_ids(), (std::vector<int32_t>{5}));
+  t = {{6, {}}, {7, {}}};
+  EXPECT_EQ(h.sched.commit(c, t), 1) << "request 1's token is dropped";
+  t = {{8, {}}};
+  EXPECT_EQ(h.sched.commit(c2, t), 1);
+  EXPECT_EQ(h.sched.find(0)->output_ids(), (std::vector<int32_t>{4, 6, 8}));
+  EXPECT_EQ(h.kv.usage().used_blocks, h.sched.find(0)->block_table().num_blocks()) << "1's and 2's blocks are free";
+}
+
 }  // namespace
 }  // namespace serval

@@ -420,13 +420,23 @@ TEST(SchedulerTest, ContinuePlanContinuesSteadyDecodesOnly) {
   EXPECT_EQ(h.sched.commit(c, sampled), 2);
   EXPECT_EQ(h.sched.find(3)->output_ids(), (std::vector<int32_t>{1, 2}));
   EXPECT_EQ(h.sched.find(4)->output_ids(), (std::vector<int32_t>{3}));
-  // A row with penalties is not continued.
+  // A row with penalties is not continued (the sampler would not count the fed token) ...
   StopCriteria stop;
   SamplingParams penalized;
   penalized.repetition_penalty = 1.2f;
   h.sched.add(Sequence(5, make_prompt(3, 5), penalized, stop, h.kv.new_table()));
   p = h.sched.schedule();  // admits 5, continues 3 and 4
   EXPECT_TRUE(h.sched.continue_plan(p).empty());
+
+  // ... unless it does.
+  SchedulerConfig counting = config(4096);
+  counting.fed_penalties = true;
+  Harness f(64, 4, false, counting);
+  f.sched.add(Sequence(1, make_prompt(3, 1), penalized, stop, f.kv.new_table()));
+  p = f.sched.schedule();
+  StepPlan c3 = f.sched.continue_plan(p);
+  ASSERT_EQ(c3.items.size(), 1u);
+  EXPECT_EQ(c3.items[0].source_row, 0);
 }
 
 }  // namespace

@@ -60,6 +60,7 @@ void CpuBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs,
     const SampleSpec& s = specs[i];
     SERVAL_CHECK(s.row >= 0 && s.row < logits.rows, "sample: row ", s.row, " is outside the ", logits.rows,
                  " rows of logits");
+    SERVAL_CHECK(s.fed_source < 0, "sample: spec ", i, " has a fed token; start_sample resolves those");
     const std::span<const float> row(f32(logits) + int64_t(s.row) * logits.cols, size_t(logits.cols));
     out[i] = sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned);
   }

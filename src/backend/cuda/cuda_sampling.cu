@@ -52,7 +52,8 @@ struct SampleSlot {
 struct SamplerState {
   SampleSlot slots[Backend::kMaxStartedSamples];
   int first = 0, started = 0;  // the oldest unfinished start's slot, and how many are unfinished
-  DeviceBuffer dev_in, work, tokens;
+  int64_t latest_specs = 0;    // specs of the latest start (what a fed_source may name); 0 if it threw
+  DeviceBuffer dev_in, work, tokens, fed;
   // What dev_in holds (a decode step of plain greedy rows sends the same
   // tasks as the step before it, and need not send them again).
   std::vector<char> sent;
@@ -138,7 +139,8 @@ Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t voca
   for (int32_t id : s.banned)
     if (id >= 0 && id < vocab) st.bans.push_back(id);  // the CPU ignores ids outside the vocabulary
   t.ban_count = int32_t(st.bans.size()) - t.ban_begin;
-  t.work_row = t.patch_count > 0 || t.ban_count > 0 ? work_rows++ : -1;
+  t.fed_source = p.has_penalties() ? s.fed_source : -1;  // only the penalties need it
+  t.work_row = t.patch_count > 0 || t.ban_count > 0 || t.fed_source >= 0 ? work_rows++ : -1;
   return t;
 }
 
@@ -164,6 +166,8 @@ void check_status(const Result& r, int64_t vocab, int32_t row) {
 
 void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) {
   SERVAL_CHECK(started_samples() == 0, "cuda sampler: sample() while a started sample is unfinished");
+  for (size_t i = 0; i < specs.size(); ++i)
+    SERVAL_CHECK(specs[i].fed_source < 0, "sample: spec ", i, " has a fed token; start_sample resolves those");
   start_sample(logits, specs);
   finish_sample(out);
 }
@@ -177,6 +181,8 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   slot.spec_rows.clear();
   slot.spec_logprobs.clear();
   slot.task_of_spec.clear();
+  const int64_t latest_specs = st.latest_specs;
+  st.latest_specs = 0;
   if (specs.empty()) {
     ++st.started;
     return;
@@ -198,6 +204,8 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
     SERVAL_CHECK(s.params != nullptr, "cuda sampler: spec ", i, " has no sampling parameters");
     SERVAL_CHECK(s.row >= 0 && s.row < logits.rows, "cuda sampler: spec ", i, " samples row ", s.row, " of ",
                  logits.rows);
+    SERVAL_CHECK(s.fed_source < latest_specs, "cuda sampler: spec ", i, " has fed_source ", s.fed_source,
+                 ", but the sample before had ", latest_specs, " specs");
     SERVAL_CHECK(s.params->logprobs <= sampling::kMaxTopLogprobs, "cuda sampler: at most ",
                  sampling::kMaxTopLogprobs, " top logprobs, got ", s.params->logprobs);
     const Task t = make_task(st, s, int32_t(i), vocab, work_rows);
@@ -211,6 +219,8 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   }
   const int64_t n = int64_t(specs.size());
   const int64_t num_greedy = int64_t(st.greedy_tasks.size());
+  const bool any_fed = std::any_of(st.general_tasks.begin(), st.general_tasks.end(),
+                                   [](const Task& t) { return t.fed_source >= 0; });
 
   // ---- one pinned input buffer: [tasks | penalty entries | bans]
   const int64_t patches_at = align16(n * int64_t(sizeof(Task)));
@@ -234,7 +244,8 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   char* dev_in = static_cast<char*>(host_op_scratch(st.dev_in, in_bytes));
   float* work =
       work_rows > 0 ? static_cast<float*>(host_op_scratch(st.work, int64_t(work_rows) * work_stride * 4)) : nullptr;
-  int32_t* tokens = sampled_token_buffer(n);
+  int32_t* fed =
+      any_fed ? static_cast<int32_t*>(host_op_scratch(st.fed, int64_t(st.general_tasks.size()) * 4)) : nullptr;
   const bool sent = st.sent_to == dev_in && int64_t(st.sent.size()) == in_bytes &&
                     std::memcmp(st.sent.data(), in, size_t(in_bytes)) == 0;
   if (!sent) {
@@ -243,8 +254,11 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
     st.sent.assign(in, in + in_bytes);
     st.sent_to = dev_in;
   }
+  const Task* dev_tasks = reinterpret_cast<const Task*>(dev_in);
+  // The fed tokens, before sampled_token_buffer may grow (which loses them)
+  // and before the kernels overwrite them.
   sampling::SamplingLaunch l;
-  l.tasks = reinterpret_cast<const Task*>(dev_in);
+  l.tasks = dev_tasks;
   l.patches = reinterpret_cast<const PenaltyEntry*>(dev_in + patches_at);
   l.bans = reinterpret_cast<const int32_t*>(dev_in + bans_at);
   l.logits = static_cast<const float*>(logits.data);
@@ -252,9 +266,15 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   l.work = work;
   l.work_stride = work_stride;
   l.results = static_cast<Result*>(slot.host_out);  // pinned memory is the device's too (unified addressing)
-  l.tokens = tokens;
+  l.fed_tokens = fed;
   l.list_limit = sampling::sampling_list_limit();
   try {
+    // The fed tokens, before sampled_token_buffer may grow (which loses them)
+    // and before the kernels overwrite them.
+    if (fed)
+      sampling::launch_read_fed_tokens(dev_tasks + num_greedy, int(st.general_tasks.size()), sampled_tokens(), fed,
+                                       stream_);
+    l.tokens = sampled_token_buffer(n);
     sampling::launch_sampling(l, int(num_greedy), int(n - num_greedy), stream_);
     SERVAL_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   } catch (...) {
@@ -269,6 +289,7 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
     slot.spec_rows.push_back(s.row);
     slot.spec_logprobs.push_back(s.params->logprobs >= 0);
   }
+  st.latest_specs = n;
   ++st.started;
 }
 

@@ -32,6 +32,7 @@ struct Task {
   int32_t patch_count;
   int32_t ban_begin;        // banned ids [ban_begin, ban_begin + ban_count), all in the vocabulary
   int32_t ban_count;
+  int32_t fed_source;       // >= 0: penalties also count tokens[fed_source] as it was before this launch
   int32_t greedy;           // 1: argmax, nothing else of the sampling part applies
   int32_t top_k;            // 0: off, else 0 < top_k < vocab
   int32_t top_n;            // -1: no logprobs, else the number of top logprobs (<= vocab, <= 20)
@@ -73,10 +74,16 @@ struct SamplingLaunch {
   int64_t work_stride = 0;        // floats, a multiple of 4
   Result* results = nullptr;
   int32_t* tokens = nullptr;      // device, by spec: each task's token (-1 when it fails), for the next step
+  // Device, by general task: tokens[fed_source] read before this launch's
+  // kernels write tokens (-1: none); null when no task has a fed source.
+  int32_t* fed_tokens = nullptr;
   int32_t list_limit = kListA;    // most candidates a list may hold; 0: radix passes only
 };
 
 void launch_sampling(const SamplingLaunch& l, int num_greedy, int num_general, cudaStream_t stream);
+// fed[i] = tokens[tasks[i].fed_source] (-1 where it is < 0), for i < n: the
+// tokens of the launch before, read before the next launch overwrites them.
+void launch_read_fed_tokens(const Task* tasks, int n, const int32_t* tokens, int32_t* fed, cudaStream_t stream);
 
 // For tests: with lists off, every selection runs the radix passes to the end
 // (the path rows with many candidates take). On by default.

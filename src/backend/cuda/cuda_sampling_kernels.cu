@@ -106,9 +106,23 @@ __device__ void init_shared(Shared& sh, const Row& r) {
   }
 }
 
-// Penalties exactly as PenaltyApplier computes them (the host build contracts
-// `x -= freq * count` into one fused multiply-add), then bans.
-__device__ void copy_and_patch(const Row& r, float* work, const PenaltyEntry* patches, const int32_t* bans) {
+// One token's penalties, exactly as PenaltyApplier computes them (the host
+// build contracts `x -= freq * count` into one fused multiply-add).
+__device__ __forceinline__ float penalized(const Task& t, float x, int32_t output_count) {
+  if (t.repetition != 1.0f) x = x > 0.0f ? __fdiv_rn(x, t.repetition) : __fmul_rn(x, t.repetition);
+  if (output_count > 0) {
+    x = __fmaf_rn(-t.frequency, float(output_count), x);
+    x = __fsub_rn(x, t.presence);
+  }
+  return x;
+}
+
+// Penalties, then bans. `fed` (>= 0): one more output token than the
+// entries count (Task::fed_source), an entry's or a token of its own.
+__device__ void copy_and_patch(const Row& r, float* work, const PenaltyEntry* patches, const int32_t* bans,
+                               int32_t fed) {
+  __shared__ int fed_has_entry;
+  if (threadIdx.x == 0) fed_has_entry = 0;
   for (int64_t g = threadIdx.x; g < r.raw.groups; g += blockDim.x) {
     float x[4];
     r.raw.load(g, x);
@@ -118,16 +132,16 @@ __device__ void copy_and_patch(const Row& r, float* work, const PenaltyEntry* pa
   const Task& t = r.t;
   for (int i = threadIdx.x; i < t.patch_count; i += blockDim.x) {
     const PenaltyEntry e = patches[t.patch_begin + i];  // distinct ids: no two threads share one
-    float x = work[e.id];
-    if (t.repetition != 1.0f) x = x > 0.0f ? __fdiv_rn(x, t.repetition) : __fmul_rn(x, t.repetition);
-    if (e.output_count > 0) {
-      x = __fmaf_rn(-t.frequency, float(e.output_count), x);
-      x = __fsub_rn(x, t.presence);
-    }
-    work[e.id] = x;
+    const bool is_fed = e.id == fed;
+    if (is_fed) fed_has_entry = 1;
+    work[e.id] = penalized(t, work[e.id], e.output_count + (is_fed ? 1 : 0));
+  }
+  __syncthreads();
+  if (fed >= 0 && fed < r.raw.vocab) {  // the same for every thread: the barrier below is uniform
+    if (threadIdx.x == 0 && !fed_has_entry) work[fed] = penalized(t, work[fed], 1);
+    __syncthreads();
   }
   // Bans after penalties: a penalized -inf stays -inf, so the order does not matter.
-  __syncthreads();
   for (int i = threadIdx.x; i < t.ban_count; i += blockDim.x) work[bans[t.ban_begin + i]] = -CUDART_INF_F;
   __syncthreads();
 }
@@ -396,7 +410,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(SamplingLaunch l) {
   Row r(l, l.tasks[blockIdx.x]);
   Result& out = l.results[blockIdx.x];
   init_shared(sh, r);
-  if (r.patched) copy_and_patch(r, l.work + int64_t(r.t.work_row) * l.work_stride, l.patches, l.bans);
+  if (r.patched)
+    copy_and_patch(r, l.work + int64_t(r.t.work_row) * l.work_stride, l.patches, l.bans,
+                   l.fed_tokens ? l.fed_tokens[blockIdx.x] : -1);
   __syncthreads();
 
   int32_t argmax = -1;
@@ -443,6 +459,17 @@ std::atomic<bool> g_lists{true};
 
 void set_sampling_lists(bool enabled) { g_lists.store(enabled); }
 int32_t sampling_list_limit() { return g_lists.load() ? kListA : 0; }
+
+__global__ void read_fed_tokens_kernel(const Task* tasks, int n, const int32_t* tokens, int32_t* fed) {
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x))
+    fed[i] = tasks[i].fed_source >= 0 ? tokens[tasks[i].fed_source] : -1;
+}
+
+void launch_read_fed_tokens(const Task* tasks, int n, const int32_t* tokens, int32_t* fed, cudaStream_t stream) {
+  if (n <= 0) return;
+  read_fed_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(tasks, n, tokens, fed);
+  SERVAL_CUDA_LAUNCH_CHECK();
+}
 
 void launch_sampling(const SamplingLaunch& l, int num_greedy, int num_general, cudaStream_t stream) {
   if (num_greedy > 0) {

@@ -245,12 +245,23 @@ TEST(CudaRunner, ChainedStepsGiveTheTokensOfStepsTakenOneAtATime) {
       const auto want = greedy_decode(*runner, prompts, 24, false);
       const auto got = greedy_decode(*runner, prompts, 24, true);
       EXPECT_EQ(got, want) << n << " prompts, " << (eager ? "eager" : "graphs");
+      // Penalties count the token fed from the step before (SampleSpec::fed_source).
+      SamplingParams penalized = greedy_params();
+      penalized.repetition_penalty = 0.5f;
+      penalized.frequency_penalty = -2.0f;
+      penalized.presence_penalty = 1.0f;
+      const auto want_penalized = greedy_decode(*runner, prompts, 24, false, penalized);
+      EXPECT_EQ(greedy_decode(*runner, prompts, 24, true, penalized), want_penalized)
+          << n << " prompts, penalized, " << (eager ? "eager" : "graphs");
+      EXPECT_NE(want_penalized, want) << "the penalties change nothing";
     }
     if (!eager) {
       EXPECT_GT(runner->graph_replays(), 0);
     }
   }
-  std::printf("[chained steps] 1, 3 and 13 sequences x 24 tokens, graphs and eager: equal to one step at a time\n");
+  std::printf(
+      "[chained steps] 1, 3 and 13 sequences x 24 tokens, graphs and eager, greedy and penalized: equal to one step "
+      "at a time\n");
 }
 
 }  // namespace

@@ -313,6 +313,117 @@ TEST(CudaSampling, GreedyMatchesCpuExactly) {
   }
 }
 
+// A start whose penalized specs name a token of the start before
+// (SampleSpec::fed_source, queued before that start is finished) counts it as
+// the CPU counts an output token: every token equals the CPU sampler's with
+// the fed token appended to the output. The fed tokens are read before this
+// start's kernels overwrite them: plain greedy specs of the same start write
+// the slots the fed ones read, and the second start has more specs than the
+// token array holds (it grows). Each penalized row's fed token and a
+// runner-up lead the rest, so that counting the fed token or not picks the
+// other one.
+TEST(CudaSampling, FedTokensCountInTheNextStartsPenalties) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  Sampler sampler;
+  const int64_t vocab = 1000;
+  for (const int rows : {6, 1500}) {
+    const int first_rows = std::min(rows, 1024);
+    std::vector<float> first = random_logits(first_rows, vocab, uint32_t(rows));
+    std::vector<int32_t> fed_of(static_cast<size_t>(first_rows));  // start 1's greedy tokens
+    for (int r = 0; r < first_rows; ++r) fed_of[size_t(r)] = argmax_of(first.data() + int64_t(r) * vocab, vocab);
+    std::vector<float> second = random_logits(rows, vocab, uint32_t(rows + 1));
+    std::mt19937 rng{uint32_t(rows)};
+    // Spec k of start 2: even k plain greedy (writing token slot k), odd k
+    // penalized and fed from start 1's spec (k + 1) % first_rows, which an
+    // even spec of start 2 overwrites.
+    std::vector<Request> reqs(static_cast<size_t>(rows));
+    std::vector<int32_t> sources(static_cast<size_t>(rows), -1);
+    for (int k = 0; k < rows; ++k) {
+      Request& q = reqs[size_t(k)];
+      q.row = rows - 1 - k;
+      q.params = greedy_params();
+      if (k % 2 == 0) continue;
+      const int32_t src = int32_t((k + 1) % first_rows);
+      const int32_t f = fed_of[size_t(src)];
+      sources[size_t(k)] = src;
+      float* row = second.data() + int64_t(q.row) * vocab;
+      const float m = *std::max_element(row, row + vocab);
+      row[f] = m + 1.0f;
+      const int32_t runner = int32_t((f + 1 + int32_t(rng() % uint32_t(vocab - 1))) % vocab);
+      row[runner] = m + 0.75f;
+      switch (k % 10) {
+        case 1:  // f new to the output: frequency and presence count it once
+          q.params.frequency_penalty = 0.25f;
+          q.params.presence_penalty = 0.5f;
+          break;
+        case 3:  // f in the output twice already: a third count
+          q.params.frequency_penalty = 0.125f;
+          q.output = {f, f};
+          row[runner] = m + 0.7f;
+          break;
+        case 5:  // f in the prompt only: now in the output too
+          q.params.presence_penalty = 0.5f;
+          q.prompt = {f, runner};
+          break;
+        case 7:  // f seen now: repetition
+          q.params.repetition_penalty = 2.0f;
+          break;
+        default:  // a negative frequency penalty lifts f above the runner-up
+          q.params.frequency_penalty = -0.5f;
+          row[runner] = m + 1.25f;
+          break;
+      }
+    }
+    const DeviceLogits dev1 = to_device(*gpu, first, first_rows, vocab);
+    const DeviceLogits dev2 = to_device(*gpu, second, rows, vocab);
+    std::vector<SampleSpec> specs1(static_cast<size_t>(first_rows));
+    const SamplingParams greedy = greedy_params();
+    for (int r = 0; r < first_rows; ++r) specs1[size_t(r)] = SampleSpec{r, &greedy, {}, {}, {}, 0.0};
+    std::vector<SampleSpec> specs2(static_cast<size_t>(rows));
+    for (int k = 0; k < rows; ++k) {
+      const Request& q = reqs[size_t(k)];
+      specs2[size_t(k)] = SampleSpec{q.row, &q.params, q.prompt, q.output, q.banned, q.uniform};
+      specs2[size_t(k)].fed_source = sources[size_t(k)];
+    }
+    gpu->start_sample(dev1.t, specs1);
+    gpu->start_sample(dev2.t, specs2);
+    std::vector<SampleResult> out1, out2;
+    gpu->finish_sample(out1);
+    gpu->finish_sample(out2);
+    ASSERT_EQ(out1.size(), size_t(first_rows));
+    for (int r = 0; r < first_rows; ++r) ASSERT_EQ(out1[size_t(r)].token, fed_of[size_t(r)]) << "row " << r;
+    ASSERT_EQ(out2.size(), size_t(rows));
+    int mismatches = 0, fed_changed = 0;
+    for (int k = 0; k < rows; ++k) {
+      Request q = reqs[size_t(k)];
+      if (sources[size_t(k)] >= 0) {
+        const int32_t uncounted = cpu_sample(sampler, second, vocab, q).token;
+        q.output.push_back(fed_of[size_t(sources[size_t(k)])]);
+        fed_changed += cpu_sample(sampler, second, vocab, q).token != uncounted;
+      }
+      const int32_t want = cpu_sample(sampler, second, vocab, q).token;
+      if (out2[size_t(k)].token != want && mismatches++ == 0)
+        ADD_FAILURE() << rows << " rows: spec " << k << " drew " << out2[size_t(k)].token << ", the CPU " << want;
+    }
+    std::printf("[cuda sampling] fed tokens, %d specs after %d: %d mismatches; counting the fed token changes %d of %d\n",
+                rows, first_rows, mismatches, fed_changed, rows / 2);
+    EXPECT_EQ(mismatches, 0);
+    EXPECT_EQ(fed_changed, rows / 2) << "a case where the fed token does not matter";
+  }
+  // A fed source the start before did not have is refused before anything runs.
+  const DeviceLogits dev = to_device(*gpu, random_logits(1, vocab, 3u), 1, vocab);
+  SamplingParams penalized = greedy_params();
+  penalized.repetition_penalty = 1.2f;
+  SampleSpec spec{0, &penalized, {}, {}, {}, 0.0};
+  spec.fed_source = 1;
+  std::vector<SampleResult> out;
+  gpu->start_sample(dev.t, {&spec, 1});  // the start before (above) had 1500 specs: fine
+  spec.fed_source = 2;
+  EXPECT_THROW(gpu->start_sample(dev.t, {&spec, 1}), Error);
+  gpu->finish_sample(out);
+  EXPECT_THROW(gpu->sample(dev.t, {&spec, 1}, out), Error) << "sample() takes no fed tokens";
+}
+
 // ---------------------------------------------------------------- sampled
 
 // A 64-token row with ties at the max and at the top-k boundary, and a second row whose
