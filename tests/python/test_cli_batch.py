@@ -157,6 +157,32 @@ def test_small_kv_pool_preempts_with_equal_results_and_summary(serval, models, t
     assert "preemptions: 0" in big.stderr
 
 
+def test_async_scheduling_gives_the_results_of_steps_planned_one_at_a_time(serval, models, tmp_path):
+    # Forced on (on the CPU its steps still run one after the other), each
+    # step is planned while the one before is in flight, its decodes fed the
+    # tokens that step samples: penalized rows (the fed token counted),
+    # seeded n = 2, a stop string and min_tokens, more requests than seats and
+    # prompts in chunks. Seeded draws under strong penalties: an uncounted fed
+    # token would change the text.
+    requests = [
+        {"prompt": PROMPTS[0], "max_tokens": 40, "temperature": 1.0, "seed": 7, "frequency_penalty": 2,
+         "presence_penalty": 2},
+        {"prompt": PROMPTS[1], "max_tokens": 40, "temperature": 1.0, "seed": 8, "repetition_penalty": 0.4},
+        {"prompt": PROMPTS[2], "max_tokens": 40, "temperature": 0.8, "seed": 9, "n": 2,
+         "frequency_penalty": -2},
+        {"prompt": PROMPTS[3], "max_tokens": 30, "temperature": 0, "stop": "."},
+        {"prompt": PROMPTS[4], "max_tokens": 12, "min_tokens": 12, "temperature": 0,
+         "presence_penalty": -2},
+    ]
+    args = ("--max-num-seqs", "2", "--max-num-batched-tokens", "8")
+    _, off = run_batch(serval, models, tmp_path, requests, *args, "--async-scheduling", "off")
+    _, on = run_batch(serval, models, tmp_path, requests, *args, "--async-scheduling", "on")
+    assert on == off
+    plain = [{k: v for k, v in r.items() if "penalty" not in k} for r in requests]
+    _, unpenalized = run_batch(serval, models, tmp_path, plain, *args)
+    assert [r["choices"] for r in unpenalized] != [r["choices"] for r in off]
+
+
 def test_shared_prefix_hits_the_prefix_cache(serval, models, tmp_path):
     long_prompt = "Once upon a time, there was a little girl named Lily. " * 8
     requests = [{"prompt": long_prompt + s, "max_tokens": 4, "temperature": 0}
