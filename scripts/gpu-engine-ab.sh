@@ -8,6 +8,8 @@
 #   default rows (7B bf16): 64 x (128 + 128); 512 x (128 + 128) at 256 seats (a queue);
 #     1 x (16 + 256)
 #   --8b-offline: also the 8B row of issue 5, 1,000 x (1,000 + 1,000) (about 2 x 2 minutes)
+#   --penalized: also 64 x (128 + 128) with repetition/frequency/presence penalties (run with
+#     SERVAL_CUDA_FED_PENALTIES=1 for them to be continued on a GPU)
 #   --row: a row of your own instead of the defaults (serval bench engine flags, model M7 or M8)
 set -u
 cd "$(dirname "$0")"
@@ -17,11 +19,12 @@ mkdir -p "$OUT_DIR" lib
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-REPEATS=2; OFFLINE_8B=0; ROWS=()
+REPEATS=2; OFFLINE_8B=0; PENALIZED=0; ROWS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --repeats) REPEATS=$2; shift ;;
     --8b-offline) OFFLINE_8B=1 ;;
+    --penalized) PENALIZED=1 ;;
     --row) ROWS+=("$2"); shift ;;
     *) echo "unknown argument $1" >&2; exit 1 ;;
   esac
@@ -33,6 +36,17 @@ if [ ${#ROWS[@]} = 0 ]; then
         "7B 1 x (16 + 256)|M7 --requests 1 --input-len 16 --output-len 256")
 fi
 [ $OFFLINE_8B = 1 ] && ROWS+=("8B 1000 x (1000 + 1000)|M8 --requests 1000 --input-len 1000 --output-len 1000")
+PEN=/tmp/penalized-64.jsonl
+if [ $PENALIZED = 1 ]; then
+  python3 -c '
+import json, random
+rng = random.Random(1)
+for i in range(64):
+    print(json.dumps({"prompt": [rng.randrange(1, 32000) for _ in range(128)], "max_tokens": 128,
+                      "ignore_eos": True, "temperature": 0, "repetition_penalty": 1.1,
+                      "frequency_penalty": 0.2, "presence_penalty": 0.1}))' >$PEN
+  ROWS+=("7B 64 x (128 + 128), penalties (fed tokens counted: ${SERVAL_CUDA_FED_PENALTIES:-0})|M7 --input $PEN")
+fi
 echo "build: $(cat COMMIT 2>/dev/null || echo staged build)"
 
 M7=/tmp/llama-2-7b-bf16.gguf; M8=/tmp/llama-3.1-8b-bf16.gguf
