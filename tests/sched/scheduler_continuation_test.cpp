@@ -8,7 +8,7 @@
 // feed or admission changes a request's output, which must equal what it
 // gets alone (or a prefix of it, when aborted), with admissions, chunked
 // prompts, prefix-cache hits, preemptions (of schedule()), n > 1 forks,
-// stop tokens and aborts while two plans are in flight.
+// stop tokens, aborts and deadlines while two plans are in flight.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -84,6 +84,7 @@ struct Request {
   int max_tokens = 0;
   int32_t stop_token = -1;
   int32_t n = 1;
+  int deadline_step = -1;  // >= 0: expires at this step of the run's clock (1 ms a step)
   std::vector<int32_t> want() const {
     std::vector<int32_t> out = reference(prompt, max_tokens);
     if (auto it = std::find(out.begin(), out.end(), stop_token); it != out.end()) out.erase(it + 1, out.end());
@@ -101,6 +102,7 @@ std::vector<std::pair<int64_t, int32_t>> keys_of(const StepPlan& plan) {
 
 struct Counts {
   int steps = 0, continued = 0, admitted_in_continuation = 0, chunk_continued = 0, aborts_in_flight = 0;
+  int timeouts = 0;
 };
 
 // Runs `requests` (arriving `arrivals_per_step` at a time, random priorities)
@@ -108,6 +110,7 @@ struct Counts {
 Counts run_pipelined(uint32_t seed, int64_t num_blocks, bool prefix_cache, SchedulerConfig config,
                      std::vector<Request> requests, int arrivals_per_step, bool abort_some) {
   std::mt19937 rng(seed);
+  const SchedulerClock::time_point t0 = SchedulerClock::now();
   const int32_t bs = 4;
   KvCacheManager kv(num_blocks, bs, prefix_cache);
   Scheduler sched(config, kv);
@@ -125,7 +128,9 @@ Counts run_pipelined(uint32_t seed, int64_t num_blocks, bool prefix_cache, Sched
       if (r.stop_token >= 0) stop.stop_token_ids = {r.stop_token};
       Sequence seq(int64_t(next_request), r.prompt, SamplingParams{}, stop, kv.new_table());
       seq.set_num_samples(r.n);
-      sched.add(std::move(seq), prio(std::uniform_int_distribution<int>(0, 2)(rng)));
+      RequestOptions options = prio(std::uniform_int_distribution<int>(0, 2)(rng));
+      if (r.deadline_step >= 0) options.deadline = t0 + std::chrono::milliseconds(r.deadline_step);
+      sched.add(std::move(seq), options);
     }
   };
   auto start = [&](StepPlan plan) {
@@ -137,16 +142,17 @@ Counts run_pipelined(uint32_t seed, int64_t num_blocks, bool prefix_cache, Sched
   };
   std::optional<Started> cur;
   for (int guard = 0; guard < 20000 && (cur || sched.has_unfinished() || next_request < requests.size()); ++guard) {
+    const SchedulerClock::time_point now = t0 + std::chrono::milliseconds(n.steps);
     if (!cur) {
       arrive();
-      StepPlan plan = sched.schedule();
+      StepPlan plan = sched.schedule(now);
       if (plan.empty()) continue;
       cur = start(std::move(plan));
     }
     // While cur is in flight: requests arrive, then the step after it is planned and started.
     arrive();
     std::optional<Started> next;
-    if (StepPlan c = sched.continue_plan(cur->plan); !c.empty()) {
+    if (StepPlan c = sched.continue_plan(cur->plan, now); !c.empty()) {
       ++n.continued;
       // The continuation's prompt chunks: of a sequence in cur (its next
       // chunk), or admitted.
@@ -174,6 +180,7 @@ Counts run_pipelined(uint32_t seed, int64_t num_blocks, bool prefix_cache, Sched
     sched.commit(cur->plan, sampled);
     kv.check_invariants();
     for (Sequence& s : sched.take_finished()) {
+      n.timeouts += s.finish_reason() == FinishReason::kTimeout;
       const auto key = std::make_pair(s.id(), s.sample_index());
       done.emplace(key, std::move(s));
     }
@@ -185,9 +192,15 @@ Counts run_pipelined(uint32_t seed, int64_t num_blocks, bool prefix_cache, Sched
   EXPECT_EQ(kv.usage().used_blocks, 0);
   for (size_t i = 0; i < requests.size(); ++i) {
     const std::vector<int32_t> want = requests[i].want();
+    // A deadline ends every sample left, forked or not yet.
+    bool timed_out = false;
     for (int32_t k = 0; k < requests[i].n; ++k) {
       auto it = done.find({int64_t(i), k});
-      if (aborted.count(int64_t(i))) {
+      timed_out |= it != done.end() && it->second.finish_reason() == FinishReason::kTimeout;
+    }
+    for (int32_t k = 0; k < requests[i].n; ++k) {
+      auto it = done.find({int64_t(i), k});
+      if (aborted.count(int64_t(i)) || timed_out) {
         if (it == done.end()) continue;  // aborted before it forked
         const std::vector<int32_t>& got = it->second.output_ids();
         EXPECT_LE(got.size(), want.size()) << "request " << i;
@@ -217,6 +230,7 @@ std::vector<Request> random_requests(std::mt19937& rng, int count, bool shared_p
       r.stop_token = ref[size_t(pick(0, int(ref.size()) - 1))];
     }
     if (pick(0, 9) == 0) r.n = 2;
+    if (pick(0, 7) == 0) r.deadline_step = pick(0, 60);
     rs.push_back(std::move(r));
   }
   return rs;
@@ -239,16 +253,18 @@ TEST(SchedulerContinuationTest, PipelinedStepsGiveEveryRequestItsTokens) {
     total.admitted_in_continuation += n.admitted_in_continuation;
     total.chunk_continued += n.chunk_continued;
     total.aborts_in_flight += n.aborts_in_flight;
+    total.timeouts += n.timeouts;
     if (::testing::Test::HasFailure()) break;
   }
   std::cout << "steps " << total.steps << ", continued " << total.continued << ", admissions in a continuation "
             << total.admitted_in_continuation << ", prompt chunks continued " << total.chunk_continued
-            << ", aborts in flight " << total.aborts_in_flight << "\n";
+            << ", aborts in flight " << total.aborts_in_flight << ", timeouts " << total.timeouts << "\n";
   // Every path taken, often.
   EXPECT_GT(total.continued, total.steps / 3) << total.continued << " of " << total.steps;
   EXPECT_GT(total.admitted_in_continuation, 50);
   EXPECT_GT(total.chunk_continued, 20);
   EXPECT_GT(total.aborts_in_flight, 5);
+  EXPECT_GT(total.timeouts, 5);
 }
 
 // A waiting request whose prompt shares blocks with a prompt the plan in
