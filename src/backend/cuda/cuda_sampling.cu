@@ -7,7 +7,8 @@
 // which finish_sample reads after waiting for that start's event. Two starts
 // may be unfinished (Backend::kMaxStartedSamples), each with its own pinned
 // buffers (a slot); the kernels also write each token to a device array
-// (sampled_tokens), from which the next step may take its input ids.
+// (sampled_tokens), from which the next step may take its input ids, and
+// whose penalties count such a fed token (a small kernel reads them first).
 // Errors are raised in spec order with the CPU sampler's messages; token ids
 // outside the vocabulary are caught here, before anything is queued.
 #include <algorithm>
@@ -255,8 +256,6 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
     st.sent_to = dev_in;
   }
   const Task* dev_tasks = reinterpret_cast<const Task*>(dev_in);
-  // The fed tokens, before sampled_token_buffer may grow (which loses them)
-  // and before the kernels overwrite them.
   sampling::SamplingLaunch l;
   l.tasks = dev_tasks;
   l.patches = reinterpret_cast<const PenaltyEntry*>(dev_in + patches_at);
