@@ -8,8 +8,8 @@
 #   default rows (7B bf16): 64 x (128 + 128); 512 x (128 + 128) at 256 seats (a queue);
 #     1 x (16 + 256)
 #   --8b-offline: also the 8B row of issue 5, 1,000 x (1,000 + 1,000) (about 2 x 2 minutes)
-#   --penalized: also 64 x (128 + 128) with repetition/frequency/presence penalties (run with
-#     SERVAL_CUDA_FED_PENALTIES=1 for them to be continued on a GPU)
+#   --penalized: instead of the defaults, 64 x (128 + 128) with repetition/frequency/presence
+#     penalties (run with SERVAL_CUDA_FED_PENALTIES=1 for them to be continued on a GPU)
 #   --row: a row of your own instead of the defaults (serval bench engine flags, model M7 or M8)
 set -u
 cd "$(dirname "$0")"
@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ ${#ROWS[@]} = 0 ]; then
+if [ ${#ROWS[@]} = 0 ] && [ $PENALIZED = 0 ]; then
   ROWS=("7B 64 x (128 + 128)|M7 --requests 64 --input-len 128 --output-len 128"
         "7B 512 x (128 + 128), 256 seats|M7 --requests 512 --input-len 128 --output-len 128 --max-num-seqs 256"
         "7B 1 x (16 + 256)|M7 --requests 1 --input-len 16 --output-len 256")
