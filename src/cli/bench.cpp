@@ -14,18 +14,26 @@
 namespace serval::cli {
 namespace {
 
-const std::vector<std::string> kModes = {"runner", "engine", "sweep", "attention"};
+const std::vector<std::string> kModes = {"runner", "engine", "sweep", "attention", "serve"};
 
 // Flags that only some modes read; a flag given to another mode is an error
-// rather than silently ignored. Flags not listed apply to every mode.
+// rather than silently ignored. Flags not listed apply to every mode but
+// serve, which runs no model of its own: it takes only those listed for it.
 const std::map<std::string, std::set<std::string>>& flag_modes() {
   static const std::map<std::string, std::set<std::string>> m = {
-      {"--requests", {"runner", "engine"}},
-      {"--input-len", {"runner", "engine"}},
-      {"--output-len", {"runner", "engine"}},
+      {"--requests", {"runner", "engine", "serve"}},
+      {"--input-len", {"runner", "engine", "serve"}},
+      {"--output-len", {"runner", "engine", "serve"}},
       {"--max-batch-tokens", {"runner"}},
-      {"--input", {"engine"}},
-      {"--temperature", {"engine"}},
+      {"--input", {"engine", "serve"}},
+      {"--temperature", {"engine", "serve"}},
+      {"--url", {"serve"}},
+      {"--request-rate", {"serve"}},
+      {"--max-concurrency", {"serve"}},
+      {"--seed", {"serve"}},
+      {"--slo-ttft-ms", {"serve"}},
+      {"--slo-tpot-ms", {"serve"}},
+      {"--json", {"runner", "engine", "sweep", "attention", "serve"}},
       {"--warmup-requests", {"engine"}},
       {"--batch-sizes", {"sweep", "attention"}},
       {"--context-lens", {"sweep", "attention"}},
@@ -72,10 +80,19 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
     SERVAL_CHECK(opt->count() == 0 || modes.count(o.mode) > 0, "bench: ", flag, " does not apply to --mode ", o.mode,
                  " (it is for --mode ", join(modes), ")");
   }
-  SERVAL_CHECK(o.mode == "attention" || !o.model.empty(), "bench: --mode ", o.mode, " needs --model");
+  if (o.mode == "serve") {
+    for (const CLI::Option* opt : sub.get_options()) {
+      const std::string flag = opt->get_name();
+      const auto it = flag_modes().find(flag);
+      SERVAL_CHECK(opt->count() == 0 || flag == "--mode" || (it != flag_modes().end() && it->second.count("serve")),
+                   "bench: ", flag, " does not apply to --mode serve (the server has its own settings)");
+    }
+  }
+  SERVAL_CHECK(o.mode == "attention" || o.mode == "serve" || !o.model.empty(), "bench: --mode ", o.mode,
+               " needs --model");
   SERVAL_CHECK(o.limits.bandwidth_gbs > 0 && o.limits.peak_tflops > 0,
                "bench: --bandwidth-gbs and --peak-tflops must be positive");
-  const bool lengths = o.mode == "runner" || (o.mode == "engine" && o.input.empty());
+  const bool lengths = o.mode == "runner" || ((o.mode == "engine" || o.mode == "serve") && o.input.empty());
   if (lengths) {
     SERVAL_CHECK(o.requests > 0 && o.input_len > 0 && o.output_len > 0,
                  "bench: --requests, --input-len and --output-len must be positive");
@@ -85,7 +102,7 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
     if (sub.get_option("--repeats")->count() == 0) o.repeats = 1;
     SERVAL_CHECK(o.repeats > 0, "bench: --repeats must be positive");
   }
-  if (o.mode == "engine") {
+  if (o.mode == "engine" || o.mode == "serve") {
     SERVAL_CHECK(o.input.empty() || (sub.get_option("--requests")->count() == 0 &&
                                      sub.get_option("--input-len")->count() == 0),
                  "bench: --input takes the requests from the file: drop --requests / --input-len");
@@ -93,6 +110,13 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
     SERVAL_CHECK(o.output_len > 0, "bench: --output-len must be positive");
     SERVAL_CHECK(o.warmup_requests >= -1, "bench: --warmup-requests must be -1 (auto), 0 (none) or a count");
     SERVAL_CHECK(o.temperature >= 0, "bench: --temperature must not be negative, got ", o.temperature);
+  }
+  if (o.mode == "serve") {
+    SERVAL_CHECK(o.request_rate > 0, "bench: --request-rate must be positive (inf: all at once), got ",
+                 o.request_rate);
+    SERVAL_CHECK(o.max_concurrency >= 0, "bench: --max-concurrency must be positive (0: no limit)");
+    SERVAL_CHECK(o.slo_ttft_ms >= 0 && o.slo_tpot_ms >= 0, "bench: --slo-ttft-ms and --slo-tpot-ms must not be "
+                 "negative");
   }
   if (o.mode == "sweep" || o.mode == "attention") {
     if (o.batch_sizes.empty())
@@ -123,6 +147,7 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
       SERVAL_CHECK(c <= context, "bench: --context-lens ", c, " exceeds ", whose, " of ", context, " tokens");
   }
   if (o.mode == "engine") return run_bench_engine(o);
+  if (o.mode == "serve") return run_bench_serve(o);
   if (o.mode == "sweep") return run_bench_sweep(o);
   if (o.mode == "attention") return run_bench_attention(o);
   return run_bench_runner(o);
@@ -133,21 +158,32 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
 void register_bench(CLI::App& app, Action& action) {
   auto o = std::make_shared<BenchOptions>();
   auto* sub = app.add_subcommand(
-      "bench", "Benchmarks against the physical limits: runner / engine throughput, a decode sweep, attention alone");
+      "bench",
+      "Benchmarks against the physical limits: runner / engine throughput, a decode sweep, attention alone; and a "
+      "running server under load");
   sub->add_option("--mode", o->mode,
                   "runner: N requests straight through the model runner (default); engine: offline throughput "
                   "through the Engine; sweep: decode steps at batch sizes x context lengths; attention: the "
-                  "decode attention kernel alone")
+                  "decode attention kernel alone; serve: a running OpenAI-compatible server (--url) under load")
       ->check(CLI::IsMember(kModes));
   sub->add_option("--model,-m", o->model, "GGUF file or Hugging Face folder (attention: optional, for the shape)");
-  sub->add_option("--requests,-n", o->requests, "runner, engine: number of requests (random token prompts)");
-  sub->add_option("--input-len", o->input_len, "runner, engine: prompt tokens per request");
+  sub->add_option("--requests,-n", o->requests, "runner, engine, serve: number of requests (random token prompts)");
+  sub->add_option("--input-len", o->input_len, "runner, engine, serve: prompt tokens per request");
   sub->add_option("--output-len", o->output_len,
-                  "runner, engine: generated tokens per request (engine --input: the lines' default max_tokens)");
+                  "runner, engine, serve: generated tokens per request (--input: the lines' default max_tokens)");
   sub->add_option("--max-batch-tokens", o->max_batch_tokens, "runner: tokens per prefill step at most (default 8192)");
   sub->add_option("--input", o->input,
-                  "engine: a JSONL file of requests (the format of generate --input) instead of random ones");
-  sub->add_option("--temperature", o->temperature, "engine: sampling temperature (default 0: greedy)");
+                  "engine, serve: a JSONL file of requests (the format of generate --input) instead of random ones");
+  sub->add_option("--temperature", o->temperature, "engine, serve: sampling temperature (default 0: greedy)");
+  sub->add_option("--url", o->url, "serve: the server (http://HOST:PORT, default http://127.0.0.1:8000)");
+  sub->add_option("--request-rate", o->request_rate,
+                  "serve: requests a second, Poisson arrivals (default inf: all at once)");
+  sub->add_option("--max-concurrency", o->max_concurrency, "serve: requests in flight at most (default 0: no limit)");
+  sub->add_option("--seed", o->seed, "serve: seed of the random prompts and arrivals (default 0)");
+  sub->add_option("--slo-ttft-ms", o->slo_ttft_ms,
+                  "serve: goodput counts requests whose TTFT is at most this (default 0: no limit)");
+  sub->add_option("--slo-tpot-ms", o->slo_tpot_ms,
+                  "serve: goodput counts requests whose TPOT is at most this (default 0: no limit)");
   sub->add_option("--warmup-requests", o->warmup_requests,
                   "engine: short requests run first, unmeasured, wanting 1..W tokens so every decode batch size "
                   "up to W is seen (default -1: min(requests, max-num-seqs); 0: none)");

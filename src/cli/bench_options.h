@@ -9,8 +9,12 @@
 //  sweep      batched decode steps at batch sizes x context lengths over real
 //             KV data.
 //  attention  the decode attention kernel alone on the Backend API.
-// Every figure is also shown against its physical limit (cli/bench_cost.h).
+//  serve      a running OpenAI-compatible server under load, as its clients
+//             see it: arrival rate, TTFT, TPOT, ITL, goodput.
+// Every figure of the first four is also shown against its physical limit
+// (cli/bench_cost.h).
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -29,13 +33,22 @@ struct BenchOptions {
   Limits limits;
   EngineFlags engine;
 
-  // runner and engine
+  // runner, engine and serve
   int32_t requests = 1, input_len = 128, output_len = 128;
   int32_t max_batch_tokens = 8192;  // runner: tokens per prefill step
 
-  // engine
+  // engine and serve
   std::string input;          // JSONL requests (the format of generate --input)
   float temperature = 0;      // random requests, and the JSONL lines' default
+
+  // serve
+  std::string url = "http://127.0.0.1:8000";
+  double request_rate = std::numeric_limits<double>::infinity();  // requests a second (Poisson)
+  int32_t max_concurrency = 0;  // 0: no limit
+  uint32_t seed = 0;            // prompts and arrivals
+  double slo_ttft_ms = 0, slo_tpot_ms = 0;  // goodput's limits (0: none)
+
+  // engine
   int32_t warmup_requests = -1;  // -1: min(requests, max-num-seqs)
 
   // sweep and attention
@@ -52,5 +65,6 @@ int run_bench_runner(const BenchOptions& o);
 int run_bench_engine(const BenchOptions& o);
 int run_bench_sweep(const BenchOptions& o);
 int run_bench_attention(const BenchOptions& o);
+int run_bench_serve(const BenchOptions& o);
 
 }  // namespace serval::cli
