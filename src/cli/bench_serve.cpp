@@ -36,6 +36,10 @@ using json = nlohmann::json;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+std::string describe(httplib::Error e) {
+  return e == httplib::Error::Connection ? "could not connect" : httplib::to_string(e);
+}
+
 // The server: where it listens and the model it serves (GET /v1/models).
 struct Target {
   std::string host;
@@ -68,7 +72,7 @@ Target find_target(const std::string& url) {
   cli.set_connection_timeout(5);
   const httplib::Result r = cli.Get("/v1/models");
   SERVAL_CHECK(r, "bench: cannot reach an OpenAI-compatible server at ", url, " (GET /v1/models: ",
-               r.error() == httplib::Error::Connection ? "could not connect" : httplib::to_string(r.error()), ")");
+               describe(r.error()), ")");
   SERVAL_CHECK(r->status == 200, "bench: GET ", url, "/v1/models answered ", r->status, ": ", r->body);
   try {
     const json models = json::parse(r->body);
@@ -206,7 +210,7 @@ Outcome stream_completion(const Target& t, const std::string& body, Clock::time_
   o.end = seconds(Clock::now() - t0);
   if (!o.error.empty()) return o;
   if (!r) {
-    o.error = "POST /v1/completions: " + httplib::to_string(r.error());
+    o.error = "POST /v1/completions: " + describe(r.error());
   } else if (status != 200) {
     o.error = "POST /v1/completions answered " + std::to_string(status) + ": " + error_body;
   } else if (!done) {
