@@ -31,6 +31,7 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--request-rate", {"serve"}},
       {"--max-concurrency", {"serve"}},
       {"--seed", {"serve"}},
+      {"--prefix-len", {"serve"}},
       {"--slo-ttft-ms", {"serve"}},
       {"--slo-tpot-ms", {"serve"}},
       {"--json", {"runner", "engine", "sweep", "attention", "serve"}},
@@ -115,6 +116,8 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
     SERVAL_CHECK(o.request_rate > 0, "bench: --request-rate must be positive (inf: all at once), got ",
                  o.request_rate);
     SERVAL_CHECK(o.max_concurrency >= 0, "bench: --max-concurrency must be positive (0: no limit)");
+    SERVAL_CHECK(o.prefix_len >= 0, "bench: --prefix-len must not be negative");
+    SERVAL_CHECK(o.prefix_len == 0 || o.input.empty(), "bench: --prefix-len is for random prompts, not --input");
     SERVAL_CHECK(o.slo_ttft_ms >= 0 && o.slo_tpot_ms >= 0, "bench: --slo-ttft-ms and --slo-tpot-ms must not be "
                  "negative");
   }
@@ -180,6 +183,9 @@ void register_bench(CLI::App& app, Action& action) {
                   "serve: requests a second, Poisson arrivals (default inf: all at once)");
   sub->add_option("--max-concurrency", o->max_concurrency, "serve: requests in flight at most (default 0: no limit)");
   sub->add_option("--seed", o->seed, "serve: seed of the random prompts and arrivals (default 0)");
+  sub->add_option("--prefix-len", o->prefix_len,
+                  "serve: tokens every random prompt starts with, the same for all (a shared system prompt: "
+                  "the server's prefix cache), before its --input-len own");
   sub->add_option("--slo-ttft-ms", o->slo_ttft_ms,
                   "serve: goodput counts requests whose TTFT is at most this (default 0: no limit)");
   sub->add_option("--slo-tpot-ms", o->slo_tpot_ms,

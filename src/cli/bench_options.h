@@ -46,6 +46,7 @@ struct BenchOptions {
   double request_rate = std::numeric_limits<double>::infinity();  // requests a second (Poisson)
   int32_t max_concurrency = 0;  // 0: no limit
   uint32_t seed = 0;            // prompts and arrivals
+  int32_t prefix_len = 0;       // random prompts: tokens they all start with
   double slo_ttft_ms = 0, slo_tpot_ms = 0;  // goodput's limits (0: none)
 
   // engine

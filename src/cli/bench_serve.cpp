@@ -2,8 +2,10 @@
 // clients see it (ours or any other). N completion requests arrive at
 // --request-rate per second (Poisson arrivals; inf: all at once), at most
 // --max-concurrency in flight, each streamed with include_usage: random
-// token-id prompts of --input-len with --output-len tokens each (ignore_eos),
-// or the lines of a JSONL file as they are (OpenAI completion requests).
+// token-id prompts of --input-len (after a --prefix-len all share) with
+// --output-len tokens each (ignore_eos), or the lines of a JSONL file as they
+// are (OpenAI completion requests). A Serval server's own counts (prefix
+// cache hit rate, preemptions) come from its /metrics before and after.
 // Per request: TTFT (to its first chunk of output), the gaps between its
 // chunks (ITL; chunks that arrive in one read share a time), TPOT ((last
 // chunk - first chunk) / (tokens - 1)) and the end-to-end latency; overall
@@ -86,20 +88,30 @@ Target find_target(const std::string& url) {
   return t;
 }
 
+// The server's Prometheus text, if it is Serval (its serval: metrics), else "".
+std::string serval_metrics(const Target& t) {
+  httplib::Client cli(t.host, t.port);
+  cli.set_connection_timeout(5);
+  const httplib::Result r = cli.Get("/metrics");
+  return r && r->status == 200 && r->body.find("serval:") != std::string::npos ? r->body : "";
+}
+
 // The request bodies, streamed with usage: random prompts, or the JSONL lines.
 std::vector<std::string> request_bodies(const BenchOptions& o, const Target& t) {
   std::vector<json> bodies;
   if (o.input.empty()) {
-    SERVAL_CHECK(t.max_model_len == 0 || int64_t(o.input_len) + o.output_len <= t.max_model_len,
-                 "bench: --input-len + --output-len = ", int64_t(o.input_len) + o.output_len,
-                 " exceeds the server's max_model_len of ", t.max_model_len, " tokens");
+    const int64_t len = int64_t(o.prefix_len) + o.input_len + o.output_len;
+    SERVAL_CHECK(t.max_model_len == 0 || len <= t.max_model_len, "bench: --prefix-len + --input-len + --output-len = ",
+                 len, " exceeds the server's max_model_len of ", t.max_model_len, " tokens");
     // Ids 1..255: in any real vocabulary, and random enough that no two
-    // prompts share a KV block (the prefix cache stays out of the figures).
+    // prompts share a KV block past the --prefix-len they all start with.
     std::mt19937 rng(o.seed);
     std::uniform_int_distribution<int32_t> id(1, 255);
+    std::vector<int32_t> prefix(static_cast<size_t>(o.prefix_len));
+    for (int32_t& x : prefix) x = id(rng);
     for (int32_t i = 0; i < o.requests; ++i) {
-      std::vector<int32_t> prompt(static_cast<size_t>(o.input_len));
-      for (int32_t& x : prompt) x = id(rng);
+      std::vector<int32_t> prompt = prefix;
+      for (int32_t k = 0; k < o.input_len; ++k) prompt.push_back(id(rng));
       bodies.push_back({{"prompt", prompt}, {"max_tokens", o.output_len}, {"ignore_eos", true}});
     }
   } else {
@@ -246,6 +258,7 @@ int run_bench_serve(const BenchOptions& o) {
   int64_t in_flight = 0, most_in_flight = 0;
   std::vector<std::thread> clients;
   clients.reserve(n);
+  const std::string metrics_before = serval_metrics(target);
   const Clock::time_point t0 = Clock::now();
   for (size_t i = 0; i < n; ++i) {
     std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
@@ -299,6 +312,7 @@ int run_bench_serve(const BenchOptions& o) {
                  {"input", o.input.empty() ? BenchJson(nullptr) : BenchJson(o.input)},
                  {"input_len", o.input.empty() ? BenchJson(o.input_len) : BenchJson(nullptr)},
                  {"output_len", o.input.empty() ? BenchJson(o.output_len) : BenchJson(nullptr)},
+                 {"prefix_len", o.input.empty() ? BenchJson(o.prefix_len) : BenchJson(nullptr)},
                  {"request_rate", std::isfinite(o.request_rate) ? BenchJson(o.request_rate) : BenchJson("inf")},
                  {"max_concurrency", o.max_concurrency > 0 ? BenchJson(o.max_concurrency) : BenchJson(nullptr)},
                  {"most_in_flight", most_in_flight},
@@ -315,6 +329,15 @@ int run_bench_serve(const BenchOptions& o) {
   tpot.add_to("tpot", j);
   itl.add_to("itl", j);
   e2e.add_to("e2e", j);
+  // What a Serval server counted meanwhile (other clients' requests included).
+  if (const std::string after = serval_metrics(target); !metrics_before.empty() && !after.empty()) {
+    auto delta = [&](const char* name) {
+      return exposition_value(after, name) - exposition_value(metrics_before, name);
+    };
+    const double queried = delta("serval:prefix_cache_queries_total");
+    j["server_prefix_cache_hit_rate"] = queried > 0 ? delta("serval:prefix_cache_hits_total") / queried : 0.0;
+    j["server_preemptions"] = int64_t(delta("serval:num_preemptions_total"));
+  }
   if (o.slo_ttft_ms > 0 || o.slo_tpot_ms > 0) {
     j["slo_ttft_ms"] = o.slo_ttft_ms > 0 ? BenchJson(o.slo_ttft_ms) : BenchJson(nullptr);
     j["slo_tpot_ms"] = o.slo_tpot_ms > 0 ? BenchJson(o.slo_tpot_ms) : BenchJson(nullptr);

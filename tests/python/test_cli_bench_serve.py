@@ -1,8 +1,8 @@
 """`serval bench --mode serve` against a running `serval serve` (stories260K on
 the CPU, loopback): what it counts agrees with the server's own /metrics,
-arrivals follow --request-rate and --seed, --max-concurrency holds, failed
-requests are reported with the server's message, and bad arguments name the
-problem."""
+arrivals follow --request-rate and --seed, --max-concurrency holds, a shared
+--prefix-len shows in the server's prefix-cache hit rate, failed requests are
+reported with the server's message, and bad arguments name the problem."""
 import json
 
 import pytest
@@ -56,6 +56,16 @@ def test_arrivals_follow_the_rate_and_the_seed(serval, server):
     assert burst["request_rate"] == "inf" and burst["last_arrival_s"] == 0
 
 
+def test_a_shared_prefix_hits_the_servers_prefix_cache(serval, server):
+    args = ["--requests", 8, "--input-len", 8, "--output-len", 4, "--request-rate", 100]
+    _, plain = bench_serve(serval, server, *args)
+    _, shared = bench_serve(serval, server, *args, "--prefix-len", 32)
+    assert plain["server_prefix_cache_hit_rate"] == 0 and plain["server_preemptions"] == 0
+    assert (shared["prefix_len"], shared["prompt_tokens"]) == (32, 8 * 40)
+    # Two blocks of 16 of each 40-token prompt, for most requests after the first.
+    assert 0.3 <= shared["server_prefix_cache_hit_rate"] <= 7 * 32 / 320
+
+
 def test_goodput_counts_requests_within_the_limits(serval, server):
     args = ["--requests", 6, "--input-len", 8, "--output-len", 6]
     _, loose = bench_serve(serval, server, *args, "--slo-ttft-ms", 60000, "--slo-tpot-ms", 60000)
@@ -86,6 +96,7 @@ def test_requests_from_a_jsonl_and_a_failure_named(serval, server, tmp_path):
     (["--request-rate", "0"], "--request-rate must be positive"),
     (["--max-concurrency", "-1"], "--max-concurrency must be positive"),
     (["--input-len", "2040", "--output-len", "20"], "exceeds the server's max_model_len of 2048"),
+    (["--prefix-len", "-1"], "--prefix-len must not be negative"),
 ])
 def test_bad_arguments_name_the_problem(serval, server, args, message):
     url = [] if "--url" in args else ["--url", server.url]
