@@ -47,9 +47,12 @@ FedOutputs::FedOutputs(std::span<const SampleSpec> specs, std::span<const int32_
   outputs_.reserve(fed);  // the spans below point into these
   for (SampleSpec& s : resolved_) {
     if (s.fed_source < 0) continue;
-    std::vector<int32_t>& out = outputs_.emplace_back(s.output_ids.begin(), s.output_ids.end());
-    out.push_back(latest[size_t(s.fed_source)]);
-    s.output_ids = out;
+    // Only the penalties read the output: other rows need no copy of it.
+    if (s.params != nullptr && s.params->has_penalties()) {
+      std::vector<int32_t>& out = outputs_.emplace_back(s.output_ids.begin(), s.output_ids.end());
+      out.push_back(latest[size_t(s.fed_source)]);
+      s.output_ids = out;
+    }
     s.fed_source = -1;
   }
   specs_ = resolved_;

@@ -159,10 +159,10 @@ struct SampleSpec {
   int32_t fed_source = -1;
 };
 
-// Specs as a sampler on the host needs them: those with a fed_source get
-// output_ids with the fed token (from `latest`, the tokens of the start
-// before) appended, and fed_source -1. Throws when a fed_source names no
-// token of `latest`. Without fed sources, specs() is the specs given.
+// Specs as a sampler on the host needs them: fed_source -1, and output_ids
+// with the fed token (from `latest`, the tokens of the start before)
+// appended where penalties read them. Throws when a fed_source names no token
+// of `latest`. Without fed sources, specs() is the specs given.
 class FedOutputs {
  public:
   FedOutputs(std::span<const SampleSpec> specs, std::span<const int32_t> latest);

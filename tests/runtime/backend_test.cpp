@@ -71,5 +71,31 @@ TEST(Backend, DeviceSupportsHeadDimListsEachDevicesKernels) {
 #endif
 }
 
+// A fed token goes onto the output of a penalized spec only (nothing else
+// reads the output); every fed_source is cleared; a source the start before
+// did not have is refused.
+TEST(FedOutputs, AppendTheFedTokenWherePenaltiesReadIt) {
+  SamplingParams plain, penalized;
+  penalized.frequency_penalty = 0.5f;
+  const std::vector<int32_t> out_a = {4, 5}, out_b = {6};
+  const std::vector<int32_t> latest = {70, 71, 72};
+  std::vector<SampleSpec> specs(3);
+  specs[0].params = &penalized, specs[0].output_ids = out_a, specs[0].fed_source = 2;
+  specs[1].params = &plain, specs[1].output_ids = out_b, specs[1].fed_source = 0;
+  specs[2].params = &penalized, specs[2].output_ids = out_b;  // not fed
+  const FedOutputs fed(specs, latest);
+  const std::span<const SampleSpec> got = fed.specs();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(std::vector<int32_t>(got[0].output_ids.begin(), got[0].output_ids.end()), (std::vector<int32_t>{4, 5, 72}));
+  EXPECT_EQ(got[1].output_ids.data(), out_b.data()) << "no copy for a row without penalties";
+  EXPECT_EQ(got[2].output_ids.data(), out_b.data());
+  for (const SampleSpec& s : got) EXPECT_EQ(s.fed_source, -1);
+
+  const FedOutputs none(std::span<const SampleSpec>(specs).last(1), latest);
+  EXPECT_EQ(none.specs().data(), specs.data() + 2) << "nothing fed: the specs given";
+  specs[1].fed_source = 3;
+  EXPECT_THROW(FedOutputs(specs, latest), Error);
+}
+
 }  // namespace
 }  // namespace serval
