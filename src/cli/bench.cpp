@@ -28,6 +28,7 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--input", {"engine", "serve"}},
       {"--temperature", {"engine", "serve"}},
       {"--url", {"serve"}},
+      {"--endpoint", {"serve"}},
       {"--request-rate", {"serve"}},
       {"--max-concurrency", {"serve"}},
       {"--seed", {"serve"}},
@@ -118,6 +119,9 @@ int run_bench(BenchOptions o, const CLI::App& sub) {
     SERVAL_CHECK(o.max_concurrency >= 0, "bench: --max-concurrency must be positive (0: no limit)");
     SERVAL_CHECK(o.prefix_len >= 0, "bench: --prefix-len must not be negative");
     SERVAL_CHECK(o.prefix_len == 0 || o.input.empty(), "bench: --prefix-len is for random prompts, not --input");
+    SERVAL_CHECK(o.endpoint == "completions" || !o.input.empty(),
+                 "bench: --endpoint chat takes its requests from --input (chat requests with \"messages\"); "
+                 "random prompts are token ids, for --endpoint completions");
     SERVAL_CHECK(o.slo_ttft_ms >= 0 && o.slo_tpot_ms >= 0, "bench: --slo-ttft-ms and --slo-tpot-ms must not be "
                  "negative");
   }
@@ -179,6 +183,9 @@ void register_bench(CLI::App& app, Action& action) {
                   "engine, serve: a JSONL file of requests (the format of generate --input) instead of random ones");
   sub->add_option("--temperature", o->temperature, "engine, serve: sampling temperature (default 0: greedy)");
   sub->add_option("--url", o->url, "serve: the server (http://HOST:PORT, default http://127.0.0.1:8000)");
+  sub->add_option("--endpoint", o->endpoint,
+                  "serve: completions (/v1/completions, default) or chat (/v1/chat/completions, with --input)")
+      ->check(CLI::IsMember({"completions", "chat"}));
   sub->add_option("--request-rate", o->request_rate,
                   "serve: requests a second, Poisson arrivals (default inf: all at once)");
   sub->add_option("--max-concurrency", o->max_concurrency, "serve: requests in flight at most (default 0: no limit)");

@@ -43,6 +43,7 @@ struct BenchOptions {
 
   // serve
   std::string url = "http://127.0.0.1:8000";
+  std::string endpoint = "completions";  // or chat (--input lines with "messages")
   double request_rate = std::numeric_limits<double>::infinity();  // requests a second (Poisson)
   int32_t max_concurrency = 0;  // 0: no limit
   uint32_t seed = 0;            // prompts and arrivals

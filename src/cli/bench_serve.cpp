@@ -4,8 +4,9 @@
 // --max-concurrency in flight, each streamed with include_usage: random
 // token-id prompts of --input-len (after a --prefix-len all share) with
 // --output-len tokens each (ignore_eos), or the lines of a JSONL file as they
-// are (OpenAI completion requests). A Serval server's own counts (prefix
-// cache hit rate, preemptions) come from its /metrics before and after.
+// are (OpenAI completion requests; chat requests with --endpoint chat). A
+// Serval server's own counts (prefix cache hit rate, preemptions) come from
+// its /metrics before and after.
 // Per request: TTFT (to its first chunk of output), the gaps between its
 // chunks (ITL; chunks that arrive in one read share a time), TPOT ((last
 // chunk - first chunk) / (tokens - 1)) and the end-to-end latency; overall
@@ -126,9 +127,11 @@ std::vector<std::string> request_bodies(const BenchOptions& o, const Target& t) 
       } catch (const json::exception& e) {
         fail(o.input, " line ", n, ": not valid JSON (", e.what(), ")");
       }
-      SERVAL_CHECK(j.is_object() && j.contains("prompt"), o.input, " line ", n,
-                   ": expected a completion request (a JSON object with \"prompt\")");
-      if (!j.contains("max_tokens")) j["max_tokens"] = o.output_len;
+      const bool chat = o.endpoint == "chat";
+      SERVAL_CHECK(j.is_object() && j.contains(chat ? "messages" : "prompt"), o.input, " line ", n, ": expected a ",
+                   chat ? "chat request (a JSON object with \"messages\")" : "completion request (a JSON object with "
+                   "\"prompt\")");
+      if (!j.contains("max_tokens") && !j.contains("max_completion_tokens")) j["max_tokens"] = o.output_len;
       bodies.push_back(std::move(j));
     }
     SERVAL_CHECK(!bodies.empty(), "bench: ", o.input, " holds no request");
@@ -164,14 +167,23 @@ struct Outcome {
   int64_t prompt_tokens = 0, completion_tokens = -1;  // from the usage chunk (-1: none came)
 };
 
-Outcome stream_completion(const Target& t, const std::string& body, Clock::time_point t0) {
+// Whether a streamed chunk carries output: a completion's text, or a chat
+// delta's content.
+bool has_output(const json& choice, bool chat) {
+  const json* text = nullptr;
+  if (!chat && choice.contains("text")) text = &choice["text"];
+  if (chat && choice.contains("delta") && choice["delta"].contains("content")) text = &choice["delta"]["content"];
+  return text != nullptr && text->is_string() && !text->get_ref<const std::string&>().empty();
+}
+
+Outcome stream_completion(const Target& t, bool chat, const std::string& body, Clock::time_point t0) {
   Outcome o;
   o.sent = seconds(Clock::now() - t0);
   httplib::Client cli(t.host, t.port);
   cli.set_read_timeout(3600);
   httplib::Request req;
   req.method = "POST";
-  req.path = "/v1/completions";
+  req.path = chat ? "/v1/chat/completions" : "/v1/completions";
   req.headers = {{"Content-Type", "application/json"}};
   req.body = body;
   int status = 0;
@@ -203,9 +215,8 @@ Outcome stream_completion(const Target& t, const std::string& body, Clock::time_
           return false;
         }
         const json& choices = j.at("choices");
-        const bool output = std::any_of(choices.begin(), choices.end(), [](const json& c) {
-          return c.contains("text") && c["text"].is_string() && !c["text"].get_ref<const std::string&>().empty();
-        });
+        const bool output =
+            std::any_of(choices.begin(), choices.end(), [&](const json& c) { return has_output(c, chat); });
         if (output) o.chunks.push_back(now);
         if (j.contains("usage") && j["usage"].is_object()) {
           o.prompt_tokens = j["usage"].value("prompt_tokens", int64_t(0));
@@ -222,9 +233,9 @@ Outcome stream_completion(const Target& t, const std::string& body, Clock::time_
   o.end = seconds(Clock::now() - t0);
   if (!o.error.empty()) return o;
   if (!r) {
-    o.error = "POST /v1/completions: " + describe(r.error());
+    o.error = "POST " + req.path + ": " + describe(r.error());
   } else if (status != 200) {
-    o.error = "POST /v1/completions answered " + std::to_string(status) + ": " + error_body;
+    o.error = "POST " + req.path + " answered " + std::to_string(status) + ": " + error_body;
   } else if (!done) {
     o.error = "the stream ended without data: [DONE]";
   } else {
@@ -269,7 +280,7 @@ int run_bench_serve(const BenchOptions& o) {
       most_in_flight = std::max(most_in_flight, ++in_flight);
     }
     clients.emplace_back([&, i] {
-      outcomes[i] = stream_completion(target, bodies[i], t0);
+      outcomes[i] = stream_completion(target, o.endpoint == "chat", bodies[i], t0);
       {
         std::lock_guard<std::mutex> lock(mutex);
         --in_flight;
@@ -308,6 +319,7 @@ int run_bench_serve(const BenchOptions& o) {
   BenchJson j = {{"mode", "serve"},
                  {"url", o.url},
                  {"model", target.model},
+                 {"endpoint", o.endpoint},
                  {"requests", int64_t(n)},
                  {"input", o.input.empty() ? BenchJson(nullptr) : BenchJson(o.input)},
                  {"input_len", o.input.empty() ? BenchJson(o.input_len) : BenchJson(nullptr)},

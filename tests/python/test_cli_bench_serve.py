@@ -4,6 +4,7 @@ arrivals follow --request-rate and --seed, --max-concurrency holds, a shared
 --prefix-len shows in the server's prefix-cache hit rate, failed requests are
 reported with the server's message, and bad arguments name the problem."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,29 @@ def test_requests_from_a_jsonl_and_a_failure_named(serval, server, tmp_path):
     assert "1 of 3 requests failed" in proc.stderr and "'max_tokens' must be in" in proc.stderr, proc.stderr
     assert (p["completed"], p["failed"], p["output_tokens"]) == (2, 1, 5 + 3)  # the last line: --output-len
     assert server.post("/v1/completions", {"prompt": "x", "max_tokens": 1})[0] == 200  # still serving
+
+
+def test_chat_requests_from_a_jsonl(serval, models, tmp_path):
+    template = Path(__file__).parent / "chat_templates" / "llama31_style.jinja"
+    chat = ServalServer(serval, models / "stories260K" / "stories260K.gguf", "--chat-template", template)
+    try:
+        lines = [{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5},
+                 {"messages": [{"role": "user", "content": "Tell me a story"}]}]
+        path = tmp_path / "chat.jsonl"
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        before = chat.metrics()
+        _, p = bench_serve(serval, chat, "--endpoint", "chat", "--input", path, "--output-len", 7,
+                           "--request-rate", 20)
+        after = chat.metrics()
+        assert (p["endpoint"], p["completed"], p["output_tokens"]) == ("chat", 2, 5 + 7)
+        assert 0 < p["ttft_ms_p50"] <= p["e2e_ms_p50"]
+        # The server computed what it was not given from its prefix cache.
+        computed = after["serval:prompt_tokens_total"] - before["serval:prompt_tokens_total"]
+        assert computed == pytest.approx(p["prompt_tokens"] * (1 - p["server_prefix_cache_hit_rate"]))
+        proc = run_serval(serval, "bench", "--mode", "serve", "--url", chat.url, "--endpoint", "chat", check=False)
+        assert proc.returncode != 0 and "--endpoint chat takes its requests from --input" in proc.stderr
+    finally:
+        chat.stop()
 
 
 @pytest.mark.parametrize("args,message", [
