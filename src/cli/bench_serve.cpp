@@ -63,13 +63,14 @@ Target find_target(const std::string& url) {
   t.host = rest;
   if (const size_t colon = rest.rfind(':'); colon != std::string::npos) {
     t.host = rest.substr(0, colon);
+    const std::string port = rest.substr(colon + 1);
+    size_t used = 0;
+    t.port = 0;
     try {
-      size_t used = 0;
-      t.port = std::stoi(rest.substr(colon + 1), &used);
-      SERVAL_CHECK(used == rest.size() - colon - 1 && t.port > 0 && t.port < 65536, "");
-    } catch (...) {
-      fail("bench: bad port in --url \"", url, "\"");
+      t.port = std::stoi(port, &used);
+    } catch (const std::exception&) {
     }
+    SERVAL_CHECK(used == port.size() && t.port > 0 && t.port < 65536, "bench: bad port in --url \"", url, "\"");
   }
   httplib::Client cli(t.host, t.port);
   cli.set_connection_timeout(5);
