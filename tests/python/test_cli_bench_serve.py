@@ -1,8 +1,9 @@
 """`serval bench --mode serve` against a running `serval serve` (stories260K on
 the CPU, loopback): what it counts agrees with the server's own /metrics,
 arrivals follow --request-rate and --seed, --max-concurrency holds, a shared
---prefix-len shows in the server's prefix-cache hit rate, failed requests are
-reported with the server's message, and bad arguments name the problem."""
+--prefix-len shows in the server's prefix-cache hit rate, chat requests go to
+/v1/chat/completions, failed requests are reported with the server's message,
+and bad arguments name the problem."""
 import json
 from pathlib import Path
 
