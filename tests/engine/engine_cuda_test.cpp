@@ -164,12 +164,7 @@ TEST(EngineOnCuda, BatchInvariantModeGivesEveryRequestItsTokensAlone) {
   std::vector<EngineRequest> requests;
   for (int i = 0; i < 32; ++i) {
     const int len = 1 + int(rng() % 120), off = i % 4 == 0 ? 0 : int(rng() % (text.size() - size_t(len)));
-    EngineRequest r;
-    r.prompt_ids.assign(text.begin() + off, text.begin() + off + len);
-    r.params.temperature = 0;
-    r.stop.max_tokens = 48;
-    r.stop.ignore_eos = true;
-    requests.push_back(std::move(r));
+    requests.push_back(testing::greedy_request({text.begin() + off, text.begin() + off + len}, 48, true));
   }
   auto run = [&](bool invariant, bool together) {
     std::vector<std::vector<int32_t>> out;
