@@ -53,7 +53,8 @@ if [ $TESTS = 1 ]; then
   # The GPU sampler counting a fed token in the penalties, switched on (the
   # default once this has passed on a GPU): penalized rows continued.
   echo "== Engine on CUDA with SERVAL_CUDA_FED_PENALTIES=1"
-  SERVAL_CUDA_FED_PENALTIES=1 timeout 240 ./serval_tests --gtest_filter='EngineOnCuda*' 2>&1 |
+  SERVAL_CUDA_FED_PENALTIES=1 timeout 180 ./serval_tests \
+    --gtest_filter='EngineOnCuda.PenalizedRows*:EngineOnCuda.RandomAborts*' 2>&1 |
     tee "$OUT_DIR/tests-fed.log" | grep -E "^\[( +OK|  FAILED|  PASSED) |^\[engine on cuda\]|Failure|Expected|Which is"
   row "fed penalties | $(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests-fed.log" | tr '\n' ' ')"
   echo "== Engine on CUDA (stories260K, JSONL batch)"
