@@ -268,28 +268,41 @@ int run_bench_serve(const BenchOptions& o) {
   std::counting_semaphore<> free_slots(std::max<std::ptrdiff_t>(slots, 1));
   std::mutex mutex;
   int64_t in_flight = 0, most_in_flight = 0;
+  // A thread per request in flight; those that have finished are joined as
+  // new ones start, so a long run holds no more threads than it has requests
+  // in flight.
   std::vector<std::thread> clients;
-  clients.reserve(n);
+  std::vector<size_t> finished;  // indices into clients, under mutex
+  auto join_finished = [&] {
+    std::vector<size_t> done;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done.swap(finished);
+    }
+    for (size_t k : done) clients[k].join();
+  };
   const std::string metrics_before = serval_metrics(target);
   const Clock::time_point t0 = Clock::now();
   for (size_t i = 0; i < n; ++i) {
     std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(arrivals[i])));
     free_slots.acquire();
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      most_in_flight = std::max(most_in_flight, ++in_flight);
-    }
-    clients.emplace_back([&, i] {
+    join_finished();
+    std::lock_guard<std::mutex> lock(mutex);
+    most_in_flight = std::max(most_in_flight, ++in_flight);
+    const size_t k = clients.size();
+    clients.emplace_back([&, i, k] {
       outcomes[i] = stream_completion(target, o.endpoint == "chat", bodies[i], t0);
       {
         std::lock_guard<std::mutex> lock(mutex);
         --in_flight;
+        finished.push_back(k);
       }
       free_slots.release();
     });
   }
-  for (std::thread& c : clients) c.join();
+  for (std::thread& c : clients)
+    if (c.joinable()) c.join();
 
   int64_t completed = 0, prompt_tokens = 0, output_tokens = 0, good = 0;
   double last_end = 0;
