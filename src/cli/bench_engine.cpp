@@ -19,6 +19,7 @@
 #include "cli/bench_options.h"
 #include "cli/bench_output.h"
 #include "cli/bench_step_recorder.h"
+#include "cli/engine_warmup.h"
 #include "cli/generate_options.h"
 #include "core/error.h"
 #include "runtime/step_graphs.h"
@@ -127,52 +128,21 @@ int run_bench_engine(const BenchOptions& o) {
     }
   }
 
-  // Warm-up: for each class of decode graphs that the measured requests'
-  // contexts reach (StepGraphs::class_starts), W requests of one prompt that
-  // long wanting 1..W tokens, so that the decode batch shrinks from W to 1 one
-  // sequence per step at that context. The prompt goes first on its own, so
-  // that the prefix cache serves it to the W others.
+  // Warm-up (cli/engine_warmup.h) up to the longest context a measured
+  // request reaches; each request must fit the context and the pool on its
+  // own (the engine preempts when they do not fit together).
   const int64_t max_seqs = o.engine.scheduler.max_num_seqs;
   const int32_t W = o.warmup_requests >= 0 ? o.warmup_requests
                                            : int32_t(std::min<int64_t>(int64_t(requests.size()), max_seqs));
-  // Each must fit the context and the pool on its own (the engine preempts
-  // when they do not fit together).
-  const int64_t room = std::min<int64_t>(context, (m.runner->num_blocks() - 1) * m.runner->block_size());
-  int64_t longest = 0;  // the longest context a measured request reaches
+  WarmupShape shape;
+  shape.requests = W;
   for (const EngineRequest& r : requests)
-    longest = std::max<int64_t>(longest, int64_t(r.prompt_ids.size()) + r.stop.max_tokens);
-  std::vector<std::vector<EngineRequest>> warmup;  // phases, each run after the one before
-  std::vector<int64_t> warmup_lens;                // the phases' prompt lengths
-  auto one_token = [&](int64_t len) {              // a random prompt of len tokens, wanting 1
-    EngineRequest r = defaults;
-    r.prompt_ids = random_prompt(rng, cfg.vocab_size, int32_t(len));
-    r.stop.max_tokens = 1;
-    return r;
-  };
-  const int64_t budget = o.engine.scheduler.max_num_batched_tokens;
-  if (W > 0) {
-    // First a step of the whole token budget, which sizes the buffers that
-    // grow with a step's tokens (on a GPU, growing one later drops every graph
-    // recorded before it). A prompt fits the context, so when the budget does
-    // not, several prompts together: the scheduler chunks the last to fill it.
-    const int64_t len = std::clamp<int64_t>(budget, 1, std::max<int64_t>(room - 1, 1));
-    const int64_t n = std::min<int64_t>((budget + len - 1) / len, max_seqs);
-    warmup.emplace_back();
-    for (int64_t i = 0; i < n; ++i) warmup.back().push_back(one_token(len));
-  }
-  for (int32_t start : StepGraphs::class_starts(int32_t(std::min<int64_t>(longest, INT32_MAX)))) {
-    const int64_t len = start == 1 ? std::clamp<int64_t>(room / 2, 1, 32) : start;
-    if (W == 0 || (start > 1 && len + W > room)) continue;
-    EngineRequest r = one_token(len);
-    warmup_lens.push_back(len);
-    warmup.push_back({r});
-    warmup.emplace_back();
-    for (int32_t i = 0; i < W; ++i) {
-      r.params.seed = uint64_t(i);
-      r.stop.max_tokens = int32_t(std::clamp<int64_t>(i + 1, 1, room - len));
-      warmup.back().push_back(r);
-    }
-  }
+    shape.longest = std::max<int64_t>(shape.longest, int64_t(r.prompt_ids.size()) + r.stop.max_tokens);
+  shape.room = std::min<int64_t>(context, (m.runner->num_blocks() - 1) * m.runner->block_size());
+  shape.budget = o.engine.scheduler.max_num_batched_tokens;
+  shape.max_seqs = max_seqs;
+  const WarmupPlan warmup = plan_warmup(
+      defaults, shape, [&](int64_t len) { return random_prompt(rng, cfg.vocab_size, int32_t(len)); });
 
   EngineOptions eo = engine_options(o.engine);
   eo.scheduler.max_queued_requests =
@@ -193,17 +163,12 @@ int run_bench_engine(const BenchOptions& o) {
     if (bad > 0) fail(bad, " of ", requests.size(), " requests cannot run (nothing was run):", errors);
   }
 
-  for (const auto& phase : warmup) {
-    try {
-      engine.check(phase.back());
-    } catch (const Error& e) {
-      fail("bench: the warm-up requests cannot run (", e.what(), "); use --warmup-requests 0");
-    }
-  }
   const auto t_warmup = Clock::now();
-  for (const auto& phase : warmup)
-    for (const Outcome& r : run_all(engine, phase, nullptr))
-      SERVAL_CHECK(!r.failed, "bench: a warm-up request failed: ", r.error);
+  try {
+    run_warmup(engine, warmup);
+  } catch (const Error& e) {
+    fail("bench: ", e.what(), "; use --warmup-requests 0");
+  }
   const double warmup_s = seconds(Clock::now() - t_warmup);
   int32_t warmup_max_step_tokens = 0;  // the budget phase's step: should be the whole budget
   for (const StepRecord& r : recorder.steps())
@@ -253,7 +218,7 @@ int run_bench_engine(const BenchOptions& o) {
                  {"output_tokens", output_tokens},
                  {"load_s", load_s},
                  {"warmup_requests", W},
-                 {"warmup_prompt_lens", warmup_lens},
+                 {"warmup_prompt_lens", warmup.prompt_lens},
                  {"warmup_s", warmup_s},
                  {"warmup_max_step_tokens", warmup_max_step_tokens},
                  {"duration_s", wall_s},
