@@ -1,4 +1,9 @@
 // serval serve: the OpenAI-compatible HTTP server over one Engine.
+// Before it listens, a warm-up (--warmup; by default where decode steps run
+// from CUDA graphs) runs the decode steps of every batch size up to
+// --max-num-seqs at short contexts through an engine of its own, so that
+// their graphs and matmul plans exist before the first request and its
+// counts stay out of /metrics.
 // SIGTERM/SIGINT drain: stop accepting, let requests in flight finish for up
 // to --shutdown-timeout seconds, abort the rest (their clients get a final
 // event), exit 0.
@@ -11,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "cli/engine_warmup.h"
 #include "core/error.h"
 #include "model/model_loader.h"
 #include "server/http_server.h"
@@ -31,8 +37,33 @@ struct ServeOptions {
   double shutdown_timeout = 30.0;
   size_t max_connections = 2048;
   double request_read_timeout = 10.0;
+  std::string warmup = "auto";  // auto (where steps run from graphs), on or off
   EngineFlags engine;
 };
+
+// The warm-up (cli/engine_warmup.h) at contexts of the first graph class:
+// decode batches of max_num_seqs down to 1. Returns its seconds.
+double warm_up(ModelRunner& runner, const Tokenizer& tok, const EngineOptions& eo) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Engine engine(runner, tok, eo);  // its own: its counts are not the server's
+  EngineRequest defaults;
+  defaults.params.temperature = 0;
+  defaults.stop.ignore_eos = true;
+  WarmupShape shape;
+  shape.requests = int32_t(std::min<int64_t>(eo.scheduler.max_num_seqs, INT32_MAX));
+  shape.longest = 1;  // the first class only: longer contexts set theirs up at first use
+  shape.room = std::min<int64_t>(eo.scheduler.max_model_len, (runner.num_blocks() - 1) * runner.block_size());
+  shape.budget = eo.scheduler.max_num_batched_tokens;
+  shape.max_seqs = eo.scheduler.max_num_seqs;
+  const int64_t vocab = runner.config().vocab_size;
+  run_warmup(engine, plan_warmup(defaults, shape, [&](int64_t len) {
+               std::vector<int32_t> p(static_cast<size_t>(len));
+               for (int64_t i = 0; i < len; ++i) p[size_t(i)] = int32_t((3 + 7 * i) % vocab);
+               return p;
+             }));
+  engine.shutdown();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // The signal received (0: none). Set by a handler rather than taken with
 // sigwait: OpenBLAS/OpenMP start threads before main, so a process-directed
@@ -78,6 +109,17 @@ int run_serve(const ServeOptions& o) {
   EngineOptions eo = engine_options(o.engine);
   eo.model_name = name;
   if (eo.scheduler.max_model_len == 0) eo.scheduler.max_model_len = runner->config().max_position;
+  if (o.warmup == "on" || (o.warmup == "auto" && runner->uses_graphs())) {
+    const int64_t graphs = runner->graphs_captured();
+    try {
+      const double s = warm_up(*runner, *tok, eo);
+      std::fprintf(stderr, "serval: warm-up: decode steps of 1..%lld sequences in %.1f s (%lld graphs recorded)\n",
+                   (long long)eo.scheduler.max_num_seqs, s, (long long)(runner->graphs_captured() - graphs));
+    } catch (const Error& e) {
+      if (o.warmup == "on") throw;
+      std::fprintf(stderr, "serval: warning: the warm-up failed (%s); serving without it\n", e.what());
+    }
+  }
   Engine engine(*runner, *tok, eo);
   server::ServerContext ctx{engine, *tok, *chat, name};
   ctx.max_model_len = eo.scheduler.max_model_len;
@@ -140,6 +182,11 @@ void register_serve(CLI::App& app, Action& action) {
   sub->add_option("--max-connections", o->max_connections, "connections served at once")->capture_default_str();
   sub->add_option("--request-read-timeout", o->request_read_timeout,
                   "seconds a client has to send a whole request")->capture_default_str();
+  sub->add_option("--warmup", o->warmup,
+                  "before serving, run decode steps of every batch size up to --max-num-seqs, so that their CUDA "
+                  "graphs and matmul plans exist before the first request: auto (default: where steps run from "
+                  "graphs), on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   add_engine_flags(*sub, o->engine);
   sub->callback([&action, o] { action = [o] { return run_serve(*o); }; });
 }

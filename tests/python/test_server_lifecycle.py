@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from conftest import run_serval
 from serval_server import ServalServer, parse_sse, wait_until  # noqa: E402
 
 MODEL = ("stories260K", "stories260K.gguf")
@@ -117,3 +118,30 @@ def test_startup_line_says_whether_steps_are_scheduled_asynchronously(serval, mo
         assert f"async scheduling: {want})" in s.read_log()
     finally:
         s.stop()
+
+
+def test_warmup_runs_before_serving_and_stays_out_of_the_metrics(serval, models):
+    # --warmup on (by default only where decode steps run from CUDA graphs):
+    # decode batches of 1..--max-num-seqs before the server listens, through
+    # an engine of its own; /metrics then counts only the clients' requests.
+    s = ServalServer(serval, models.joinpath(*MODEL), "--warmup", "on", "--max-num-seqs", 4,
+                     "--max-num-batched-tokens", 32)
+    try:
+        log = s.read_log()
+        assert "warm-up: decode steps of 1..4 sequences in" in log
+        assert log.index("warm-up:") < log.index("serving '")
+        m = s.metrics()
+        assert m["serval:prompt_tokens_total"] == m["serval:generation_tokens_total"] == 0
+        status, _, body = s.post("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4})
+        assert status == 200 and body["usage"]["completion_tokens"] == 4
+        m = s.metrics()
+        assert (m["serval:prompt_tokens_total"], m["serval:generation_tokens_total"]) == (3, 4)
+    finally:
+        s.stop()
+    plain = ServalServer(serval, models.joinpath(*MODEL))
+    try:
+        assert "warm-up" not in plain.read_log()  # auto: no graphs on the CPU
+    finally:
+        plain.stop()
+    proc = run_serval(serval, "serve", "--model", models.joinpath(*MODEL), "--warmup", "maybe", check=False)
+    assert proc.returncode != 0 and "maybe not in" in proc.stderr
