@@ -81,3 +81,6 @@ echo "| --- | --- | --- |"
 for rate in $RATES; do
   echo "| $rate | ${CELL["$rate|on"]:-} | ${CELL["$rate|off"]:-} |"
 done
+echo
+echo "== the servers' start-up (the warm-up before they listen)"
+grep -h "warm-up\|serving '" "$OUT_DIR"/serve-on.log "$OUT_DIR"/serve-off.log
