@@ -19,10 +19,9 @@
 #include "cli/bench_options.h"
 #include "cli/bench_output.h"
 #include "cli/bench_step_recorder.h"
-#include "cli/engine_warmup.h"
 #include "cli/generate_options.h"
 #include "core/error.h"
-#include "runtime/step_graphs.h"
+#include "engine/engine_warmup.h"
 
 namespace serval::cli {
 namespace {
@@ -128,7 +127,7 @@ int run_bench_engine(const BenchOptions& o) {
     }
   }
 
-  // Warm-up (cli/engine_warmup.h) up to the longest context a measured
+  // Warm-up (engine/engine_warmup.h) up to the longest context a measured
   // request reaches; each request must fit the context and the pool on its
   // own (the engine preempts when they do not fit together).
   const int64_t max_seqs = o.engine.scheduler.max_num_seqs;
@@ -141,6 +140,7 @@ int run_bench_engine(const BenchOptions& o) {
   shape.room = std::min<int64_t>(context, (m.runner->num_blocks() - 1) * m.runner->block_size());
   shape.budget = o.engine.scheduler.max_num_batched_tokens;
   shape.max_seqs = max_seqs;
+  shape.block_size = m.runner->block_size();
   const WarmupPlan warmup = plan_warmup(
       defaults, shape, [&](int64_t len) { return random_prompt(rng, cfg.vocab_size, int32_t(len)); });
 

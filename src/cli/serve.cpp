@@ -1,9 +1,9 @@
 // serval serve: the OpenAI-compatible HTTP server over one Engine.
 // Before it listens, a warm-up (--warmup; by default where decode steps run
-// from CUDA graphs) runs the decode steps of every batch size up to
-// --max-num-seqs at short contexts through an engine of its own, so that
-// their graphs and matmul plans exist before the first request and its
-// counts stay out of /metrics.
+// from CUDA graphs) runs decode steps of every graph size up to
+// --max-num-seqs at contexts up to 1,024 tokens through an engine of its
+// own, so that their graphs and matmul plans exist before the first request
+// and its counts stay out of /metrics.
 // SIGTERM/SIGINT drain: stop accepting, let requests in flight finish for up
 // to --shutdown-timeout seconds, abort the rest (their clients get a final
 // event), exit 0.
@@ -16,8 +16,8 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
-#include "cli/engine_warmup.h"
 #include "core/error.h"
+#include "engine/engine_warmup.h"
 #include "model/model_loader.h"
 #include "server/http_server.h"
 #include "server/openai_server.h"
@@ -41,8 +41,9 @@ struct ServeOptions {
   EngineFlags engine;
 };
 
-// The warm-up (cli/engine_warmup.h) at contexts of the first graph class:
-// decode batches of max_num_seqs down to 1. Returns its seconds.
+// The warm-up (engine/engine_warmup.h) of the graph classes of contexts up
+// to 1,024 tokens (longer ones, whose steps read far more K/V, set theirs
+// up at first use). Returns its seconds.
 double warm_up(ModelRunner& runner, const Tokenizer& tok, const EngineOptions& eo) {
   const auto t0 = std::chrono::steady_clock::now();
   Engine engine(runner, tok, eo);  // its own: its counts are not the server's
@@ -51,10 +52,11 @@ double warm_up(ModelRunner& runner, const Tokenizer& tok, const EngineOptions& e
   defaults.stop.ignore_eos = true;
   WarmupShape shape;
   shape.requests = int32_t(std::min<int64_t>(eo.scheduler.max_num_seqs, INT32_MAX));
-  shape.longest = 1;  // the first class only: longer contexts set theirs up at first use
+  shape.longest = std::min<int64_t>(eo.scheduler.max_model_len, 1024);
   shape.room = std::min<int64_t>(eo.scheduler.max_model_len, (runner.num_blocks() - 1) * runner.block_size());
   shape.budget = eo.scheduler.max_num_batched_tokens;
   shape.max_seqs = eo.scheduler.max_num_seqs;
+  shape.block_size = runner.block_size();
   const int64_t vocab = runner.config().vocab_size;
   run_warmup(engine, plan_warmup(defaults, shape, [&](int64_t len) {
                std::vector<int32_t> p(static_cast<size_t>(len));

@@ -23,10 +23,7 @@ StepGraphs::StepGraphs(Backend& backend, int32_t max_batch, int32_t max_context,
       pad_block_(pad_block),
       stride_((max_context + block_size - 1) / block_size) {
   SERVAL_CHECK(max_batch >= 1 && max_context >= 1, "step graphs: bad limits");
-  for (int32_t b : {1, 2, 4})
-    if (b < max_batch) ladder_.push_back(b);
-  for (int32_t b = 8; b < max_batch; b += 8) ladder_.push_back(b);
-  ladder_.push_back(max_batch);
+  ladder_ = ladder(max_batch);
   // Offsets for the largest batch; each array starts on a 64-byte boundary.
   const int64_t B = max_batch;
   int64_t at = 0;
@@ -126,6 +123,15 @@ BatchView StepGraphs::upload(const Batch& b, int32_t B, const int32_t* sampled) 
   v.max_context_len = bound;  // an upper bound: kernels launched for it serve every step below it
   v.mean_context_len = context_sum >= int64_t(kLongDecodeContext) * S ? kLongDecodeContext : 0;
   return v;
+}
+
+std::vector<int32_t> StepGraphs::ladder(int32_t max_batch) {
+  std::vector<int32_t> sizes;
+  for (int32_t b : {1, 2, 4})
+    if (b < max_batch) sizes.push_back(b);
+  for (int32_t b = 8; b < max_batch; b += 8) sizes.push_back(b);
+  sizes.push_back(max_batch);
+  return sizes;
 }
 
 int32_t StepGraphs::context_bound(int32_t longest) const {

@@ -51,6 +51,9 @@ class StepGraphs {
   // below `max_context`. A warm-up whose steps run at each of these contexts
   // records the graphs later steps of those lengths replay.
   static std::vector<int32_t> class_starts(int32_t max_context);
+  // The batch sizes graphs are recorded for, up to max_batch: 1, 2, 4, then
+  // multiples of 8, and max_batch itself.
+  static std::vector<int32_t> ladder(int32_t max_batch);
 
   // The graph recorded for steps like `view` (an upload()'s): its size, class
   // and bound.

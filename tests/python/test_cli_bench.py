@@ -74,7 +74,7 @@ def test_engine_mode_random_requests(serval, models):
     assert p["requests"] == 6 and p["failed"] == 0
     assert p["prompt_tokens"] == 6 * 24 and p["output_tokens"] == 6 * 10  # ignore_eos
     assert p["warmup_requests"] == 4  # min(requests, max-num-seqs)
-    assert p["warmup_prompt_lens"] == [32]  # contexts up to 34: the first class of decode graphs
+    assert p["warmup_prompt_lens"] == [33]  # contexts up to 34: the first class of decode graphs
     assert_positive(p, ENGINE_KEYS)
     assert 1 <= p["mean_running_batch"] <= 4
     assert p["kv_cache_tokens"] == 512 and p["preemptions"] >= 0
@@ -115,7 +115,7 @@ def test_engine_mode_warms_up_each_class_of_context_the_run_reaches(serval, mode
     # Contexts up to 130 + 6: decode graphs for bounds 128 and 1024 (StepGraphs::class_starts).
     (p,) = bench_json(serval, "--mode", "engine", "--model", stories(models), "--requests", 3,
                       "--input-len", 130, "--output-len", 6)
-    assert p["warmup_prompt_lens"] == [32, 129] and p["failed"] == 0
+    assert p["warmup_prompt_lens"] == [33, 129] and p["failed"] == 0
     assert p["graphs_captured_in_run"] == 0
 
 
