@@ -198,8 +198,8 @@ void register_bench(CLI::App& app, Action& action) {
   sub->add_option("--slo-tpot-ms", o->slo_tpot_ms,
                   "serve: goodput counts requests whose TPOT is at most this (default 0: no limit)");
   sub->add_option("--warmup-requests", o->warmup_requests,
-                  "engine: short requests run first, unmeasured, wanting 1..W tokens so every decode batch size "
-                  "up to W is seen (default -1: min(requests, max-num-seqs); 0: none)");
+                  "engine: W requests run first, unmeasured, so that decode steps of every graph size up to W run "
+                  "at each class of context the run reaches (default -1: min(requests, max-num-seqs); 0: none)");
   sub->add_option("--batch-sizes", o->batch_sizes,
                   "sweep, attention: comma-separated (default sweep 1,8,32,64,128,256; attention 1,64)")
       ->delimiter(',');

@@ -1,8 +1,8 @@
 // serval bench --mode engine: offline throughput through the whole Engine
 // (continuous batching, chunked prefill, prefix cache, scheduler). N requests
 // of random tokens (ignore_eos, so each produces exactly --output-len tokens)
-// or the lines of a JSONL file, all submitted at once. A warm-up run of
-// staggered requests first sees decode steps of every batch size up to
+// or the lines of a JSONL file, all submitted at once. A warm-up
+// (engine/engine_warmup.h) first runs decode steps of every graph size up to
 // --max-num-seqs at each class of context the run reaches, so lazy set-up
 // (CUDA graph capture, matmul plans) stays out of the figures. The steps are
 // timed by a StepRecorder around the runner.
