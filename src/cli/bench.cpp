@@ -17,8 +17,13 @@ namespace {
 const std::vector<std::string> kModes = {"runner", "engine", "sweep", "attention", "serve"};
 
 // Flags that only some modes read; a flag given to another mode is an error
-// rather than silently ignored. Flags not listed apply to every mode but
-// serve, which runs no model of its own: it takes only those listed for it.
+// rather than silently ignored. Flags not listed are read by every mode that
+// runs a model of its own (model_modes: all but serve).
+const std::set<std::string>& model_modes() {
+  static const std::set<std::string> m = {"runner", "engine", "sweep", "attention"};
+  return m;
+}
+
 const std::map<std::string, std::set<std::string>>& flag_modes() {
   static const std::map<std::string, std::set<std::string>> m = {
       {"--requests", {"runner", "engine", "serve"}},
@@ -76,19 +81,15 @@ void check_sizes(const std::vector<int32_t>& v, const char* flag) {
 }
 
 int run_bench(BenchOptions o, const CLI::App& sub) {
-  for (const auto& [flag, modes] : flag_modes()) {
-    const CLI::Option* opt = sub.get_option_no_throw(flag);
-    SERVAL_CHECK(opt != nullptr, "bench: internal: no flag ", flag);
-    SERVAL_CHECK(opt->count() == 0 || modes.count(o.mode) > 0, "bench: ", flag, " does not apply to --mode ", o.mode,
-                 " (it is for --mode ", join(modes), ")");
-  }
-  if (o.mode == "serve") {
-    for (const CLI::Option* opt : sub.get_options()) {
-      const std::string flag = opt->get_name();
-      const auto it = flag_modes().find(flag);
-      SERVAL_CHECK(opt->count() == 0 || flag == "--mode" || (it != flag_modes().end() && it->second.count("serve")),
-                   "bench: ", flag, " does not apply to --mode serve (the server has its own settings)");
-    }
+  for (const auto& [flag, modes] : flag_modes())
+    SERVAL_CHECK(sub.get_option_no_throw(flag) != nullptr, "bench: internal: no flag ", flag);
+  for (const CLI::Option* opt : sub.get_options()) {
+    const std::string flag = opt->get_name();
+    if (opt->count() == 0 || flag == "--mode") continue;
+    const auto it = flag_modes().find(flag);
+    const std::set<std::string>& modes = it != flag_modes().end() ? it->second : model_modes();
+    SERVAL_CHECK(modes.count(o.mode) > 0, "bench: ", flag, " does not apply to --mode ", o.mode, " (it is for --mode ",
+                 join(modes), ")");
   }
   SERVAL_CHECK(o.mode == "attention" || o.mode == "serve" || !o.model.empty(), "bench: --mode ", o.mode,
                " needs --model");
