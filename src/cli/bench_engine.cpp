@@ -90,10 +90,6 @@ std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t vocab, int32_t len
   return p;
 }
 
-void add_percentiles_ms(const char* name, const std::vector<double>& s, BenchJson& j) {
-  for (int p : {50, 90, 99}) j[str_cat(name, "_ms_p", p)] = percentile(s, p) * 1e3;
-}
-
 }  // namespace
 
 int run_bench_engine(const BenchOptions& o) {

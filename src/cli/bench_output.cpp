@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "cli/batch_report.h"
+#include "core/error.h"
+
 namespace serval::cli {
 
 PointPrinter::PointPrinter(bool json, std::vector<Column> columns) : json_(json), columns_(std::move(columns)) {
@@ -41,6 +44,10 @@ void print_key_values(const BenchJson& result) {
     else std::printf("%-28s %s\n", key.c_str(), value.is_string() ? value.get<std::string>().c_str() : value.dump().c_str());
   }
   std::fflush(stdout);
+}
+
+void add_percentiles_ms(const char* name, const std::vector<double>& seconds, BenchJson& j) {
+  for (int p : {50, 90, 99}) j[str_cat(name, "_ms_p", p)] = percentile(seconds, p) * 1e3;
 }
 
 }  // namespace serval::cli

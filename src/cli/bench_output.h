@@ -34,4 +34,7 @@ class PointPrinter {
 // A single result as "key: value" lines (engine mode's readable output).
 void print_key_values(const BenchJson& result);
 
+// <name>_ms_p50 / _p90 / _p99 of `seconds` (nearest rank; 0 when empty).
+void add_percentiles_ms(const char* name, const std::vector<double>& seconds, BenchJson& j);
+
 }  // namespace serval::cli

@@ -246,14 +246,12 @@ Outcome stream_completion(const Target& t, bool chat, const std::string& body, C
   return o;
 }
 
-struct Stat {
-  std::vector<double> values;  // seconds
-  void add_to(const char* name, BenchJson& j) const {
-    const double mean = values.empty() ? 0.0 : std::accumulate(values.begin(), values.end(), 0.0) / values.size();
-    j[str_cat(name, "_ms_mean")] = mean * 1e3;
-    for (int p : {50, 90, 99}) j[str_cat(name, "_ms_p", p)] = percentile(values, p) * 1e3;
-  }
-};
+// <name>_ms_mean, then its percentiles.
+void add_latency_ms(const char* name, const std::vector<double>& seconds, BenchJson& j) {
+  const double sum = std::accumulate(seconds.begin(), seconds.end(), 0.0);
+  j[str_cat(name, "_ms_mean")] = seconds.empty() ? 0.0 : sum / double(seconds.size()) * 1e3;
+  add_percentiles_ms(name, seconds, j);
+}
 
 }  // namespace
 
@@ -306,7 +304,7 @@ int run_bench_serve(const BenchOptions& o) {
 
   int64_t completed = 0, prompt_tokens = 0, output_tokens = 0, good = 0;
   double last_end = 0;
-  Stat ttft, tpot, itl, e2e;
+  std::vector<double> ttft, tpot, itl, e2e;  // seconds
   std::string first_error;
   for (const Outcome& r : outcomes) {
     last_end = std::max(last_end, r.end);
@@ -317,14 +315,14 @@ int run_bench_serve(const BenchOptions& o) {
     ++completed;
     prompt_tokens += r.prompt_tokens;
     output_tokens += r.completion_tokens;
-    e2e.values.push_back(r.end - r.sent);
+    e2e.push_back(r.end - r.sent);
     if (r.chunks.empty()) continue;
     const double first = r.chunks.front() - r.sent;
-    ttft.values.push_back(first);
-    for (size_t k = 1; k < r.chunks.size(); ++k) itl.values.push_back(r.chunks[k] - r.chunks[k - 1]);
+    ttft.push_back(first);
+    for (size_t k = 1; k < r.chunks.size(); ++k) itl.push_back(r.chunks[k] - r.chunks[k - 1]);
     const int64_t gaps = r.completion_tokens - 1;
     const double per_token = gaps > 0 ? (r.chunks.back() - r.chunks.front()) / double(gaps) : 0.0;
-    if (gaps > 0) tpot.values.push_back(per_token);
+    if (gaps > 0) tpot.push_back(per_token);
     const bool ttft_ok = o.slo_ttft_ms <= 0 || first * 1e3 <= o.slo_ttft_ms;
     const bool tpot_ok = o.slo_tpot_ms <= 0 || per_token * 1e3 <= o.slo_tpot_ms;
     good += ttft_ok && tpot_ok;
@@ -351,10 +349,10 @@ int run_bench_serve(const BenchOptions& o) {
                  {"output_tokens", output_tokens},
                  {"output_tokens_per_s", double(output_tokens) / duration},
                  {"total_tokens_per_s", double(prompt_tokens + output_tokens) / duration}};
-  ttft.add_to("ttft", j);
-  tpot.add_to("tpot", j);
-  itl.add_to("itl", j);
-  e2e.add_to("e2e", j);
+  add_latency_ms("ttft", ttft, j);
+  add_latency_ms("tpot", tpot, j);
+  add_latency_ms("itl", itl, j);
+  add_latency_ms("e2e", e2e, j);
   // What a Serval server counted meanwhile (other clients' requests included).
   if (const std::string after = serval_metrics(target); !metrics_before.empty() && !after.empty()) {
     auto delta = [&](const char* name) {
