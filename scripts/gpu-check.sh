@@ -50,13 +50,13 @@ if [ $TESTS = 1 ]; then
     grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) |^\[[a-z0-9_ ,=-]+\]|Failure|Expected|Which is|rel_diff|leaves|error"
   row "tests | $(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests.log" | tr '\n' ' ')"
   row "failed | $(grep -E "^\[  FAILED  \] [A-Z]" "$OUT_DIR/tests.log" | sed 's/\[  FAILED  \] //' | tr '\n' ' ')"
-  # The GPU sampler counting a fed token in the penalties, switched on (the
-  # default once this has passed on a GPU): penalized rows continued.
-  echo "== Engine on CUDA with SERVAL_CUDA_FED_PENALTIES=1"
-  SERVAL_CUDA_FED_PENALTIES=1 timeout 180 ./serval_tests \
+  # The GPU sampler told not to count a fed token in the penalties: penalized
+  # rows are then left to Scheduler::schedule() (the default continues them).
+  echo "== Engine on CUDA with SERVAL_NO_FED_PENALTIES=1"
+  SERVAL_NO_FED_PENALTIES=1 timeout 180 ./serval_tests \
     --gtest_filter='EngineOnCuda.PenalizedRows*:EngineOnCuda.RandomAborts*' 2>&1 |
     tee "$OUT_DIR/tests-fed.log" | grep -E "^\[( +OK|  FAILED|  PASSED) |^\[engine on cuda\]|Failure|Expected|Which is"
-  row "fed penalties | $(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests-fed.log" | tr '\n' ' ')"
+  row "fed penalties off | $(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests-fed.log" | tr '\n' ' ')"
   echo "== Engine on CUDA (stories260K, JSONL batch)"
   row "$(timeout 120 ./gpu-engine-check.sh | tail -1)"
 fi

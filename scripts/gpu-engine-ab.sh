@@ -9,7 +9,7 @@
 #     1 x (16 + 256)
 #   --8b-offline: also the 8B row of issue 5, 1,000 x (1,000 + 1,000) (about 2 x 2 minutes)
 #   --penalized: instead of the defaults, 64 x (128 + 128) with repetition/frequency/presence
-#     penalties (run with SERVAL_CUDA_FED_PENALTIES=1 for them to be continued on a GPU)
+#     penalties (SERVAL_NO_FED_PENALTIES=1: not continued, the sampler told not to count fed tokens)
 #   --row: a row of your own instead of the defaults (serval bench engine flags, model M7 or M8)
 set -u
 cd "$(dirname "$0")"
@@ -45,7 +45,7 @@ for i in range(64):
     print(json.dumps({"prompt": [rng.randrange(1, 32000) for _ in range(128)], "max_tokens": 128,
                       "ignore_eos": True, "temperature": 0, "repetition_penalty": 1.1,
                       "frequency_penalty": 0.2, "presence_penalty": 0.1}))' >$PEN
-  ROWS+=("7B 64 x (128 + 128), penalties (fed tokens counted: ${SERVAL_CUDA_FED_PENALTIES:-0})|M7 --input $PEN")
+  ROWS+=("7B 64 x (128 + 128), penalties (fed tokens counted: $([ "${SERVAL_NO_FED_PENALTIES:-0}" = 1 ] && echo no || echo yes))|M7 --input $PEN")
 fi
 echo "build: $(cat COMMIT 2>/dev/null || echo staged build)"
 

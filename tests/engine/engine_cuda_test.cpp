@@ -209,8 +209,8 @@ TEST(EngineOnCuda, BatchInvariantModeGivesEveryRequestItsTokensAlone) {
 
 // Penalized requests (greedy and seeded) with async scheduling get, in
 // batch-invariant mode, exactly the tokens they get without it. Where the GPU
-// sampler counts fed tokens (SERVAL_CUDA_FED_PENALTIES=1 until that is the
-// default), their steps are continued, and a fed token left uncounted shows:
+// sampler counts fed tokens (the default; SERVAL_NO_FED_PENALTIES=1 says it
+// does not), their steps are continued, and a fed token left uncounted shows:
 // negative penalties make the latest token the likely next one.
 TEST(EngineOnCuda, PenalizedRowsWithAsyncSchedulingGetTheTokensOfStepsPlannedOneAtATime) {
   SERVAL_CUDA_OR_SKIP(probe);

@@ -120,10 +120,10 @@ class CudaBackend : public Backend {
   const int32_t* sampled_tokens() override;
   bool queues_work_async() const override { return true; }
   int started_samples() const override;
-  // The sampler counts fed tokens (Task::fed_source), but that path has not
-  // run on a GPU yet: until it has, async scheduling leaves penalized rows to
-  // Scheduler::schedule() unless SERVAL_CUDA_FED_PENALTIES=1 (for its tests).
-  bool counts_fed_tokens() const override { return env_is_one("SERVAL_CUDA_FED_PENALTIES"); }
+  // The sampler counts fed tokens (Task::fed_source), so async scheduling
+  // continues penalized rows. SERVAL_NO_FED_PENALTIES=1 leaves them to
+  // Scheduler::schedule() instead (for A/B runs and that path's tests).
+  bool counts_fed_tokens() const override { return !env_is_one("SERVAL_NO_FED_PENALTIES"); }
 
   cudaStream_t stream() const { return stream_; }
   // cuBLASLt launches that computed several weights as one strided batch.
