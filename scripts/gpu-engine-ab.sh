@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, in the folder scripts/gpu-stage.sh made: serval bench
-# --mode engine rows with async scheduling on (the default on a GPU) and off,
+# --mode engine rows with async scheduling on (the default on a GPU; its
+# continuations started late, the default, or early: --no-late-continuations) and off,
 # alternated (so drift of the machine hits both alike), then one table:
 # output tok/s, steps pipelined (queued while the step before ran) and the
 # host's mean time between steps, for each run.
@@ -56,12 +57,16 @@ if [ $OFFLINE_8B = 1 ] || [[ "${ROWS[*]}" == *M8* ]]; then
 fi
 
 declare -A CELL
-MODES=("async on" "async off")
+MODES=("async on" "async on, early" "async off")
 for row in "${ROWS[@]}"; do
   name=${row%%|*}; args=${row#*|}; args=${args//M7/$M7}; args=${args//M8/$M8}
   for r in $(seq 1 "$REPEATS"); do
     for mode in "${MODES[@]}"; do
-      flag="--async-scheduling ${mode#async }"
+      case $mode in
+        "async on") flag="--async-scheduling on" ;;
+        "async on, early") flag="--async-scheduling on --no-late-continuations" ;;
+        *) flag="--async-scheduling off" ;;
+      esac
       j=$(timeout 400 ./serval bench --device cuda --mode engine --json --model $args $flag \
         2>>"$OUT_DIR/bench-err.log" | tail -1)
       echo "$name | $mode | $j" >>"$OUT_DIR/bench.jsonl"
@@ -81,9 +86,9 @@ done
 
 echo
 echo "== engine A/B ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)): output tok/s, steps queued while the one before ran, host time between steps"
-echo "| row | --async-scheduling on (a GPU's default) | --async-scheduling off |"
-echo "| --- | --- | --- |"
+echo "| row | --async-scheduling on (a GPU's default) | on, --no-late-continuations | --async-scheduling off |"
+echo "| --- | --- | --- | --- |"
 for row in "${ROWS[@]}"; do
   name=${row%%|*}
-  echo "| $name | ${CELL["$name|async on"]:-} | ${CELL["$name|async off"]:-} |"
+  echo "| $name | ${CELL["$name|async on"]:-} | ${CELL["$name|async on, early"]:-} | ${CELL["$name|async off"]:-} |"
 done

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# A server under load with async scheduling on and off: for each setting,
+# A server under load with async scheduling on (continuations started late,
+# the default, or early: --no-late-continuations) and off: for each setting,
 # `serval serve` on a loopback port, then `serval bench --mode serve` against
 # it at each request rate, then the server stops; one table at the end
 # (output tok/s, TTFT and TPOT p50 / p99). On the GPU machine, in the folder
 # scripts/gpu-stage.sh made; or anywhere with --binary and --model.
 # Usage: ./gpu-serve-ab.sh [--rates "4 16 inf"] [--requests N] [--input-len I] [--output-len O]
 #                          [--model PATH] [--device cuda|cpu] [--binary PATH] [--repeats N]
+#                          [--modes "late early off"]
 #   default: the 7B bf16 random model on cuda, 256 requests of 128 + 128 tokens at 8, 32 and
 #   inf requests a second.
 set -u
@@ -18,6 +20,7 @@ if [ -f lib.tar.xz ]; then
   export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 fi
 RATES="8 32 inf"; REQUESTS=256; IN=128; OUTLEN=128; MODEL=""; DEVICE=cuda; BIN=./serval; REPEATS=1
+MODES="late early off"
 while [ $# -gt 0 ]; do
   case $1 in
     --rates) RATES=$2; shift ;;
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE=$2; shift ;;
     --binary) BIN=$2; shift ;;
     --repeats) REPEATS=$2; shift ;;
+    --modes) MODES=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 1 ;;
   esac
   shift
@@ -41,8 +45,14 @@ PORT=$((20000 + RANDOM % 20000))
 
 declare -A CELL
 for r in $(seq 1 "$REPEATS"); do
-  for mode in on off; do
-    $BIN serve --model "$MODEL" --device "$DEVICE" --port $PORT --async-scheduling $mode \
+  for mode in $MODES; do
+    case $mode in
+      late) FLAGS="--async-scheduling on" ;;
+      early) FLAGS="--async-scheduling on --no-late-continuations" ;;
+      off) FLAGS="--async-scheduling off" ;;
+      *) echo "unknown mode $mode" >&2; exit 1 ;;
+    esac
+    $BIN serve --model "$MODEL" --device "$DEVICE" --port $PORT $FLAGS \
       >"$OUT_DIR/serve-$mode.log" 2>&1 &
     PID=$!
     for _ in $(seq 1 600); do
@@ -57,7 +67,7 @@ for r in $(seq 1 "$REPEATS"); do
     for rate in $RATES; do
       j=$(timeout 500 $BIN bench --mode serve --url "http://127.0.0.1:$PORT" --json --requests "$REQUESTS" \
         --input-len "$IN" --output-len "$OUTLEN" --request-rate "$rate" --seed "$r" 2>>"$OUT_DIR/bench-err.log" | tail -1)
-      echo "async $mode | rate $rate | $j" >>"$OUT_DIR/bench.jsonl"
+      echo "$mode | rate $rate | $j" >>"$OUT_DIR/bench.jsonl"
       cell=$(echo "$j" | python3 -c '
 import json, sys
 try:
@@ -67,7 +77,7 @@ try:
 except Exception:
     print("failed")')
       CELL["$rate|$mode"]+="${CELL["$rate|$mode"]:+; }$cell"
-      echo "async $mode, rate $rate, run $r: $cell"
+      echo "$mode, rate $rate, run $r: $cell"
     done
     kill $PID 2>/dev/null
     wait $PID 2>/dev/null
@@ -76,11 +86,21 @@ done
 
 echo
 echo "== serving A/B ($DEVICE, $(basename "$MODEL"), $REQUESTS x ($IN + $OUTLEN)): output tok/s, TTFT p50 / p99, TPOT p50 / p99"
-echo "| request rate | --async-scheduling on | --async-scheduling off |"
-echo "| --- | --- | --- |"
+HEAD="| request rate |"; RULE="| --- |"
+for mode in $MODES; do
+  case $mode in
+    late) HEAD+=" async on, late continuations |" ;;
+    early) HEAD+=" async on, --no-late-continuations |" ;;
+    off) HEAD+=" --async-scheduling off |" ;;
+  esac
+  RULE+=" --- |"
+done
+echo "$HEAD"; echo "$RULE"
 for rate in $RATES; do
-  echo "| $rate | ${CELL["$rate|on"]:-} | ${CELL["$rate|off"]:-} |"
+  line="| $rate |"
+  for mode in $MODES; do line+=" ${CELL["$rate|$mode"]:-} |"; done
+  echo "$line"
 done
 echo
 echo "== the servers' start-up (the warm-up before they listen)"
-grep -h "warm-up\|serving '" "$OUT_DIR"/serve-on.log "$OUT_DIR"/serve-off.log
+for mode in $MODES; do grep -h "warm-up\|serving '" "$OUT_DIR/serve-$mode.log"; done

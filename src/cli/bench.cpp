@@ -63,6 +63,7 @@ const std::map<std::string, std::set<std::string>>& flag_modes() {
       {"--no-prefix-cache", {"engine"}},
       {"--no-async-scheduling", {"engine"}},
       {"--async-scheduling", {"engine"}},
+      {"--no-late-continuations", {"engine"}},
       {"--gemm-search", {"runner", "engine", "sweep"}},  // attention runs no matmul
       {"--gemm-search-cache", {"runner", "engine", "sweep"}},
   };

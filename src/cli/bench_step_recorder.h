@@ -66,6 +66,8 @@ class StepRecorder : public ModelRunner {
   int64_t graphs_captured() const override { return inner_.graphs_captured(); }
   bool uses_graphs() const override { return inner_.uses_graphs(); }
   bool queues_steps_async() const override { return inner_.queues_steps_async(); }
+  bool counts_fed_tokens() const override { return inner_.counts_fed_tokens(); }
+  bool sample_ready() const override { return inner_.sample_ready(); }
 
   // The steps recorded since the last clear() (thread-safe: the engine loop records).
   std::vector<StepRecord> steps() const;

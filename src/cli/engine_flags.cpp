@@ -25,6 +25,9 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
                  "for tests) or off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   sub.add_flag("--no-async-scheduling", f.no_async_scheduling, "--async-scheduling off");
+  sub.add_flag("--no-late-continuations", f.no_late_continuations,
+               "with async scheduling: plan each step as soon as the step before is queued, not shortly before "
+               "it is expected to end (requests that arrive while a step runs then start a step later)");
   sub.add_option("--block-size", f.block_size, "tokens per KV block");
   sub.add_option("--gpu-memory-fraction", f.gpu_memory_fraction,
                  "on a GPU: the fraction of its memory for weights, activations and the KV pool (default 0.9)");
@@ -56,6 +59,7 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.async_scheduling = f.no_async_scheduling || f.async_scheduling == "off" ? A::kOff
                        : f.async_scheduling == "on"                         ? A::kOn
                                                                             : A::kAuto;
+  o.late_continuations = !f.no_late_continuations;
   return o;
 }
 

@@ -174,20 +174,15 @@ int64_t Engine::num_unfinished() const {
 void Engine::loop() {
   std::optional<StepOutputs> done;  // the last committed step's, emitted during the next
   for (;;) {
-    std::vector<std::unique_ptr<Pending>> inbox;
-    std::vector<int64_t> aborts;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       // Sleep while idle; when work is in flight, pick up the inbox and go on.
       if (!sched_.has_unfinished() && !done)
         cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !aborts_.empty(); });
       if (stopping_) break;
-      inbox.swap(inbox_);
-      aborts.swap(aborts_);
     }
     StepOutputs now;
-    for (auto& p : inbox) admit(*p, now.it, now.out);
-    for (int64_t id : aborts) sched_.abort(id);
+    take_inbox(now);
     const bool committed = step(now, done);
     if (options_.check_invariants) kv_.check_invariants();
     if (committed)
@@ -198,6 +193,18 @@ void Engine::loop() {
   finish_continuation();
   if (done) emit(*done);
   abort_everything();
+}
+
+void Engine::take_inbox(StepOutputs& now) {
+  std::vector<std::unique_ptr<Pending>> inbox;
+  std::vector<int64_t> aborts;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inbox.swap(inbox_);
+    aborts.swap(aborts_);
+  }
+  for (auto& p : inbox) admit(*p, now.it, now.out);
+  for (int64_t id : aborts) sched_.abort(id);
 }
 
 void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
@@ -240,9 +247,12 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   };
   Started cur;
   IterationStats& it = now.it;
+  // When the device began the step (it runs steps in the order queued).
+  EngineClock::time_point device_start;
   if (next_) {
     cur = std::move(*next_);
     next_.reset();
+    device_start = std::max(cur.queued, last_done_);
   } else {
     const auto start_time = EngineClock::now();
     cur.plan = sched_.schedule(start_time);
@@ -257,13 +267,22 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
       return false;
     }
     start(cur, start_time);
+    device_start = std::max(start_time, last_done_);
   }
   it.num_prompt_tokens += cur.num_prompt_tokens;
-  if (async_scheduling_ && cur.error.empty()) start_continuation(cur);
-  // While the device runs the step. Stop strings found here end their
-  // samples at this step's commit (the scheduler holds aborts while a step is in flight).
-  emit_previous();
+  // While the device runs the step. Stop strings found by emit_previous end
+  // their samples at this step's commit (the scheduler holds aborts while a
+  // step is in flight).
+  if (async_scheduling_ && cur.error.empty())
+    continue_while_running(cur, device_start, now, emit_previous);
+  else
+    emit_previous();
+  const bool delayed = next_ && next_->delayed;
+  // Not ready: the host waits, and the tokens come when the device is done.
+  const bool waited = !runner_.sample_ready();
   now.error = settle(cur, it.num_generation_tokens);
+  if (now.error.empty())
+    continuation_timer_.step_done(device_start, cur.plan.num_tokens, last_done_, waited, delayed);
   if (!now.error.empty()) {
     if (next_) {  // its rows were this step's: they failed with it
       std::vector<SampledToken> ignored;
@@ -320,6 +339,7 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
       spec.uniform = seq.params().greedy() ? 0.0 : seq.rng().uniform();
     }
     runner_.start_sample(batch_, specs_);
+    s.queued = EngineClock::now();
   } catch (const std::exception& e) {
     s.error = e.what();
   }
@@ -343,6 +363,7 @@ std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled)
 std::string Engine::settle(const Started& s, int64_t& appended) {
   std::vector<SampledToken> sampled;
   std::string error = finish(s, sampled);
+  last_done_ = EngineClock::now();
   if (error.empty())
     appended = sched_.commit(s.plan, sampled);
   else
@@ -363,6 +384,32 @@ void Engine::start_continuation(const Started& cur) {
   next_.emplace();
   next_->plan = std::move(plan);
   start(*next_, EngineClock::now());
+}
+
+void Engine::continue_while_running(const Started& cur, EngineClock::time_point device_start, StepOutputs& now,
+                                    const std::function<void()>& emit_previous) {
+  std::optional<EngineClock::time_point> at;
+  // Late only where a request arriving now would be admitted.
+  if (options_.late_continuations && sched_.num_waiting() == 0 &&
+      sched_.num_running() < options_.scheduler.max_num_seqs)
+    at = continuation_timer_.start_time(device_start, cur.plan.num_tokens);
+  if (!at) {
+    const auto t0 = EngineClock::now();
+    start_continuation(cur);
+    continuation_timer_.host_cost(EngineClock::now() - t0);
+    emit_previous();
+    return;
+  }
+  emit_previous();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait_until(lock, *at, [&] { return stopping_; });
+  }
+  const auto t0 = EngineClock::now();
+  take_inbox(now);
+  start_continuation(cur);
+  continuation_timer_.host_cost(EngineClock::now() - t0);
+  if (next_) next_->delayed = true;
 }
 
 void Engine::emit(StepOutputs& o) {

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,6 +39,7 @@
 
 #include "core/error.h"
 #include "engine/batch_builder.h"
+#include "engine/continuation_timer.h"
 #include "engine/engine_metrics.h"
 #include "engine/metrics.h"
 #include "engine/request_output.h"
@@ -64,6 +66,11 @@ struct EngineOptions {
   // GPU); on a CPU the step would run before the one before is published.
   enum class AsyncScheduling { kAuto, kOn, kOff };
   AsyncScheduling async_scheduling = AsyncScheduling::kAuto;
+  // With async scheduling: start a continuation shortly before the step it
+  // continues is expected to end (ContinuationTimer), not when that step is
+  // queued, so that requests arriving meanwhile join it, a step earlier.
+  // Only while the scheduler could admit them (none waiting, seats free).
+  bool late_continuations = true;
 };
 
 // submit() refusals a server maps to distinct HTTP statuses (429 / 503);
@@ -157,6 +164,8 @@ class Engine {
     std::vector<SampleKey> keys;  // its rows, then forks
     int64_t num_prompt_tokens = 0;
     std::string error;
+    EngineClock::time_point queued;  // start() done: the device has all of it
+    bool delayed = false;            // started at ContinuationTimer::start_time
   };
   // Schedules and starts a step (or takes the continuation started last
   // time), starts its continuation when it can, emits `previous` (if any)
@@ -175,6 +184,13 @@ class Engine {
   std::string settle(const Started& s, int64_t& appended);
   // Starts the continuation of `cur` into next_, when the scheduler makes one.
   void start_continuation(const Started& cur);
+  // Emits `previous` and starts the continuation of `cur`, which the device
+  // began at `device_start`: the continuation first, or late (see
+  // EngineOptions::late_continuations), taking the requests that arrived.
+  void continue_while_running(const Started& cur, EngineClock::time_point device_start, StepOutputs& now,
+                              const std::function<void()>& emit_previous);
+  // Admits the submitted requests and applies the aborts asked for.
+  void take_inbox(StepOutputs& now);
   // Takes the tokens of a continuation still in flight and commits it (the
   // loop is ending).
   void finish_continuation();
@@ -216,6 +232,8 @@ class Engine {
   std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
   bool async_scheduling_ = false;
   std::optional<Started> next_;  // a continuation started and not yet committed
+  ContinuationTimer continuation_timer_;
+  EngineClock::time_point last_done_;  // when the last step's tokens came back
   PrefixCacheStats last_prefix_stats_;
 
   // Shared with submitting threads, under mutex_.

@@ -380,6 +380,9 @@ class Backend {
   virtual const int32_t* sampled_tokens() { return started_.latest_tokens().data(); }
   // Starts not yet finished.
   virtual int started_samples() const { return started_.size(); }
+  // Whether finish_sample would return without waiting for the device: the
+  // oldest unfinished start has finished there (or none is unfinished).
+  virtual bool sample_ready() const { return true; }
   // Whether start_sample's penalties count a spec's fed_source token (else a
   // caller must not start penalized specs with one). Default: yes.
   virtual bool counts_fed_tokens() const { return true; }

@@ -43,6 +43,7 @@ class BackendModelRunner : public ModelRunner {
   void forward_sample(const Batch& batch, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
   void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override;
   void finish_sample(std::vector<SampleResult>& out) override { backend_->finish_sample(out); }
+  bool sample_ready() const override { return backend_->sample_ready(); }
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   const ModelConfig& config() const override { return cfg_; }
   int32_t block_size() const override { return geom_.block_size; }

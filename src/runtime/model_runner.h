@@ -82,6 +82,9 @@ class ModelRunner {
   static constexpr int kMaxStartedSteps = StartedSamples::kMax;
   virtual void start_sample(const Batch& batch, std::span<const SampleSpec> specs);
   virtual void finish_sample(std::vector<SampleResult>& out) { out = started_.pop(); }
+  // Whether finish_sample would return without waiting for the device (the
+  // oldest unfinished start has finished there, or none is unfinished).
+  virtual bool sample_ready() const { return true; }
 
   // Copies whole KV blocks (every layer, K and V): for each pair, block
   // `first` to block `second`. For copy-on-write of a shared partial block

@@ -120,6 +120,7 @@ class CudaBackend : public Backend {
   const int32_t* sampled_tokens() override;
   bool queues_work_async() const override { return true; }
   int started_samples() const override;
+  bool sample_ready() const override;
   // The sampler counts fed tokens (Task::fed_source), so async scheduling
   // continues penalized rows. SERVAL_NO_FED_PENALTIES=1 leaves them to
   // Scheduler::schedule() instead (for A/B runs and that path's tests).

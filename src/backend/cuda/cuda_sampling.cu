@@ -305,6 +305,14 @@ int CudaBackend::started_samples() const {
   return sampler_state_ ? static_cast<const SamplerState*>(sampler_state_.get())->started : 0;
 }
 
+bool CudaBackend::sample_ready() const {
+  if (started_samples() == 0) return true;
+  const SamplerState& st = *static_cast<const SamplerState*>(sampler_state_.get());
+  const SampleSlot& slot = st.slots[st.first];
+  // An error is finish_sample's to report.
+  return slot.spec_rows.empty() || cudaEventQuery(slot.done) != cudaErrorNotReady;
+}
+
 void CudaBackend::finish_sample(std::vector<SampleResult>& out) {
   SERVAL_CHECK(started_samples() > 0, "cuda sampler: finish_sample without a started sample");
   SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
