@@ -225,6 +225,7 @@ int run_bench_engine(const BenchOptions& o) {
   add_percentiles_ms("tpot", tpot_s, j);
   add_percentiles_ms("itl", itl_s, j);
   j["async_scheduling"] = engine.async_scheduling();
+  j["late_continuations"] = engine.async_scheduling() && eo.late_continuations;
   j["steps"] = all.steps;
   j["mean_running_batch"] = ratio(all.seqs, double(all.steps));
   j["mean_step_ms"] = ratio(all.seconds, double(all.steps)) * 1e3;
