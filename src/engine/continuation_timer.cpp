@@ -1,5 +1,6 @@
 #include "engine/continuation_timer.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -20,10 +21,16 @@ size_t ContinuationTimer::bucket_of(int64_t num_tokens) {
   return size_t(std::bit_width(uint64_t(num_tokens < 1 ? 1 : num_tokens))) % 64;
 }
 
+std::optional<double> ContinuationTimer::Bucket::expected_s() const {
+  if (count < 2) return std::nullopt;  // one step may be a cold start
+  const int64_t n = std::min<int64_t>(count, kRecent);
+  return *std::min_element(recent.begin(), recent.begin() + n);
+}
+
 std::optional<ContinuationTimer::Clock::duration> ContinuationTimer::expected(int64_t num_tokens) const {
-  const Bucket& b = buckets_[bucket_of(num_tokens)];
-  if (!b.timed) return std::nullopt;
-  return from_seconds(b.mean_s);
+  const std::optional<double> e = buckets_[bucket_of(num_tokens)].expected_s();
+  if (!e) return std::nullopt;
+  return from_seconds(*e);
 }
 
 ContinuationTimer::Clock::duration ContinuationTimer::margin(int64_t num_tokens) const {
@@ -43,21 +50,22 @@ void ContinuationTimer::step_done(Clock::time_point device_start, int64_t num_to
   Bucket& b = buckets_[bucket_of(num_tokens)];
   if (!waited) {
     // It ended before the host asked: if the continuation was started late,
-    // the device may have gone idle waiting for it. Keep a wider margin.
+    // the device may have gone idle waiting for it (for a poll interval at
+    // most: the engine polls the step while it waits). Keep a wider margin.
     if (delayed) {
       ++misses_;
-      b.error_s = 2 * b.error_s + kWakeUpS;
+      b.error_s += kWakeUpS;
     }
     return;
   }
   const double d = std::chrono::duration<double>(done - device_start).count();
   if (d <= 0) return;
-  if (!b.timed) {
-    b = Bucket{d, 0.05 * d, true};
-    return;
-  }
-  b.error_s += kWeight * (std::abs(d - b.mean_s) - b.error_s);
-  b.mean_s += kWeight * (d - b.mean_s);
+  if (const std::optional<double> e = b.expected_s())
+    b.error_s += kWeight * (std::abs(d - *e) - b.error_s);
+  else if (b.count == 0)
+    b.error_s = 0.05 * d;
+  b.recent[size_t(b.count % kRecent)] = d;
+  ++b.count;
 }
 
 void ContinuationTimer::host_cost(Clock::duration d) {

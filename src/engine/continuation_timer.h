@@ -9,6 +9,11 @@
 // places the start that long, plus a margin for the device's variation,
 // before the step's expected end. A step that had ended before the host
 // asked for its tokens may have left the device idle: its margin grows.
+// Too long an estimate leaves the device idle, too short one only gives
+// back part of the gain, so the expected time is the shortest of the last
+// few steps of that size (a cold first step, or a longer context before,
+// does not hold the next start back), and the engine also polls whether
+// the step has ended while it waits.
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -21,8 +26,8 @@ class ContinuationTimer {
   using Clock = std::chrono::steady_clock;
 
   // When to start the continuation of a step of `num_tokens` tokens that the
-  // device began at `device_start`; nullopt: at once (no step of its size
-  // timed yet).
+  // device began at `device_start`; nullopt: at once (fewer than two steps
+  // of its size timed yet).
   std::optional<Clock::time_point> start_time(Clock::time_point device_start, int64_t num_tokens) const;
 
   // A step of `num_tokens` tokens, begun by the device at `device_start`,
@@ -46,10 +51,12 @@ class ContinuationTimer {
  private:
   // Steps of 2^(k-1) .. 2^k - 1 tokens share bucket k: a decode step's time
   // hardly changes with its rows, a prompt chunk's grows with its tokens.
+  static constexpr int kRecent = 4;
   struct Bucket {
-    double mean_s = 0;   // device time, moving average
-    double error_s = 0;  // |device time - mean|, moving average
-    bool timed = false;
+    std::array<double, kRecent> recent{};  // device times of the last steps, a ring
+    int64_t count = 0;                     // steps timed
+    double error_s = 0;                    // |device time - expected|, moving average
+    std::optional<double> expected_s() const;
   };
   static size_t bucket_of(int64_t num_tokens);
 

@@ -247,7 +247,9 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   };
   Started cur;
   IterationStats& it = now.it;
-  // When the device began the step (it runs steps in the order queued).
+  // When the device began the step (it runs steps in the order queued):
+  // when it was queued, or when the step before ended, which the host knows
+  // only if it was waiting for that step's tokens then.
   EngineClock::time_point device_start;
   if (next_) {
     cur = std::move(*next_);
@@ -269,6 +271,7 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
     start(cur, start_time);
     device_start = std::max(start_time, last_done_);
   }
+  const bool start_known = device_start > last_done_ || last_done_waited_;
   it.num_prompt_tokens += cur.num_prompt_tokens;
   // While the device runs the step. Stop strings found by emit_previous end
   // their samples at this step's commit (the scheduler holds aborts while a
@@ -281,8 +284,10 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   // Not ready: the host waits, and the tokens come when the device is done.
   const bool waited = !runner_.sample_ready();
   now.error = settle(cur, it.num_generation_tokens);
-  if (now.error.empty())
+  // A step's time is known when the host knows when it began and waited for its end.
+  if (now.error.empty() && (start_known || !waited))
     continuation_timer_.step_done(device_start, cur.plan.num_tokens, last_done_, waited, delayed);
+  last_done_waited_ = waited;
   if (!now.error.empty()) {
     if (next_) {  // its rows were this step's: they failed with it
       std::vector<SampledToken> ignored;
@@ -401,9 +406,15 @@ void Engine::continue_while_running(const Started& cur, EngineClock::time_point 
     return;
   }
   emit_previous();
-  {
+  // Until `at`, or until the step turns out to have ended (an estimate too
+  // long must not leave the device idle for long).
+  constexpr auto kReadyPoll = std::chrono::microseconds(200);
+  for (;;) {
+    const auto t = EngineClock::now();
+    if (t >= *at || runner_.sample_ready()) break;
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait_until(lock, *at, [&] { return stopping_; });
+    if (stopping_) break;
+    cv_.wait_until(lock, std::min(*at, t + kReadyPoll), [&] { return stopping_; });
   }
   const auto t0 = EngineClock::now();
   take_inbox(now);

@@ -234,6 +234,7 @@ class Engine {
   std::optional<Started> next_;  // a continuation started and not yet committed
   ContinuationTimer continuation_timer_;
   EngineClock::time_point last_done_;  // when the last step's tokens came back
+  bool last_done_waited_ = false;      // the host was waiting for them: the step ended then
   PrefixCacheStats last_prefix_stats_;
 
   // Shared with submitting threads, under mutex_.

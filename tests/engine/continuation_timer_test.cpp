@@ -11,11 +11,13 @@ using std::chrono::milliseconds;
 
 const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(1);
 
-TEST(ContinuationTimer, StartsAtOnceUntilAStepOfTheSameSizeIsTimed) {
+TEST(ContinuationTimer, StartsAtOnceUntilTwoStepsOfTheSameSizeAreTimed) {
   ContinuationTimer t;
   EXPECT_FALSE(t.start_time(t0, 64));
   t.step_done(t0, 64, t0 + milliseconds(6), /*waited=*/false, /*delayed=*/false);
   EXPECT_FALSE(t.start_time(t0, 64)) << "a step that did not keep the host waiting says nothing of its time";
+  t.step_done(t0, 64, t0 + milliseconds(6), true, false);
+  EXPECT_FALSE(t.start_time(t0, 64)) << "one step may be a cold start";
   t.step_done(t0, 64, t0 + milliseconds(6), true, false);
   ASSERT_TRUE(t.start_time(t0, 64));
   EXPECT_FALSE(t.start_time(t0, 128)) << "another size class";
@@ -39,6 +41,21 @@ TEST(ContinuationTimer, StartsTheHostsCostAndAMarginBeforeTheExpectedEnd) {
   EXPECT_LT(margin_us, 600);
   const Clock::time_point at = *t.start_time(t0, 1);
   EXPECT_EQ(at, t0 + *t.expected(1) - t.margin(1));
+}
+
+TEST(ContinuationTimer, ExpectsTheShortestOfTheLastSteps) {
+  ContinuationTimer t;
+  // A cold first step (plans, buffers) must not hold the next starts back.
+  t.step_done(t0, 2048, t0 + milliseconds(300), true, false);
+  t.step_done(t0, 2048, t0 + milliseconds(44), true, false);
+  EXPECT_EQ(*t.expected(2048), milliseconds(44));
+  // Nor long steps once the steps get shorter (contexts that ended).
+  for (int i = 0; i < 6; ++i) t.step_done(t0, 1, t0 + milliseconds(20), true, true);
+  t.step_done(t0, 1, t0 + milliseconds(5), true, true);
+  EXPECT_EQ(*t.expected(1), milliseconds(5));
+  // Four steps later the short one has left the window.
+  for (int i = 0; i < 4; ++i) t.step_done(t0, 1, t0 + milliseconds(21), true, true);
+  EXPECT_EQ(*t.expected(1), milliseconds(21));
 }
 
 TEST(ContinuationTimer, VaryingStepsAndMissesWidenTheMargin) {
