@@ -276,16 +276,18 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   // While the device runs the step. Stop strings found by emit_previous end
   // their samples at this step's commit (the scheduler holds aborts while a
   // step is in flight).
+  bool delayed = false;
   if (async_scheduling_ && cur.error.empty())
-    continue_while_running(cur, device_start, now, emit_previous);
+    delayed = continue_while_running(cur, device_start, now, emit_previous);
   else
     emit_previous();
-  const bool delayed = next_ && next_->delayed;
+  // Only late continuations read the steps' times.
+  const bool timed = async_scheduling_ && options_.late_continuations;
   // Not ready: the host waits, and the tokens come when the device is done.
-  const bool waited = !runner_.sample_ready();
+  const bool waited = timed && !runner_.sample_ready();
   now.error = settle(cur, it.num_generation_tokens);
   // A step's time is known when the host knows when it began and waited for its end.
-  if (now.error.empty() && (start_known || !waited))
+  if (timed && now.error.empty() && (start_known || !waited))
     continuation_timer_.step_done(device_start, cur.plan.num_tokens, last_done_, waited, delayed);
   last_done_waited_ = waited;
   if (!now.error.empty()) {
@@ -391,36 +393,32 @@ void Engine::start_continuation(const Started& cur) {
   start(*next_, EngineClock::now());
 }
 
-void Engine::continue_while_running(const Started& cur, EngineClock::time_point device_start, StepOutputs& now,
+bool Engine::continue_while_running(const Started& cur, EngineClock::time_point device_start, StepOutputs& now,
                                     const std::function<void()>& emit_previous) {
   std::optional<EngineClock::time_point> at;
   // Late only where a request arriving now would be admitted.
   if (options_.late_continuations && sched_.num_waiting() == 0 &&
       sched_.num_running() < options_.scheduler.max_num_seqs)
     at = continuation_timer_.start_time(device_start, cur.plan.num_tokens);
-  if (!at) {
-    const auto t0 = EngineClock::now();
-    start_continuation(cur);
-    continuation_timer_.host_cost(EngineClock::now() - t0);
+  if (at) {
     emit_previous();
-    return;
-  }
-  emit_previous();
-  // Until `at`, or until the step turns out to have ended (an estimate too
-  // long must not leave the device idle for long).
-  constexpr auto kReadyPoll = std::chrono::microseconds(200);
-  for (;;) {
-    const auto t = EngineClock::now();
-    if (t >= *at || runner_.sample_ready()) break;
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (stopping_) break;
-    cv_.wait_until(lock, std::min(*at, t + kReadyPoll), [&] { return stopping_; });
+    // Until `at`, or until the step turns out to have ended (an estimate too
+    // long must not leave the device idle for long).
+    constexpr auto kReadyPoll = std::chrono::microseconds(200);
+    for (;;) {
+      const auto t = EngineClock::now();
+      if (t >= *at || runner_.sample_ready()) break;
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (stopping_) break;
+      cv_.wait_until(lock, std::min(*at, t + kReadyPoll), [&] { return stopping_; });
+    }
   }
   const auto t0 = EngineClock::now();
-  take_inbox(now);
+  if (at) take_inbox(now);
   start_continuation(cur);
   continuation_timer_.host_cost(EngineClock::now() - t0);
-  if (next_) next_->delayed = true;
+  if (!at) emit_previous();
+  return at && next_;
 }
 
 void Engine::emit(StepOutputs& o) {

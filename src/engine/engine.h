@@ -165,7 +165,6 @@ class Engine {
     int64_t num_prompt_tokens = 0;
     std::string error;
     EngineClock::time_point queued;  // start() done: the device has all of it
-    bool delayed = false;            // started at ContinuationTimer::start_time
   };
   // Schedules and starts a step (or takes the continuation started last
   // time), starts its continuation when it can, emits `previous` (if any)
@@ -187,7 +186,8 @@ class Engine {
   // Emits `previous` and starts the continuation of `cur`, which the device
   // began at `device_start`: the continuation first, or late (see
   // EngineOptions::late_continuations), taking the requests that arrived.
-  void continue_while_running(const Started& cur, EngineClock::time_point device_start, StepOutputs& now,
+  // True when a continuation was started late.
+  bool continue_while_running(const Started& cur, EngineClock::time_point device_start, StepOutputs& now,
                               const std::function<void()>& emit_previous);
   // Admits the submitted requests and applies the aborts asked for.
   void take_inbox(StepOutputs& now);

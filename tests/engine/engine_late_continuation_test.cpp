@@ -88,11 +88,9 @@ EngineOptions options(bool late) {
 }
 
 EngineRequest request(int prompt_len, int max_tokens, int salt) {
-  EngineRequest r;
-  for (int i = 0; i < prompt_len; ++i) r.prompt_ids.push_back(int32_t((3 + 13 * i + 5 * salt) % kVocab));
-  r.params.temperature = 0;
-  r.stop.max_tokens = max_tokens;
-  return r;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < prompt_len; ++i) prompt.push_back(int32_t((3 + 13 * i + 5 * salt) % kVocab));
+  return testing::greedy_request(std::move(prompt), max_tokens, /*ignore_eos=*/false);
 }
 
 // For each of 5 requests submitted a fifth of the way into a decode step: how
