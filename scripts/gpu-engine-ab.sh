@@ -74,8 +74,9 @@ for row in "${ROWS[@]}"; do
 import json, sys
 try:
     j = json.load(sys.stdin)
-    print("%.0f tok/s, %d/%d pipelined, %.3f ms between" % (j["output_tokens_per_s"], j["pipelined_steps"],
-                                                           j["steps"], j["host_between_steps_ms"]))
+    print("%.0f tok/s, %d/%d pipelined (%d after the step before ended), %.3f ms between" % (
+        j["output_tokens_per_s"], j["pipelined_steps"], j["steps"], j["pipelined_after_end_steps"],
+        j["host_between_steps_ms"]))
 except Exception:
     print("failed")')
       CELL["$name|$mode"]+="${CELL["$name|$mode"]:+; }$cell"

@@ -247,6 +247,9 @@ int run_bench_engine(const BenchOptions& o) {
   j["host_between_steps_ms"] = ratio(all.gap_s, double(all.gaps)) * 1e3;
   // Steps queued while the one before ran (async scheduling's continuations).
   j["pipelined_steps"] = all.pipelined;
+  // Of those, steps queued only after the one before had ended (the device
+  // idled for part of the host's work: a late continuation started too late).
+  j["pipelined_after_end_steps"] = all.after_end;
   j["decode_steps"] = decode.steps;
   j["mean_decode_batch"] = ratio(decode.seqs, double(decode.steps));
   j["decode_step_ms"] = ratio(decode.seconds, double(decode.steps)) * 1e3;

@@ -22,6 +22,7 @@ void StepTotals::add(const StepRecord& r, const Limits& limits) {
     gap_s += r.gap_s;
     ++gaps;
     pipelined += r.gap_s == 0;
+    after_end += r.after_end;
   }
 }
 
@@ -43,8 +44,10 @@ void StepRecorder::start_sample(const Batch& batch, std::span<const SampleSpec> 
   Started s{describe(batch), Clock::now()};
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!started_.empty())
-      s.record.gap_s = 0;  // queued behind a step in flight: the device does not wait
+    if (!started_.empty()) {
+      s.record.gap_s = 0;  // queued behind a step in flight: the device does not wait...
+      s.record.after_end = inner_.sample_ready();  // ...unless that step had ended
+    }
     else if (finished_at_)
       s.record.gap_s = std::chrono::duration<double>(s.at - *finished_at_).count();
   }

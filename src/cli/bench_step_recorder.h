@@ -29,6 +29,9 @@ struct StepRecord {
   // commit, scheduling and batch building); 0 for a step started before
   // them; < 0: no step before it was recorded.
   double gap_s = -1;
+  // Queued behind a step that had already ended on the device (gap_s 0, yet
+  // the device idled in between: a continuation started too late).
+  bool after_end = false;
   double bytes = 0;        // weights + K/V read
   double flops = 0;
   double op_limit_s = 0;   // StepCost::op_limit_s
@@ -42,6 +45,7 @@ struct StepTotals {
   double start_s = 0, wait_s = 0, gap_s = 0;
   int64_t gaps = 0;  // steps with a gap_s
   int64_t pipelined = 0;  // steps queued while the one before was in flight (gap_s 0)
+  int64_t after_end = 0;  // of those, queued after the one before had ended on the device
   void add(const StepRecord& r, const Limits& limits);
 };
 

@@ -109,6 +109,9 @@ def test_engine_mode_async_scheduling_on_the_cpu(serval, models):
     assert on["failed"] == 0 and on["output_tokens"] == off["output_tokens"] == 8 * 12
     assert off["pipelined_steps"] == 0
     assert on["pipelined_steps"] > on["steps"] // 2, on
+    # A CPU step runs inside its start: it has ended before the next is queued.
+    assert on["pipelined_after_end_steps"] == on["pipelined_steps"]
+    assert off["pipelined_after_end_steps"] == 0
 
 
 def test_engine_mode_warms_up_each_class_of_context_the_run_reaches(serval, models):
