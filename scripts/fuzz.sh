@@ -2,7 +2,8 @@
 # Builds the libFuzzer harnesses with clang (ASan + UBSan) in build-fuzz and runs
 # each for the given number of seconds (default 60) on its seed corpus.
 #   scripts/fuzz.sh [seconds] [fuzzer ...]     e.g. scripts/fuzz.sh 600 fuzz_gguf
-# Needs clang and libomp-14-dev (apt-get install -y clang libomp-14-dev).
+# Needs clang and libomp-14-dev (apt-get install -y clang libomp-14-dev); fuzz_openai_request
+# reads the Qwen3 tokenizer from $SERVAL_MODELS (default ../shared/models).
 # New interesting inputs go to build-fuzz/corpus/<name>/ (the checked-in seeds stay
 # untouched); crashes are written to build-fuzz/crashes/.
 set -euo pipefail
@@ -10,10 +11,10 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 fuzzers=("$@")
-[ ${#fuzzers[@]} -eq 0 ] && fuzzers=(fuzz_gguf fuzz_safetensors)
+[ ${#fuzzers[@]} -eq 0 ] && fuzzers=(fuzz_gguf fuzz_safetensors fuzz_openai_request)
 
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DSERVAL_BUILD_FUZZERS=ON -DSERVAL_BUILD_TESTS=OFF >/dev/null
+  -DSERVAL_BUILD_FUZZERS=ON -DSERVAL_BUILD_TESTS=OFF -DSERVAL_CUDA=OFF >/dev/null
 cmake --build build-fuzz -j2 --target "${fuzzers[@]}"
 
 mkdir -p build-fuzz/crashes

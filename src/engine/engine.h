@@ -160,6 +160,10 @@ class Engine {
   void admit(Pending& pending, IterationStats& it, std::vector<Outgoing>& out);
   // A plan started on the runner (or that failed to start: `error`).
   struct Started {
+    // Declared, so that std::optional<Started> below sees a default
+    // constructor while Engine is incomplete (clang does not, from the
+    // member initializers alone).
+    Started() {}
     StepPlan plan;
     std::vector<SampleKey> keys;  // its rows, then forks
     int64_t num_prompt_tokens = 0;

@@ -233,7 +233,9 @@ void sample(std::string& out, std::string_view name, const std::string& labels, 
 std::string Registry::expose() const {
   std::string out;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [name, entry] : families_) {
+  for (const auto& family : families_) {
+    const std::string& name = family.first;
+    const auto& entry = family.second;
     auto header = [&](const std::string& help, MetricType type) {
       out += "# HELP " + name + " " + escape_help(help) + "\n";
       out += "# TYPE " + name + " " + metric_type_name(type) + "\n";
