@@ -222,9 +222,7 @@ BpeVocab make_byte_level(const json& tj, JsonVocab v, const std::string& path) {
   return b;
 }
 
-}  // namespace
-
-TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::string& config_path) {
+TokenizerSpec read_spec(const std::string& json_path, const std::string& config_path) {
   json tj = read_json(json_path);
   SERVAL_CHECK(tj.contains("model") && tj["model"].is_object(), "\"", json_path, "\" has no \"model\" object");
   std::string type = tj["model"].value("type", "BPE");
@@ -260,6 +258,18 @@ TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::
   set_special_tokens_added(tj, cfg, ids, spec);
   spec.chat_template = chat_template_from_config(cfg);
   return spec;
+}
+
+}  // namespace
+
+TokenizerSpec read_tokenizer_json_spec(const std::string& json_path, const std::string& config_path) {
+  try {
+    return read_spec(json_path, config_path);
+  } catch (const json::exception& e) {
+    // Valid JSON with a field of another type than the loader reads.
+    fail("\"", json_path, "\"", config_path.empty() ? "" : " or \"" + config_path + "\"",
+         ": a field has the wrong JSON type: ", e.what());
+  }
 }
 
 std::string chat_template_from_config(const json& cfg, const std::string& name) {

@@ -102,6 +102,12 @@ TEST(TokenizerLoader, ErrorsNameTheProblem) {
   expect_error(dir.write("t2.json", R"({"model": {"type": "Unigram", "vocab": []}})"), "\"Unigram\" is not supported");
   expect_error(dir.write("t3.json", R"({"normalizer": null})"), "no \"model\"");
   expect_error(dir.write("weights.bin", "garbage"), "expected a .gguf file");
+  // Valid JSON, a field of the wrong type: the file is named, not only nlohmann's message.
+  expect_error(dir.write("t4.json", R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": 5}},
+                                        "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})"),
+               "t4.json\": a field has the wrong JSON type");
+  expect_error(dir.write("t5.json", R"({"model": {"type": "BPE", "byte_fallback": 3, "vocab": {"a": 0}, "merges": []}})"),
+               "t5.json\": a field has the wrong JSON type");
 }
 
 TEST(TokenizerLoader, MinimalByteLevelJson) {
