@@ -65,30 +65,35 @@ struct JsonVocab {
   std::vector<std::pair<std::string, std::string>> merges;
 };
 
+// A vocabulary id: an integer of 0 .. 2^24 - 1 (a float such as 2e97 would
+// not convert to an integer at all).
+int32_t token_id(const json& id, const std::string& path, const std::string& piece) {
+  SERVAL_CHECK(id.is_number_integer(), "\"", path, "\": the id of \"", piece, "\" is not an integer: ", id.dump());
+  SERVAL_CHECK(id.is_number_unsigned() && id.get<uint64_t>() < (uint64_t{1} << 24), "\"", path, "\": the id of \"",
+               piece, "\" is out of range (0 to 2^24 - 1): ", id.dump());
+  return static_cast<int32_t>(id.get<uint64_t>());
+}
+
 JsonVocab read_vocab(const json& tj, const std::string& path) {
   const json& model = tj["model"];
   SERVAL_CHECK(model.contains("vocab") && model["vocab"].is_object(), "\"", path, "\": model.vocab is missing");
   JsonVocab v;
-  int64_t max_id = -1;
-  for (const auto& [piece, id] : model["vocab"].items()) max_id = std::max<int64_t>(max_id, id.get<int64_t>());
+  int32_t max_id = -1;
+  for (const auto& [piece, id] : model["vocab"].items()) max_id = std::max(max_id, token_id(id, path, piece));
   if (tj.contains("added_tokens"))
-    for (const auto& t : tj["added_tokens"]) max_id = std::max<int64_t>(max_id, t.at("id").get<int64_t>());
-  SERVAL_CHECK(max_id >= 0 && max_id < (1 << 24), "\"", path, "\": vocabulary ids out of range (max ", max_id, ")");
+    for (const auto& t : tj["added_tokens"])
+      max_id = std::max(max_id, token_id(t.at("id"), path, t.at("content").get<std::string>()));
+  SERVAL_CHECK(max_id >= 0, "\"", path, "\": the vocabulary is empty");
   v.pieces.assign(static_cast<size_t>(max_id + 1), std::string());
-  for (const auto& [piece, id] : model["vocab"].items()) {
-    int64_t i = id.get<int64_t>();
-    SERVAL_CHECK(i >= 0, "\"", path, "\": negative id for \"", piece, "\"");
-    v.pieces[static_cast<size_t>(i)] = piece;
-  }
+  for (const auto& [piece, id] : model["vocab"].items()) v.pieces[static_cast<size_t>(token_id(id, path, piece))] = piece;
   if (tj.contains("added_tokens")) {
     for (const auto& t : tj["added_tokens"]) {
       AddedToken a;
       a.content = t.at("content").get<std::string>();
-      a.id = t.at("id").get<int32_t>();
+      a.id = token_id(t.at("id"), path, a.content);
       a.special = t.value("special", false);
       a.lstrip = t.value("lstrip", false);
       a.rstrip = t.value("rstrip", false);
-      SERVAL_CHECK(a.id >= 0, "\"", path, "\": added token \"", a.content, "\" has a negative id");
       v.pieces[static_cast<size_t>(a.id)] = a.content;
       v.added.push_back(std::move(a));
     }

@@ -106,6 +106,14 @@ TEST(TokenizerLoader, ErrorsNameTheProblem) {
   expect_error(dir.write("t4.json", R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": 5}},
                                         "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})"),
                "t4.json\": a field has the wrong JSON type");
+  // Ids: integers of 0 .. 2^24 - 1 (a float id used to be converted with undefined behaviour).
+  expect_error(dir.write("t6.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2e97}, "merges": []}})"),
+               "the id of \"b\" is not an integer: 2e+97");
+  expect_error(dir.write("t7.json", R"({"added_tokens": [{"id": -1, "content": "<s>"}],
+                                        "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})"),
+               "the id of \"<s>\" is out of range");
+  expect_error(dir.write("t8.json", R"({"model": {"type": "BPE", "vocab": {"a": 16777216}, "merges": []}})"),
+               "the id of \"a\" is out of range");
   expect_error(dir.write("t5.json", R"({"model": {"type": "BPE", "byte_fallback": 3, "vocab": {"a": 0}, "merges": []}})"),
                "t5.json\": a field has the wrong JSON type");
 }
