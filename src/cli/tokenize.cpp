@@ -38,7 +38,9 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
   for (const auto& v : j) {
     SERVAL_CHECK(v.is_number_integer(), "token ids must be integers, got ", v.dump());
-    ids.push_back(v.get<int32_t>());
+    SERVAL_CHECK(v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t(INT32_MAX), "token id ", v.dump(),
+                 " is out of range");
+    ids.push_back(int32_t(v.get<uint64_t>()));
   }
   return ids;
 }

@@ -200,6 +200,9 @@ def test_cli_single_text_and_decode(binary):
     assert p.stdout == "Once upon a time\n"
     p = run("--decode", "--text", "[1, \"x\"]")
     assert p.returncode != 0 and "integers" in p.stderr
+    # 2^32 + 403 is not 403 (it used to wrap to it).
+    p = run("--decode", "--ids", f"[1, {2**32 + 403}]")
+    assert p.returncode != 0 and f"token id {2**32 + 403} is out of range" in p.stderr
     p = run("--text", "x", "--input", "/nonexistent.jsonl")
     assert p.returncode != 0 and "/nonexistent.jsonl" in p.stderr
 
