@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 fuzzers=("$@")
-[ ${#fuzzers[@]} -eq 0 ] && fuzzers=(fuzz_gguf fuzz_safetensors fuzz_tokenizer_json fuzz_openai_request)
+[ ${#fuzzers[@]} -eq 0 ] && fuzzers=(fuzz_gguf fuzz_safetensors fuzz_tokenizer_json fuzz_chat_template fuzz_openai_request)
 
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSERVAL_BUILD_FUZZERS=ON -DSERVAL_BUILD_TESTS=OFF -DSERVAL_CUDA=OFF >/dev/null
@@ -25,5 +25,6 @@ for f in "${fuzzers[@]}"; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     "build-fuzz/$f" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 \
     -timeout=10 -print_final_stats=1 -artifact_prefix=build-fuzz/crashes/ \
-    "$corpus" "tests/fuzz/corpus/${f#fuzz_}"
+    "$corpus" "tests/fuzz/corpus/${f#fuzz_}" \
+    $([ "$f" = fuzz_chat_template ] && echo tests/python/chat_templates)
 done
