@@ -47,9 +47,9 @@ void StepRecorder::start_sample(const Batch& batch, std::span<const SampleSpec> 
     if (!started_.empty()) {
       s.record.gap_s = 0;  // queued behind a step in flight: the device does not wait...
       s.record.after_end = inner_.sample_ready();  // ...unless that step had ended
-    }
-    else if (finished_at_)
+    } else if (finished_at_) {
       s.record.gap_s = std::chrono::duration<double>(s.at - *finished_at_).count();
+    }
   }
   inner_.start_sample(batch, specs);
   s.record.start_s = std::chrono::duration<double>(Clock::now() - s.at).count();

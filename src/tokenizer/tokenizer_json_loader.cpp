@@ -78,14 +78,11 @@ JsonVocab read_vocab(const json& tj, const std::string& path) {
   const json& model = tj["model"];
   SERVAL_CHECK(model.contains("vocab") && model["vocab"].is_object(), "\"", path, "\": model.vocab is missing");
   JsonVocab v;
-  int32_t max_id = -1;
-  for (const auto& [piece, id] : model["vocab"].items()) max_id = std::max(max_id, token_id(id, path, piece));
-  if (tj.contains("added_tokens"))
-    for (const auto& t : tj["added_tokens"])
-      max_id = std::max(max_id, token_id(t.at("id"), path, t.at("content").get<std::string>()));
-  SERVAL_CHECK(max_id >= 0, "\"", path, "\": the vocabulary is empty");
-  v.pieces.assign(static_cast<size_t>(max_id + 1), std::string());
-  for (const auto& [piece, id] : model["vocab"].items()) v.pieces[static_cast<size_t>(token_id(id, path, piece))] = piece;
+  auto place = [&](int32_t id, const std::string& piece) {
+    if (size_t(id) >= v.pieces.size()) v.pieces.resize(size_t(id) + 1);
+    v.pieces[size_t(id)] = piece;
+  };
+  for (const auto& [piece, id] : model["vocab"].items()) place(token_id(id, path, piece), piece);
   if (tj.contains("added_tokens")) {
     for (const auto& t : tj["added_tokens"]) {
       AddedToken a;
@@ -94,10 +91,11 @@ JsonVocab read_vocab(const json& tj, const std::string& path) {
       a.special = t.value("special", false);
       a.lstrip = t.value("lstrip", false);
       a.rstrip = t.value("rstrip", false);
-      v.pieces[static_cast<size_t>(a.id)] = a.content;
+      place(a.id, a.content);
       v.added.push_back(std::move(a));
     }
   }
+  SERVAL_CHECK(!v.pieces.empty(), "\"", path, "\": the vocabulary is empty");
   if (model.contains("merges"))
     for (const auto& m : model["merges"]) v.merges.push_back(parse_merge(m, path));
   return v;
