@@ -74,5 +74,5 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("report*")):
 print(f"sanitizer reports: {found} ({skipped} not ours skipped)")
 sys.exit(1 if found else 0)
 EOF
-echo "tests exit status: $status (under TSan a deadline may fail a test for time alone)"
+echo "tests exit status: $status$([ "$kind" = thread ] && echo " (under TSan a deadline may fail a test for time alone)")"
 exit $report_status

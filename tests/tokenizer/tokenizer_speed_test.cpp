@@ -39,7 +39,7 @@ std::vector<std::pair<std::string, std::string>> long_inputs(size_t n) {
 }
 
 // Best of three encodes of `text`, in seconds; checks the ids decode back.
-double encode_seconds(const Tokenizer& tok, const std::string& name, const std::string& text) {
+double encode_seconds(const Tokenizer& tok, const char* rel, const std::string& name, const std::string& text) {
   double best = 1e9;
   for (int run = 0; run < 3; ++run) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -47,7 +47,7 @@ double encode_seconds(const Tokenizer& tok, const std::string& name, const std::
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     EXPECT_FALSE(ids.empty());
     if (run == 0 && name != "mixed words") {
-      EXPECT_EQ(tok.decode(ids, false), text) << name;
+      EXPECT_EQ(tok.decode(ids, false), text) << rel << " " << name;
     }
   }
   return best;
@@ -60,8 +60,8 @@ void check_speed(const char* rel) {
   const auto small = long_inputs(n), large = long_inputs(4 * n);
   for (size_t i = 0; i < small.size(); ++i) {
     const std::string& name = small[i].first;
-    const double s = encode_seconds(*tok, name, small[i].second);
-    const double l = encode_seconds(*tok, name, large[i].second);
+    const double s = encode_seconds(*tok, rel, name, small[i].second);
+    const double l = encode_seconds(*tok, rel, name, large[i].second);
     // Below a millisecond the clock's noise could dominate: compare from 1 ms up.
     EXPECT_LT(l, 8 * std::max(s, 1e-3)) << rel << " " << name << ": " << s << " s for " << n
                                         << " bytes, " << l << " s for 4x";
