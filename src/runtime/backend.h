@@ -329,6 +329,17 @@ class Backend {
     matmul_multi(x, {&wq, &wk, &wv}, {q, k, v});
     rope_kv_write(q, k, v, positions, rope, slot_mapping, kv, geom);
   }
+  // qkv_rope_kv_write, then paged_attention of its q into out: the attention
+  // up to its output projection, with the batch's positions and slots. A
+  // backend may rotate and write the new K/V inside the attention kernel; q,
+  // k and v need not hold anything afterwards. Default: the two ops.
+  virtual void qkv_attention(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
+                             Tensor q, Tensor k, Tensor v, const RopeParams& rope, const KvLayer& kv,
+                             const KvGeometry& geom, const BatchView& batch, int32_t num_heads, float scale,
+                             Tensor out) {
+    qkv_rope_kv_write(x, wq, wk, wv, q, k, v, batch.positions, rope, batch.slot_mapping, kv, geom);
+    paged_attention(q, kv, geom, batch, num_heads, scale, out);
+  }
   // Copies block `src` of both pools to block `dst`.
   virtual void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) = 0;
   // Writes k, v [T, num_kv_heads * head_dim] to the pools at slot_mapping[t].

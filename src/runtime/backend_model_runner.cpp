@@ -480,10 +480,11 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
         be.rmsnorm(k.reshaped(cfg_.head_dim), *L.k_norm, eps, k.reshaped(cfg_.head_dim));
       }
       be.rope_kv_write(q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
+      be.paged_attention(q, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale, attn);
     } else {
-      be.qkv_rope_kv_write(xn, *L.wq, *L.wk, *L.wv, q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
+      be.qkv_attention(xn, *L.wq, *L.wk, *L.wv, q, k, v, rope_, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale,
+                       attn);
     }
-    be.paged_attention(q, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale, attn);
     be.matmul_add_rmsnorm(attn, *L.wo, proj, x, ffn_norm(l), eps, xn);
 
     be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate

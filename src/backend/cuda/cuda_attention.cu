@@ -1,12 +1,15 @@
 // CudaBackend::paged_attention: fills AttnParams, picks the decode split count
 // and launches the prefill and decode kernels (a mixed batch runs both; each
-// kernel skips the sequences of the other kind). With f32 activations
+// kernel skips the sequences of the other kind). CudaBackend::qkv_attention:
+// the q/k/v projection, then attention that rotates and writes the new K/V
+// itself where it can. With f32 activations
 // (--dtype float32) one CUDA-core kernel serves every sequence; in
 // batch-invariant mode the prefill kernels serve every sequence.
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_attention_decode_tile.cuh"
 #include "backend/cuda/cuda_attention_prefill_simt.cuh"
 #include "backend/cuda/cuda_backend.h"
 
@@ -50,6 +53,14 @@ int64_t stream_attention_calls(const Backend& be) {
   return cuda_backend_of(be, "stream_attention_calls").stream_attention_calls();
 }
 
+void use_rope_in_attention(Backend& be, bool on) {
+  cuda_backend_of(be, "use_rope_in_attention").set_rope_in_attention(on);
+}
+
+int64_t rope_folded_attention_calls(const Backend& be) {
+  return cuda_backend_of(be, "rope_folded_attention_calls").rope_folded_attention_calls();
+}
+
 void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
                                   int32_t num_heads, float scale, Tensor out) {
   SERVAL_CHECK(q.dtype == act_dtype_ && out.dtype == act_dtype_, "paged_attention: expects ", dtype_name(act_dtype_),
@@ -78,6 +89,11 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
                  p.head_dim, " has no CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
     return;
   }
+  plan_attention(p, b);
+  launch_attention(p, b);
+}
+
+void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
   static const bool direct = !env_is_one("SERVAL_NO_DIRECT_SPLIT");
   p.whole_split_direct = direct;
   // b.max_context_len may be an upper bound (CUDA graphs): the split count and
@@ -114,12 +130,75 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
     p.early_kv = attention_decode_early_kv(p, num_sms_);
     if (counters > 0) p.merge_count = static_cast<int*>(scratch(attn_merge_count_, count_bytes));
   }
+}
 
+void CudaBackend::launch_attention(const AttnParams& p, const BatchView& b) {
   bool ok = true;
   if (b.max_query_len > 1) ok = launch_attention_prefill(p, b.max_query_len, stream_);
   if (ok) ok = p.stream_blocks > 0 ? launch_attention_decode_stream(p, stream_) : launch_attention_decode(p, stream_);
   SERVAL_CHECK(ok, "paged_attention: head_dim ", p.head_dim,
                " has no CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
+}
+
+// Steps of decodes only (graphs record them) whose projection leaves the rope
+// to a kernel after it: 17 rows and up, or NeoX rope below.
+bool CudaBackend::rope_in_attention_fits(const Tensor& x, const Tensor& q, const RopeParams& rope,
+                                         const KvGeometry& geom, const BatchView& b) const {
+  const int D = geom.head_dim;
+  return rope_in_attention_ && act_dtype_ == DType::BF16 && !batch_invariant_ && x.dtype == DType::BF16 &&
+         b.max_query_len == 1 && b.num_tokens == b.num_seqs && x.rows == b.num_tokens && b.num_tokens > 0 &&
+         b.slot_mapping != nullptr && q.dtype == DType::BF16 && rope.inv_freq != nullptr && rope.head_dim == D &&
+         D % 8 == 0 && rope.rope_dim > 0 && rope.rope_dim <= D &&
+         rope.rope_dim % (rope.style == RopeStyle::Neox ? 16 : 2) == 0 && decode::with_head_dim(D, [](auto) {});
+}
+
+void CudaBackend::qkv_attention(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk,
+                                const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const RopeParams& rope,
+                                const KvLayer& kv, const KvGeometry& geom, const BatchView& b, int32_t num_heads,
+                                float scale, Tensor out) {
+  const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
+  if (gemv_rope_fits(x, cq, ck, cv, q, k, v, rope, geom) || !rope_in_attention_fits(x, q, rope, geom, b))
+    return Backend::qkv_attention(x, wq, wk, wv, q, k, v, rope, kv, geom, b, num_heads, scale, out);
+  SERVAL_CHECK(out.dtype == DType::BF16 && geom.num_kv_heads > 0 && num_heads % geom.num_kv_heads == 0,
+               "qkv_attention: ", num_heads, " query heads do not divide into ", geom.num_kv_heads, " KV heads");
+  settle(x);
+  // The projection's rows, unrotated: one stacked product, or q, k and v.
+  const bool stacked = stacked_qkv_fits(x, cq, ck, cv, q, rope, geom);
+  const int64_t row = cq.rows() + ck.rows() + cv.rows();
+  const bf16* qkv = nullptr;
+  if (stacked)
+    qkv = stacked_qkv(x, cq, ck, cv);
+  else
+    matmul_multi(x, {&wq, &wk, &wv}, {q, k, v});
+
+  AttnParams p = attn_params<bf16>(q, kv, geom, b, num_heads, scale, out);
+  plan_attention(p, b);
+  if (p.stream_blocks > 0) {  // the stream kernel reads every key from the pools
+    if (stacked)
+      rope_kv_write_from_stacked(qkv, row, cq.rows(), cq.rows() + ck.rows(), q, ck.rows(), b.positions, rope,
+                                 b.slot_mapping, kv, geom);
+    else
+      rope_kv_write(q, k, v, b.positions, rope, b.slot_mapping, kv, geom);
+    return launch_attention(p, b);
+  }
+  AttnRopeFold& f = p.fold;
+  f.inv_freq = rope.inv_freq;
+  f.rope_dim = rope.rope_dim;
+  f.neox = rope.style == RopeStyle::Neox;
+  f.q = stacked ? qkv : bf(q);
+  f.k = stacked ? qkv + cq.rows() : static_cast<const bf16*>(k.data);
+  f.v = stacked ? qkv + cq.rows() + ck.rows() : static_cast<const bf16*>(v.data);
+  f.q_stride = stacked ? row : q.cols;
+  f.kv_stride = stacked ? row : k.cols;
+  f.slots = b.slot_mapping;
+  f.k_pool = static_cast<bf16*>(kv.k.data());
+  f.v_pool = static_cast<bf16*>(kv.v.data());
+  // Rows and chunks of 16 bytes (the new key's copies), which every product here gives.
+  SERVAL_CHECK(f.q_stride % 2 == 0 && f.kv_stride % 8 == 0 && reinterpret_cast<uintptr_t>(f.k) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(f.v) % 16 == 0,
+               "qkv_attention: q/k/v rows are not 16-byte aligned");
+  ++rope_folded_attention_calls_;
+  launch_attention(p, b);
 }
 
 }  // namespace serval::cuda

@@ -16,6 +16,23 @@ constexpr int kDecodeKeyTile = 16;
 // Most sequences a stream decode launch takes (its blocks scan them all).
 constexpr int kAttnStreamMaxSeqs = 256;
 
+// Rope and the KV write done by the split decode kernel, in a step whose rows
+// are all decodes (inv_freq set): q, k and v are the projections' rows,
+// unrotated. Each block rotates its heads of q; the block holding a
+// sequence's new key rotates k, writes k and v to the token's slot (as
+// rope_kv_write does, bit for bit) and puts them into its copy of that tile,
+// which may have read the slot before the write. The kernel before attention
+// is then the projection itself, one launch and boundary fewer per layer.
+struct AttnRopeFold {
+  const float* inv_freq = nullptr;  // [rope_dim / 2]; null: q is rotated, the new K/V are in the pools
+  int rope_dim = 0;
+  bool neox = false;
+  const bf16 *q = nullptr, *k = nullptr, *v = nullptr;
+  int64_t q_stride = 0, kv_stride = 0;  // elements from one token's row to the next
+  const int64_t* slots = nullptr;       // [T]: the new tokens' slots
+  bf16 *k_pool = nullptr, *v_pool = nullptr;
+};
+
 // Elem: the element type of q, out and the pools (the activation dtype).
 template <typename Elem>
 struct AttnParamsT {
@@ -56,6 +73,7 @@ struct AttnParamsT {
   // piece_ready one flag per warp, zero between launches.
   int stream_blocks = 0;
   int* piece_ready = nullptr;
+  AttnRopeFold fold;  // the split kernel only (bf16)
 };
 using AttnParams = AttnParamsT<bf16>;
 

@@ -27,6 +27,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_attention_decode_rope.cuh"
 #include "backend/cuda/cuda_attention_decode_tile.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
@@ -147,8 +148,10 @@ struct SplitSmem : DecodeSmem<D> {
   static constexpr int COMBINE_BYTES = kWarps * kHeadsPerBlock * CS * 4;
   static constexpr int MAIN_BYTES = Base::RING_BYTES > COMBINE_BYTES ? Base::RING_BYTES : COMBINE_BYTES;
   // After the rings (or the combine buffer over them): (m, l) per warp and
-  // head, then the block's (M, L) per head.
-  static constexpr int BYTES = MAIN_BYTES + (kWarps + 1) * kHeadsPerBlock * 2 * 4;
+  // head, then the block's (M, L) per head, then the rope angles' cos and sin
+  // (AttnRopeFold: at most D of them).
+  static constexpr int ROPE_OFF = MAIN_BYTES + (kWarps + 1) * kHeadsPerBlock * 2 * 4;
+  static constexpr int BYTES = ROPE_OFF + D * 4;
   static_assert(MAIN_BYTES >= kMergeSmemFloats * 4, "the merge's weights go over the rings");
 };
 
@@ -165,6 +168,7 @@ template <int D, int NH>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel(AttnParams p) {
   using Sm = SplitSmem<D>;
   constexpr int DP = Sm::DP, MT = DP / 16;
+  static_assert(D <= 2 * kThreads, "one rope angle per thread (rope_angle)");
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int hb_count = head_blocks(p.group);
@@ -219,6 +223,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
       cp_async_commit();
       ++early;
     }
+  const bool fold = p.fold.inv_freq != nullptr;  // the same for every block
+  float* rope_cs = reinterpret_cast<float*>(smem + Sm::ROPE_OFF);
+  const float freq = fold && tid < p.fold.rope_dim / 2 ? p.fold.inv_freq[tid] : 0.0f;
   pdl_wait();
   if (!is_decode) return;
   // The first split holds the whole context (a short one, under a split
@@ -226,9 +233,29 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   const bool whole = p.whole_split_direct && live == 1;
   if (tile0 >= n_tiles) return;  // past this sequence's context: nothing to merge
   uint32_t qa[DP / 16][4];
-  load_q<D, NH>(qa, p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D, GL, g, t);
-
-  prime_ring(ring, first, nt, lane, p.k_pool, p.v_pool, early);
+  // With the rope folded in, the warp whose tiles include the new key (the
+  // sequence's last) patches it in at its step `patch_step`; -1: none.
+  const int last_in_block = n_tiles - 1 - tile0;
+  const int patch_step =
+      fold && tile_end == n_tiles && last_in_block % kWarps == warp ? last_in_block / kWarps : -1;
+  NewKeyPatch<D> new_key;
+  if (!fold) {
+    load_q<D, NH>(qa, p.q + (int64_t(q0) * p.num_heads + int64_t(kvh) * G + h0) * D, GL, g, t);
+    prime_ring(ring, first, nt, lane, p.k_pool, p.v_pool, early);
+  } else {
+    // The tiles first: the angles, q's and the new key's loads are worked
+    // out while they fly.
+    prime_ring(ring, first, nt, lane, p.k_pool, p.v_pool, early);
+    rope_angle(rope_cs, tid, p.positions[q0], freq, p.fold.rope_dim / 2);
+    __syncthreads();
+    load_q_rope<D, NH>(qa, p.fold.q + int64_t(q0) * p.fold.q_stride + (int64_t(kvh) * G + h0) * D, GL, g, t,
+                       rope_cs, p.fold);
+    if (patch_step >= 0) {
+      const int64_t src = int64_t(q0) * p.fold.kv_stride + int64_t(kvh) * D;
+      const int64_t dst = (p.fold.slots[q0] * p.kv_heads + kvh) * D;
+      new_key.make(p.fold.k + src, p.fold.v + src, p.fold.k_pool + dst, p.fold.v_pool + dst, lane, rope_cs, p.fold);
+    }
+  }
   int64_t pending = key_offset(kStages);  // the next tile's offsets, loaded one tile ahead
 
   WarpState<D, NH> st;
@@ -237,6 +264,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   for (int i = 0; i < nt; ++i) {
     cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
     __syncwarp();                  // ... and every lane's
+    if (i == patch_step) {
+      new_key.patch(ring_p + (i % kStages) * Sm::STAGE_BYTES, (n_ctx - 1) % kTile, lane);
+      __syncwarp();
+    }
     const uint32_t ks = ring.base + (i % kStages) * Sm::STAGE_BYTES + lds_off;
     st.step(qa, ks, ks + Sm::TILE_ELEMS * 2, (tile0 + warp + i * kWarps) * kTile, n_ctx, p.scale_log2, t);
     __syncwarp();  // every lane is done with this stage before it is refilled

@@ -24,6 +24,10 @@
 
 namespace serval::cuda {
 
+template <typename Elem>
+struct AttnParamsT;  // cuda_attention.cuh
+using AttnParams = AttnParamsT<bf16>;
+
 // A weight on the GPU: matrices in the backend's activation dtype, vectors f32.
 class CudaWeight : public DeviceWeight {
  public:
@@ -110,6 +114,14 @@ class CudaBackend : public Backend {
                 const KvGeometry& geom) override;
   void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom, const BatchView& batch,
                        int32_t num_heads, float scale, Tensor out) override;
+  // In a step of decodes only, from 17 rows (below, the GEMV's epilogue
+  // rotates): the projection, then the split decode kernel rotates q and k
+  // and writes the new K/V itself (AttnRopeFold), one kernel fewer per layer.
+  // Off by default (its first form was slower, see docs/BENCHMARKS.md, session
+  // 32): SERVAL_ROPE_IN_ATTN=1 or set_rope_in_attention(true) turns it on.
+  void qkv_attention(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
+                     Tensor q, Tensor k, Tensor v, const RopeParams& rope, const KvLayer& kv, const KvGeometry& geom,
+                     const BatchView& batch, int32_t num_heads, float scale, Tensor out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
                     Tensor up_buf, Tensor out) override;
@@ -134,6 +146,9 @@ class CudaBackend : public Backend {
   int64_t elided_norms() const { return elided_norms_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
+  void set_rope_in_attention(bool on) { rope_in_attention_ = on; }
+  // Decode attention launches that rotated q and wrote the new K/V themselves.
+  int64_t rope_folded_attention_calls() const { return rope_folded_attention_calls_; }
   // Decode attention launches that the stream kernel served.
   int64_t stream_attention_calls() const { return stream_attention_calls_; }
   int num_sms() const { return num_sms_; }
@@ -169,9 +184,15 @@ class CudaBackend : public Backend {
   // Our kernels for x @ W^T (own_kernel_fits): the GEMV, or the skinny GEMM.
   void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n);
   void own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out);
+  // Whether qkv_rope_kv_write's GEMV rotates and writes K/V in its epilogue.
+  bool gemv_rope_fits(const Tensor& x, const CudaWeight& cq, const CudaWeight& ck, const CudaWeight& cv,
+                      const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                      const KvGeometry& geom) const;
   // qkv_rope_kv_write as one GEMM of the stacked q/k/v weights (cuda_matmul.cu).
   bool stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv,
                         const Tensor& q, const RopeParams& rope, const KvGeometry& geom) const;
+  // The stacked product [T, q + 2 kv] (in scratch until the next call).
+  const bf16* stacked_qkv(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv);
   void stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv,
                                  Tensor q, const int32_t* positions, const RopeParams& rope,
                                  const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom);
@@ -216,6 +237,12 @@ class CudaBackend : public Backend {
   // After an op that writes t: a pending norm there is gone.
   void overwritten(const Tensor& t);
   void* host_op_scratch(DeviceBuffer& buf, int64_t bytes);
+  // paged_attention's bf16 decode plan (split count, stream kernel or not,
+  // scratch), and the launch of the planned kernels (cuda_attention.cu).
+  void plan_attention(AttnParams& p, const BatchView& b);
+  void launch_attention(const AttnParams& p, const BatchView& b);
+  bool rope_in_attention_fits(const Tensor& x, const Tensor& q, const RopeParams& rope, const KvGeometry& geom,
+                              const BatchView& b) const;
 
   int device_ = 0;
   DType act_dtype_ = DType::BF16;
@@ -245,6 +272,8 @@ class CudaBackend : public Backend {
   DeviceBuffer attn_merge_count_;  // split-KV decode: arrival counters, zero between launches
   AttentionStream attention_stream_ = attention_stream_from_env();
   int64_t stream_attention_calls_ = 0;
+  bool rope_in_attention_ = env_is_one("SERVAL_ROPE_IN_ATTN");
+  int64_t rope_folded_attention_calls_ = 0;
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)
   void* host_staging_ = nullptr;  // pinned, for tensor_to_host

@@ -182,22 +182,27 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
 // without that kernel between the projection and attention (one launch fewer
 // per layer at batch 1). Other shapes, NeoX rope, f32: the two ops.
 // SERVAL_NO_ROPE_IN_GEMV=1: always the two ops (to compare).
+bool CudaBackend::gemv_rope_fits(const Tensor& x, const CudaWeight& cq, const CudaWeight& ck, const CudaWeight& cv,
+                                 const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                 const KvGeometry& geom) const {
+  static const bool enabled = !env_is_one("SERVAL_NO_ROPE_IN_GEMV");
+  const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
+  const bool gemv_takes = batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
+  return enabled && act_dtype_ == DType::BF16 && gemv_takes && rope.style == RopeStyle::Interleaved &&
+         rope.head_dim == geom.head_dim && rope.head_dim % 8 == 0 && rope.rope_dim % 2 == 0 && rope.rope_dim > 0 &&
+         rope.rope_dim <= rope.head_dim && rope.inv_freq != nullptr && cq.dtype() == DType::BF16 &&
+         ck.dtype() == DType::BF16 && cv.dtype() == DType::BF16 && cq.cols() == x.cols && ck.cols() == x.cols &&
+         cv.cols() == x.cols && q.dtype == DType::BF16 && q.rows == x.rows && q.cols == cq.rows() &&
+         q.cols % rope.head_dim == 0 && ck.rows() == kv_row && cv.rows() == kv_row && k.rows == x.rows &&
+         k.cols == kv_row && v.rows == x.rows && v.cols == kv_row;
+}
+
 void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk,
                                     const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
                                     const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
                                     const KvGeometry& geom) {
-  static const bool enabled = !env_is_one("SERVAL_NO_ROPE_IN_GEMV");
   const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
-  const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
-  const bool gemv_takes = batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
-  const bool fits = enabled && act_dtype_ == DType::BF16 && gemv_takes && rope.style == RopeStyle::Interleaved &&
-                    rope.head_dim == geom.head_dim && rope.head_dim % 8 == 0 && rope.rope_dim % 2 == 0 &&
-                    rope.rope_dim > 0 && rope.rope_dim <= rope.head_dim && rope.inv_freq != nullptr &&
-                    cq.dtype() == DType::BF16 && ck.dtype() == DType::BF16 && cv.dtype() == DType::BF16 &&
-                    cq.cols() == x.cols && ck.cols() == x.cols && cv.cols() == x.cols && q.dtype == DType::BF16 &&
-                    q.rows == x.rows && q.cols == cq.rows() && q.cols % rope.head_dim == 0 &&
-                    ck.rows() == kv_row && cv.rows() == kv_row && k.rows == x.rows && k.cols == kv_row &&
-                    v.rows == x.rows && v.cols == kv_row;
+  const bool fits = gemv_rope_fits(x, cq, ck, cv, q, k, v, rope, geom);
   if (!fits) {
     settle(x);
     if (stacked_qkv_fits(x, cq, ck, cv, q, rope, geom))
@@ -246,16 +251,22 @@ bool CudaBackend::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const 
          q.rows == x.rows && q.cols == wq.rows() && rope.head_dim == geom.head_dim && rope.inv_freq != nullptr;
 }
 
-void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
-                                            const CudaWeight& wv, Tensor q, const int32_t* positions,
-                                            const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
-                                            const KvGeometry& geom) {
+const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
+                                     const CudaWeight& wv) {
   const int64_t row = wq.rows() + wk.rows() + wv.rows();
   void* qkv = scratch(stacked_qkv_, x.rows * row * 2);
   lt_matmul({.m = row, .n = x.rows, .k = x.cols}, wq.data(), x.data, qkv);
   ++stacked_qkv_calls_;
-  rope_kv_write_from_stacked(qkv, row, wq.rows(), wq.rows() + wk.rows(), q, wk.rows(), positions, rope, slot_mapping,
-                             kv, geom);
+  return static_cast<const bf16*>(qkv);
+}
+
+void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
+                                            const CudaWeight& wv, Tensor q, const int32_t* positions,
+                                            const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
+                                            const KvGeometry& geom) {
+  const bf16* qkv = stacked_qkv(x, wq, wk, wv);
+  rope_kv_write_from_stacked(qkv, wq.rows() + wk.rows() + wv.rows(), wq.rows(), wq.rows() + wk.rows(), q, wk.rows(),
+                             positions, rope, slot_mapping, kv, geom);
 }
 
 // 129..256 rows of bf16 (cuBLASLt) with rows of a multiple of 256

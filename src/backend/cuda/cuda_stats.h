@@ -31,5 +31,10 @@ void use_skinny_gemm(Backend& be, bool on);
 enum class AttentionStream { kAuto, kOff, kAlways };
 void use_attention_stream(Backend& be, AttentionStream mode);
 int64_t stream_attention_calls(const Backend& be);
+// Rope and the KV write inside the split decode kernel (qkv_attention, a step
+// of decodes from 17 rows): on, or off (the default unless
+// SERVAL_ROPE_IN_ATTN=1), and how many launches did it.
+void use_rope_in_attention(Backend& be, bool on);
+int64_t rope_folded_attention_calls(const Backend& be);
 
 }  // namespace serval::cuda
