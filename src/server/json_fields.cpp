@@ -1,6 +1,7 @@
 #include "server/json_fields.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -98,6 +99,14 @@ std::optional<double> get_number(const nlohmann::json& obj, const char* key) {
   const double d = v->get<double>();
   if (!std::isfinite(d)) throw ApiError(400, str_cat("'", key, "' must be finite"), key);
   return d;
+}
+
+std::optional<float> get_float(const nlohmann::json& obj, const char* key) {
+  const std::optional<double> d = get_number(obj, key);
+  if (d && std::fabs(*d) > double(std::numeric_limits<float>::max()))
+    throw ApiError(400, str_cat("'", key, "' is too large for a 32-bit float (at most 3.4e38), got ", obj.at(key).dump()),
+                   key);
+  return d ? std::optional<float>(float(*d)) : std::nullopt;
 }
 
 const nlohmann::json* get_object(const nlohmann::json& obj, const char* key) {

@@ -24,6 +24,9 @@ std::optional<std::string> get_string(const nlohmann::json& obj, const char* key
 std::optional<int64_t> get_int(const nlohmann::json& obj, const char* key, int64_t lo, int64_t hi);
 // Finite numbers.
 std::optional<double> get_number(const nlohmann::json& obj, const char* key);
+// Finite numbers that a 32-bit float holds (1e300 is refused as too large,
+// rather than becoming inf on its way into a float field).
+std::optional<float> get_float(const nlohmann::json& obj, const char* key);
 // An object (e.g. stream_options); 400 when present and not an object.
 const nlohmann::json* get_object(const nlohmann::json& obj, const char* key);
 

@@ -50,13 +50,13 @@ GenerationOptions parse_generation(const json& body) {
   GenerationOptions g;
   if (auto m = get_string(body, "model")) g.model = *m;
   SamplingParams& p = g.params;
-  if (auto v = get_number(body, "temperature")) p.temperature = float(*v);
-  if (auto v = get_number(body, "top_p")) p.top_p = float(*v);
+  if (auto v = get_float(body, "temperature")) p.temperature = *v;
+  if (auto v = get_float(body, "top_p")) p.top_p = *v;
   if (auto v = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max())) p.top_k = int32_t(*v);
-  if (auto v = get_number(body, "min_p")) p.min_p = float(*v);
-  if (auto v = get_number(body, "presence_penalty")) p.presence_penalty = float(*v);
-  if (auto v = get_number(body, "frequency_penalty")) p.frequency_penalty = float(*v);
-  if (auto v = get_number(body, "repetition_penalty")) p.repetition_penalty = float(*v);
+  if (auto v = get_float(body, "min_p")) p.min_p = *v;
+  if (auto v = get_float(body, "presence_penalty")) p.presence_penalty = *v;
+  if (auto v = get_float(body, "frequency_penalty")) p.frequency_penalty = *v;
+  if (auto v = get_float(body, "repetition_penalty")) p.repetition_penalty = *v;
   if (auto v = get_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()))
     p.seed = uint64_t(*v);
   if (auto v = get_int(body, "max_tokens", 0, kMaxTokensLimit)) g.max_tokens = int32_t(*v);

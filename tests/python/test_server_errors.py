@@ -58,11 +58,19 @@ def test_wrong_types_name_the_parameter(server, field, value):
 @pytest.mark.parametrize("field,value", [
     ("max_tokens", -1), ("top_p", 1.5), ("temperature", -0.5), ("n", 0), ("n", 10 ** 30), ("logprobs", 99),
     ("presence_penalty", 3), ("max_tokens", 10 ** 20), ("min_p", 2), ("repetition_penalty", 0),
+    ("temperature", 1e300), ("frequency_penalty", -1e39),
 ])
 def test_out_of_range_names_the_parameter(server, field, value):
     body = {"model": "test-model", "prompt": "Once", "max_tokens": 4, field: value}
     status, _, resp = server.post("/v1/completions", body, AUTH)
     assert_error(status, resp, 400, param=field)
+
+
+def test_a_number_too_large_for_a_float_is_named_not_inf(server):
+    body = {"model": "test-model", "prompt": "Once", "max_tokens": 4, "temperature": 1e300}
+    status, _, resp = server.post("/v1/completions", body, AUTH)
+    msg = assert_error(status, resp, 400, param="temperature")["message"]
+    assert "too large for a 32-bit float" in msg and "1e+300" in msg and "inf" not in msg, msg
 
 
 def test_chat_field_errors(server):

@@ -61,13 +61,35 @@ TEST(OpenAiRequest, WrongTypesAndRangesNameTheParameter) {
       {"n", 0},               {"n", 1e30},          {"top_p", 1.5},       {"top_k", -2},
       {"seed", "s"},          {"stop", 5},          {"stop", json::array({1})}, {"stream", 1},
       {"logprobs", 21},       {"presence_penalty", 9}, {"min_p", -0.1},   {"echo", "yes"},
-      {"stream_options", 1},  {"logit_bias", {{"1", 2}}}, {"min_tokens", -3}};
+      {"stream_options", 1},  {"logit_bias", {{"1", 2}}}, {"min_tokens", -3}, {"temperature", 1e300},
+      {"repetition_penalty", -1e39}};
   for (const auto& [field, value] : cases) {
     json body = base;
     body[field] = value;
     if (field == "stream_options") body["stream"] = true;
     EXPECT_EQ(param_of_failure(body), field) << field << " = " << value.dump();
   }
+}
+
+TEST(OpenAiRequest, FloatFieldsRefuseWhatAFloatCannotHold) {
+  json body = {{"prompt", "x"}, {"temperature", 1e300}};
+  try {
+    parse_completion_request(body);
+    FAIL() << "temperature 1e300 was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("too large for a 32-bit float"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1e+300"), std::string::npos) << e.what();
+  }
+  body["temperature"] = 3e38;  // a float: the sampling range check names it
+  try {
+    parse_completion_request(body);
+    FAIL() << "temperature 3e38 was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("temperature must be in"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("inf"), std::string::npos) << e.what();
+  }
+  body["temperature"] = 0.5;
+  EXPECT_FLOAT_EQ(parse_completion_request(body).gen.params.temperature, 0.5f);
 }
 
 TEST(OpenAiRequest, NullMeansNotGiven) {
