@@ -114,11 +114,12 @@ class CudaBackend : public Backend {
                 const KvGeometry& geom) override;
   void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom, const BatchView& batch,
                        int32_t num_heads, float scale, Tensor out) override;
-  // In a step of decodes only, from 17 rows (below, the GEMV's epilogue
-  // rotates): the projection, then the split decode kernel rotates q and k
-  // and writes the new K/V itself (AttnRopeFold), one kernel fewer per layer.
-  // Off by default (its first form was slower, see docs/BENCHMARKS.md, session
-  // 32): SERVAL_ROPE_IN_ATTN=1 or set_rope_in_attention(true) turns it on.
+  // In a step of decodes only whose projection leaves the rope to a kernel
+  // after it (17 rows and up, or NeoX rope): the projection, then the split
+  // decode kernel rotates q and k and writes the new K/V itself
+  // (AttnRopeFold), one kernel fewer per layer. Off by default: on an H100 it
+  // was no faster than the rope kernel it removes (docs/BENCHMARKS.md, session
+  // 32). SERVAL_ROPE_IN_ATTN=1 or set_rope_in_attention(true) turns it on.
   void qkv_attention(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
                      Tensor q, Tensor k, Tensor v, const RopeParams& rope, const KvLayer& kv, const KvGeometry& geom,
                      const BatchView& batch, int32_t num_heads, float scale, Tensor out) override;
