@@ -157,7 +157,9 @@ void CudaBackend::qkv_attention(const Tensor& x, const DeviceWeight& wq, const D
                                 const KvLayer& kv, const KvGeometry& geom, const BatchView& b, int32_t num_heads,
                                 float scale, Tensor out) {
   const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
-  if (gemv_rope_fits(x, cq, ck, cv, q, k, v, rope, geom) || !rope_in_attention_fits(x, q, rope, geom, b))
+  // The fold's own test first: with it off (the default), the GEMV's is left
+  // to qkv_rope_kv_write alone rather than made twice per layer.
+  if (!rope_in_attention_fits(x, q, rope, geom, b) || gemv_rope_fits(x, cq, ck, cv, q, k, v, rope, geom))
     return Backend::qkv_attention(x, wq, wk, wv, q, k, v, rope, kv, geom, b, num_heads, scale, out);
   SERVAL_CHECK(out.dtype == DType::BF16 && geom.num_kv_heads > 0 && num_heads % geom.num_kv_heads == 0,
                "qkv_attention: ", num_heads, " query heads do not divide into ", geom.num_kv_heads, " KV heads");
