@@ -27,6 +27,7 @@ AttnParamsT<T> attn_params(const Tensor& q, const KvLayer& kv, const KvGeometry&
   p.v_pool = static_cast<const T*>(kv.v.data());
   p.query_start = b.query_start;
   p.positions = b.positions;
+  p.context_len = b.context_len;
   p.block_table = b.block_table;
   p.num_seqs = b.num_seqs;
   p.num_heads = num_heads;
@@ -94,6 +95,7 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
 }
 
 void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
+  SERVAL_CHECK(b.context_len != nullptr, "paged_attention: the batch has no context_len");
   static const bool direct = !env_is_one("SERVAL_NO_DIRECT_SPLIT");
   p.whole_split_direct = direct;
   // b.max_context_len may be an upper bound (CUDA graphs): the split count and

@@ -42,6 +42,7 @@ struct AttnParamsT {
   const Elem* v_pool = nullptr;
   const int32_t* query_start = nullptr;
   const int32_t* positions = nullptr;
+  const int32_t* context_len = nullptr;  // [S]
   const int32_t* block_table = nullptr;
   int num_seqs = 0, num_heads = 0, kv_heads = 0, group = 0, head_dim = 0;
   int block_size = 0, max_blocks_per_seq = 0;

@@ -176,13 +176,25 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   const int s = blockIdx.y, split = blockIdx.z;
   const int G = p.group, GL = min(kHeadsPerBlock, G - h0);  // heads h0 .. h0 + GL - 1 of the group
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  // The batch's metadata (query starts, positions, block tables) is copied from
-  // the host before the step's first kernel, and no kernel writes it: it is
-  // read, and the first tiles' keys located, while the kernel before us (the
-  // rope + KV write) drains. q and the K/V pools only after pdl_wait().
+  // The batch's metadata (query starts, context lengths, block tables) is
+  // copied from the host before the step's first kernel, and no kernel writes
+  // it: it is read, and the first tiles' keys located, while the kernel before
+  // us (the rope + KV write) drains. q and the K/V pools only after pdl_wait().
+  // Blocks past the first wave start after that kernel has ended, so their
+  // metadata is one round of independent loads, not a chain: the context
+  // length from context_len (not the query start, then its position), and
+  // the first tiles' table entries beside it where the split starts at key 0.
+  const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
+  auto key_index = [&](int first_tile, int i) { return (first_tile + warp + i * kWarps) * kTile + (lane & 15); };
+  // A table entry for key j, read whether or not j is in the context (the
+  // index is clamped to the row), so that no load waits on the context length.
+  auto table_entry = [&](int j) -> int64_t { return table[min(j / p.block_size, p.max_blocks_per_seq - 1)]; };
+  int64_t entry0[kStages];
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) entry0[st] = table_entry(key_index(0, st));
   const int q0 = p.query_start[s];
   const bool is_decode = p.query_start[s + 1] - q0 == 1;  // else the prefill kernel serves it
-  const int n_ctx = is_decode ? p.positions[q0] + 1 : 0;
+  const int n_ctx = is_decode ? p.context_len[s] : 0;     // a decode's position is n_ctx - 1
   const int n_tiles = (n_ctx + kTile - 1) / kTile;
   const int tps = split_tiles(n_tiles, p.num_splits);
   const int live = (n_tiles + tps - 1) / tps;  // the first splits hold keys; the rest are empty
@@ -193,17 +205,21 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
 
   // Lane L (and L + 16) finds the pool offset of key L of the warp's i-th tile
   // (-1 past the context); the loads' lanes take it by shuffle.
-  const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
   const int64_t slot_stride = int64_t(p.kv_heads) * D, head_off = int64_t(kvh) * D;
-  auto key_offset = [&](int i) -> int64_t {
-    const int j = (tile0 + warp + i * kWarps) * kTile + (lane & 15);
+  auto offset_of = [&](int i, int j, int64_t blk) -> int64_t {
     if (i >= nt || j >= n_ctx) return -1;
-    const int64_t blk = table[j / p.block_size];
     return (blk * p.block_size + j % p.block_size) * slot_stride + head_off;
+  };
+  auto key_offset = [&](int i) {
+    const int j = key_index(tile0, i);
+    return offset_of(i, j, table_entry(j));
   };
   int64_t first[kStages];
 #pragma unroll
-  for (int st = 0; st < kStages; ++st) first[st] = key_offset(st);  // the table loads overlap
+  for (int st = 0; st < kStages; ++st) {
+    const int j = key_index(tile0, st);
+    first[st] = offset_of(st, j, tile0 == 0 ? entry0[st] : table_entry(j));
+  }
   unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
   ring.zero_padding(ring_p, lane);
@@ -246,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
     // The tiles first: the angles, q's and the new key's loads are worked
     // out while they fly.
     prime_ring(ring, first, nt, lane, p.k_pool, p.v_pool, early);
-    rope_angle(rope_cs, tid, p.positions[q0], freq, p.fold.rope_dim / 2);
+    rope_angle(rope_cs, tid, n_ctx - 1, freq, p.fold.rope_dim / 2);
     __syncthreads();
     load_q_rope<D, NH>(qa, p.fold.q + int64_t(q0) * p.fold.q_stride + (int64_t(kvh) * G + h0) * D, GL, g, t,
                        rope_cs, p.fold);

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
       n[k] = 0;
       if (s < S) {
         const int q = p.query_start[s];
-        const int c = p.query_start[s + 1] - q == 1 ? p.positions[q] + 1 : 0;  // else the prefill kernel serves it
+        const int c = p.query_start[s + 1] - q == 1 ? p.context_len[s] : 0;  // else the prefill kernel serves it
         ctx[s] = c;
         q0s[s] = q;
         n[k] = (c + kTile - 1) / kTile * items;

@@ -39,6 +39,7 @@
 // scales its sums by the rows' 1 / rms before its own epilogue. Both keep the
 // units, k split and sums above, so batch invariance holds.
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_gemv_unit.cuh"
@@ -296,6 +297,18 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
   }
 }
 
+// SMs whose worth of blocks the GEMV's persistent grids hold: all, or
+// SERVAL_GEMV_SMS=N (a measuring tool). The hardware spreads the blocks over
+// every SM, so N scales the weight bytes in flight GPU-wide by N / SMs: on an
+// H100, N = 94 leaves each byte in flight to carry what an H200's (41% more
+// bandwidth, the same 132 SMs) must, which tells without an H200 whether
+// bytes in flight limit the stream.
+int gemv_sms(int device_sms) {
+  const char* v = std::getenv("SERVAL_GEMV_SMS");
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n > 0 ? std::min(n, device_sms) : device_sms;
+}
+
 // Resident blocks of a kernel on the whole GPU, read once per kernel.
 template <auto kKernel>
 int resident_blocks() {
@@ -303,6 +316,7 @@ int resident_blocks() {
     int dev = 0, sms = 0, per_sm = 0;
     SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
     SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    sms = gemv_sms(sms);
     SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0));
     return std::max(per_sm, 1) * sms;
   }();
