@@ -70,16 +70,16 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
   extern __shared__ float cs_s[];  // [half] cos, then [half] sin
   const int t = blockIdx.x;
   const int half = rope_dim / 2;
-  // Positions and frequencies are not written by the previous kernel (the
-  // q/k/v projection): the angles are computed while it drains (launch_pdl).
+  // Positions, slots and frequencies are not written by the previous kernel
+  // (the q/k/v projection): they are loaded while it drains (launch_pdl).
   const float pos = float(positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) sincosf(pos * inv_freq[i], &cs_s[half + i], &cs_s[i]);
+  const int64_t slot = slots[t];
+  const float freq0 = int(threadIdx.x) < half ? inv_freq[threadIdx.x] : 0.0f;
   pdl_wait();
   pdl_launch_dependents();
-  __syncthreads();
   const int64_t kv_row = int64_t(k_heads) * head_dim;
   const T* kt = in.k + int64_t(t) * in.kv_stride;
-  T* Kt = K + slots[t] * kv_row;
+  T* Kt = K + slot * kv_row;
   const int head0 = blockIdx.y * kHeadsPerBlock;
   const int heads = min(kHeadsPerBlock, q_heads + k_heads - head0);
   // A thread's pairs go kBatch at a time, every load before the first store
@@ -93,8 +93,8 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
     return Pair{head, i, neox ? i : 2 * i, neox ? i + half : 2 * i + 1};
   };
   const int n_pairs = heads * half;
-  for (int e0 = threadIdx.x; e0 < n_pairs; e0 += kBatch * blockDim.x) {
-    float a[kBatch], b[kBatch];
+  float a[kBatch], b[kBatch];
+  auto load_batch = [&](int e0) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       if (e0 + u * int(blockDim.x) >= n_pairs) continue;
@@ -104,6 +104,16 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
       a[u] = load1(h, r.ia);
       b[u] = load1(h, r.ib);
     }
+  };
+  // The first batch's loads fly while the block works out the angles: after
+  // a kernel that does not launch us early (cuBLASLt's), the position and
+  // these loads are one round trip instead of two.
+  load_batch(int(threadIdx.x));
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    sincosf(pos * (i == int(threadIdx.x) ? freq0 : inv_freq[i]), &cs_s[half + i], &cs_s[i]);
+  __syncthreads();
+  for (int e0 = threadIdx.x; e0 < n_pairs; e0 += kBatch * blockDim.x) {
+    if (e0 != int(threadIdx.x)) load_batch(e0);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       if (e0 + u * int(blockDim.x) >= n_pairs) continue;
@@ -131,7 +141,7 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
   }
   // This block's share of the v row.
   const T* vt = in.v + int64_t(t) * in.kv_stride;
-  T* Vt = V + slots[t] * kv_row;
+  T* Vt = V + slot * kv_row;
   if (kv_row % 8 == 0 && in.kv_stride % 8 == 0 && reinterpret_cast<uintptr_t>(in.v) % 16 == 0) {
     const int64_t n8 = kv_row / 8, per = (n8 + gridDim.y - 1) / gridDim.y;
     const int64_t c1 = min(n8, per * (blockIdx.y + 1));
