@@ -297,12 +297,13 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
   }
 }
 
-// SMs whose worth of blocks the GEMV's persistent grids hold: all, or
-// SERVAL_GEMV_SMS=N (a measuring tool). The hardware spreads the blocks over
-// every SM, so N scales the weight bytes in flight GPU-wide by N / SMs: on an
-// H100, N = 94 leaves each byte in flight to carry what an H200's (41% more
-// bandwidth, the same 132 SMs) must, which tells without an H200 whether
-// bytes in flight limit the stream.
+// SMs whose worth of resident blocks the GEMV's persistent grids are planned
+// for: all, or SERVAL_GEMV_SMS=N (a measuring tool). The hardware spreads the
+// blocks over every SM, so fewer blocks means fewer weight bytes in flight
+// GPU-wide: on an H100, N = 94 asks each byte in flight to carry what it must
+// on an H200 (41% more bandwidth, the same 132 SMs), which tells without an
+// H200 whether bytes in flight limit the stream. The balanced grid (launch_as)
+// rounds the block count down further, by shape: docs/BENCHMARKS.md, session 33.
 int gemv_sms(int device_sms) {
   const char* v = std::getenv("SERVAL_GEMV_SMS");
   const int n = v != nullptr ? std::atoi(v) : 0;
