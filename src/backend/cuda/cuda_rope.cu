@@ -109,8 +109,9 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
   // a kernel that does not launch us early (cuBLASLt's), the position and
   // these loads are one round trip instead of two.
   load_batch(int(threadIdx.x));
-  for (int i = threadIdx.x; i < half; i += blockDim.x)
-    sincosf(pos * (i == int(threadIdx.x) ? freq0 : inv_freq[i]), &cs_s[half + i], &cs_s[i]);
+  if (int(threadIdx.x) < half) sincosf(pos * freq0, &cs_s[half + threadIdx.x], &cs_s[threadIdx.x]);
+  for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x)  // more pairs than threads
+    sincosf(pos * inv_freq[i], &cs_s[half + i], &cs_s[i]);
   __syncthreads();
   for (int e0 = threadIdx.x; e0 < n_pairs; e0 += kBatch * blockDim.x) {
     if (e0 != int(threadIdx.x)) load_batch(e0);
