@@ -186,12 +186,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   // the first tiles' table entries beside it where the split starts at key 0.
   const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
   auto key_index = [&](int first_tile, int i) { return (first_tile + warp + i * kWarps) * kTile + (lane & 15); };
-  // Those entries are read whether or not their keys are in the context (the
-  // index clamped to the row), so that no load waits on the context length.
+  // A table entry for key j, read whether or not j is in the context (the
+  // index is clamped to the row), so that no load waits on the context length.
+  auto table_entry = [&](int j) -> int64_t { return table[min(j / p.block_size, p.max_blocks_per_seq - 1)]; };
   int64_t entry0[kStages];
 #pragma unroll
-  for (int st = 0; st < kStages; ++st)
-    entry0[st] = table[min(key_index(0, st) / p.block_size, p.max_blocks_per_seq - 1)];
+  for (int st = 0; st < kStages; ++st) entry0[st] = table_entry(key_index(0, st));
   const int q0 = p.query_start[s];
   const bool is_decode = p.query_start[s + 1] - q0 == 1;  // else the prefill kernel serves it
   const int n_ctx = is_decode ? p.context_len[s] : 0;     // a decode's position is n_ctx - 1
@@ -204,18 +204,22 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   const int nt = max(0, (tile_end - tile0 - warp + kWarps - 1) / kWarps);
 
   // Lane L (and L + 16) finds the pool offset of key L of the warp's i-th tile
-  // (-1 past the context); the loads' lanes take it by shuffle. `known`: its
-  // table entry, already read (-1: read here, for keys in the context only).
+  // (-1 past the context); the loads' lanes take it by shuffle.
   const int64_t slot_stride = int64_t(p.kv_heads) * D, head_off = int64_t(kvh) * D;
-  auto key_offset = [&](int i, int64_t known = -1) -> int64_t {
-    const int j = key_index(tile0, i);
+  auto offset_of = [&](int i, int j, int64_t blk) -> int64_t {
     if (i >= nt || j >= n_ctx) return -1;
-    const int64_t blk = known >= 0 ? known : table[j / p.block_size];
     return (blk * p.block_size + j % p.block_size) * slot_stride + head_off;
+  };
+  auto key_offset = [&](int i) {
+    const int j = key_index(tile0, i);
+    return offset_of(i, j, table_entry(j));
   };
   int64_t first[kStages];
 #pragma unroll
-  for (int st = 0; st < kStages; ++st) first[st] = key_offset(st, tile0 == 0 ? entry0[st] : -1);
+  for (int st = 0; st < kStages; ++st) {
+    const int j = key_index(tile0, st);
+    first[st] = offset_of(st, j, tile0 == 0 ? entry0[st] : table_entry(j));
+  }
   unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
   ring.zero_padding(ring_p, lane);
