@@ -39,13 +39,11 @@
 // scales its sums by the rows' 1 / rms before its own epilogue. Both keep the
 // units, k split and sums above, so batch invariance holds.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_gemv_unit.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
-#include "backend/cuda/cuda_stats.h"
 
 namespace serval::cuda {
 
@@ -208,35 +206,14 @@ __global__ void __launch_bounds__(kThreads, gemv_min_blocks<kGated, kHighTokens,
 // of 128 registers per SM, 128 KB of W in flight per SM instead of 80. (For
 // gate + up, and for 9..16 tokens, whose x loads then sit in the mma chain,
 // that measured slower, so they keep gemv_kernel.)
-//
-// kShared > 0 (gemv_shared_slots(), an experiment): the lane's ring has that
-// many more batches of weight slots in shared memory, filled by cp.async and
-// ahead of the register ones, at the same 4 blocks per SM: more bytes in
-// flight without fewer blocks (deeper register slots cost blocks per SM, and
-// the balanced grid then halves the 512-unit launches: docs/BENCHMARKS.md,
-// session 33). Each lane reads back only its own copies, so no barrier is
-// needed: a cp.async group per shared batch, waited for by its lane. With
-// shared slots gate + up (kGated) runs here too, one batch in registers.
 constexpr int kDeepMaxTokens = 4;  // the tokens it is used for (it handles up to 8)
 static_assert(kGemvNormOwnScalesMaxTokens <= kDeepMaxTokens, "q/k/v with rope gets its own scales in the deep kernel");
-template <bool kGated>
-__host__ __device__ constexpr int deep_register_batches() {
-  return kGated ? 1 : 2;
-}
-template <bool kGated, int kShared>
-__host__ __device__ constexpr int deep_shared_bytes() {
-  return kShared * (kGated ? 2 : 1) * kSteps * kThreads * int(sizeof(uint4));
-}
-template <typename Out, bool kGated, int kShared, bool kRope = false, int kNorm = GemvNorm::kNone>
+template <typename Out, bool kRope = false, int kNorm = GemvNorm::kNone>
 __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_constant__ GemvParams p,
                                                                 const __grid_constant__ GemvRopeKv r,
                                                                 const __grid_constant__ GemvNorm nrm) {
-  constexpr int kRegDepth = deep_register_batches<kGated>();
-  constexpr int kDepth = kShared + kRegDepth;  // the ring's batches; the shared ones first
-  constexpr int kWeights = kGated ? 2 : 1;
-  constexpr int kVals = 2 * kWeights;
-  extern __shared__ uint4 ring[];  // [kShared][kWeights][kSteps][kThreads]
-  __shared__ float partial[2][kWarps][kVals][32];
+  constexpr int kDepth = 2;  // batches of weight loads in flight per lane
+  __shared__ float partial[2][kWarps][2][32];
   __shared__ float ss[kMaxTokens];  // kConsume
   GemvNormState st;
 
@@ -249,33 +226,23 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
   const bool x_ok = g < p.tokens;
   const bf16* x_row = p.x + int64_t(g) * p.in;
 
-  uint4 wv[kRegDepth][kWeights][kSteps];
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc_up[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 wv[kDepth][kSteps];
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, unused[4] = {0.f, 0.f, 0.f, 0.f};
 
   // The load cursor (batch lb of unit li) runs kDepth batches ahead of the
   // computed one (batch cb of unit ci).
   int li = 0, lb = 0;
-  UnitRows rows = unit_rows<kGated>(p, 0, g);
+  UnitRows rows = unit_rows<false>(p, 0, g);
   auto advance_load = [&] {
     if (++lb == batches) {
       lb = 0;
-      rows = unit_rows<kGated>(p, ++li, g);
+      rows = unit_rows<false>(p, ++li, g);
     }
   };
-  auto shared_slot = [&](int d, int e, int s) { return ring + ((d * kWeights + e) * kSteps + s) * kThreads + threadIdx.x; };
-  // Step s of the load cursor's batch into ring batch d (nothing when !more).
   auto load_step = [&](int d, int s, bool more) {
     const int c = ((lb * kWarps + warp) * kSteps + s) * kStepChunks + q;
     const bool ok = more && rows.ok && c < chunks;
-#pragma unroll
-    for (int e = 0; e < kWeights; ++e) {
-      const bf16* src = (e == 0 ? rows.w : rows.u) + (ok ? c * 8 : 0);
-      if (d < kShared) {
-        if (more) copy_weight(ptx::smem_u32(shared_slot(d, e, s)), src, ok, policy);
-      } else {
-        wv[d < kShared ? 0 : d - kShared][e][s] = load_weight(src, ok, policy);
-      }
-    }
+    wv[d][s] = load_weight(rows.w + (ok ? c * 8 : 0), ok, policy);
   };
   auto load_x = [&](int b, int s) {
     const int c = ((b * kWarps + warp) * kSteps + s) * kStepChunks + q;
@@ -289,7 +256,6 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
     if (d > 0 && more) advance_load();
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) load_step(d, s, more);
-    if (d < kShared) ptx::cp_async_commit();
   }
   pdl_wait();  // x is the previous kernel's output; y may be written only now
   uint4 x_cur = load_x(0, 0);
@@ -304,35 +270,24 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
     for (int d = 0; d < kDepth; ++d) {
       const int idx = first + d;
       if (idx >= total) break;
-      const bool more = idx + kDepth < total;  // ring batch d is refilled with batch idx + kDepth
+      const bool more = idx + kDepth < total;  // slot set d is refilled with batch idx + kDepth
       if (more) advance_load();
-      // One group per shared batch, committed in ring order: the kShared - 1
-      // committed after this one may still fly.
-      if (d < kShared) ptx::cp_async_wait<(kShared > 0 ? kShared - 1 : 0)>();
       const int next_b = cb + 1 == batches ? 0 : cb + 1;
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
         const uint4 x_next = s + 1 < kSteps ? load_x(cb, s + 1) : load_x(next_b, 0);
-        uint4 w[kWeights];
-#pragma unroll
-        for (int e = 0; e < kWeights; ++e) w[e] = d < kShared ? *shared_slot(d, e, s) : wv[d < kShared ? 0 : d - kShared][e][s];
         const uint32_t z = 0;
         const uint32_t a_lo[4] = {x_cur.x, z, x_cur.y, z}, a_hi[4] = {x_cur.z, z, x_cur.w, z};
-        ptx::mma_bf16_16816(acc, a_lo, w[0].x, w[0].y);
-        ptx::mma_bf16_16816(acc, a_hi, w[0].z, w[0].w);
-        if constexpr (kGated) {
-          ptx::mma_bf16_16816(acc_up, a_lo, w[kWeights - 1].x, w[kWeights - 1].y);
-          ptx::mma_bf16_16816(acc_up, a_hi, w[kWeights - 1].z, w[kWeights - 1].w);
-        }
-        load_step(d, s, more);  // after the mmas: a shared slot is overwritten only once read
+        ptx::mma_bf16_16816(acc, a_lo, wv[d][s].x, wv[d][s].y);
+        ptx::mma_bf16_16816(acc, a_hi, wv[d][s].z, wv[d][s].w);
+        load_step(d, s, more);
         x_cur = x_next;
       }
-      if (d < kShared) ptx::cp_async_commit();
       if (idx + kDepth + 1 == total) pdl_launch_dependents();  // the last weight loads are out
       if (++cb == batches) {
         const int tile = int(blockIdx.x) + ci * int(gridDim.x);
-        finish_unit<Out, kGated, 2, kVals, kRope, kNorm, true>(p, r, partial, acc, acc_up, tile, ci & 1, 0, &nrm,
-                                                               &st, ss, ci == 0);
+        finish_unit<Out, false, 2, 2, kRope, kNorm, true>(p, r, partial, acc, unused, tile, ci & 1, 0, &nrm, &st,
+                                                          ss, ci == 0);
         if constexpr (kNorm == GemvNorm::kProduce)
           if (warp == 0 && ci + 1 < total / batches) load_residual<2>(p, nrm, tile + int(gridDim.x), st);
         ++ci;
@@ -355,55 +310,28 @@ int gemv_sms(int device_sms) {
   return n > 0 ? std::min(n, device_sms) : device_sms;
 }
 
-// Resident blocks of a kernel with kSmem bytes of dynamic shared memory on
-// the whole GPU, read once per kernel (which is first allowed that much).
-template <auto kKernel, int kSmem = 0>
+// Resident blocks of a kernel on the whole GPU, read once per kernel.
+template <auto kKernel>
 int resident_blocks() {
   static const int blocks = [] {
     int dev = 0, sms = 0, per_sm = 0;
     SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
     SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     sms = gemv_sms(sms);
-    if constexpr (kSmem > 48 * 1024)
-      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, kSmem));
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0));
     return std::max(per_sm, 1) * sms;
   }();
   return blocks;
 }
 
-template <auto kKernel, int kSmem = 0>
+template <auto kKernel>
 void launch_as(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
   // Balanced persistent grid: the fewest units per block that fit the resident
   // blocks, and just enough blocks for that, so every block gets the same
   // count (the last ones one fewer at most). Depends on the shape only.
-  const int per_block = ceil_div(p.tiles, resident_blocks<kKernel, kSmem>());
+  const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>());
   const int blocks = ceil_div(p.tiles, per_block);
-  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), size_t(kSmem), stream, p, r, n);
-}
-
-// gemv_shared_slots(): -1 until first read.
-constexpr int kMaxSharedSlots = 3;
-std::atomic<int> shared_slots{-1};
-
-// The deep kernel with gemv_shared_slots() batches of shared slots (gated:
-// at least one).
-template <typename Out, bool kGated, bool kRope, int kNorm>
-void launch_deep(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
-  auto as = [&](auto shared) {
-    constexpr int kShared = decltype(shared)::value;
-    if constexpr (kGated && kShared == 0)
-      fail("gemv: gate + up in the deep kernel needs shared slots");
-    else
-      launch_as<gemv_deep_kernel<Out, kGated, kShared, kRope, kNorm>, deep_shared_bytes<kGated, kShared>()>(p, r, n,
-                                                                                                          stream);
-  };
-  switch (gemv_shared_slots()) {
-    case 0: return as(std::integral_constant<int, 0>{});
-    case 1: return as(std::integral_constant<int, 1>{});
-    case 2: return as(std::integral_constant<int, 2>{});
-    default: return as(std::integral_constant<int, 3>{});
-  }
+  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, r, n);
 }
 
 // The kernel for up to kMaxTokens rows in norm mode kNorm.
@@ -412,7 +340,7 @@ void launch_small(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, c
   if constexpr (!kGated && std::is_same_v<Out, bf16> && kNorm != GemvNorm::kProduce) {
     if (r.positions != nullptr) {  // the rope epilogue: its own variants, the others keep their registers
       if (p.tokens > 8) return launch_as<gemv_kernel<bf16, false, true, true, kNorm>>(p, r, n, stream);
-      if (p.tokens <= kDeepMaxTokens) return launch_deep<bf16, false, true, kNorm>(p, r, n, stream);
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<bf16, true, kNorm>>(p, r, n, stream);
       return launch_as<gemv_kernel<bf16, false, false, true, kNorm>>(p, r, n, stream);
     }
   }
@@ -422,9 +350,8 @@ void launch_small(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, c
     if (p.tokens > 8) return launch_as<gemv_kernel<Out, kGated, true, false, kNorm>>(p, r, n, stream);
     // The deep kernel up to 4 tokens: at 8 its launches alone are faster too,
     // but 8-sequence decode steps measured 1.4% slower with it.
-    // Gate + up there only with shared slots (an experiment).
-    if (p.tokens <= kDeepMaxTokens && (!kGated || gemv_shared_slots() > 0))
-      return launch_deep<Out, kGated, false, kNorm>(p, r, n, stream);
+    if constexpr (!kGated)
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<Out, false, kNorm>>(p, r, n, stream);
     launch_as<gemv_kernel<Out, kGated, false, false, kNorm>>(p, r, n, stream);
   }
 }
@@ -486,21 +413,6 @@ void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t str
                "gemv_row_scales: x [", x.rows, ", ", x.cols, "] must be bf16, 1..", kMaxTokens, " rows of 8k columns");
   launch_pdl(row_scales_kernel, dim3(unsigned(x.rows)), dim3(32), 0, stream, bf(x), int(x.cols), eps, scales);
   SERVAL_CUDA_LAUNCH_CHECK();
-}
-
-int gemv_shared_slots() {
-  int n = shared_slots.load(std::memory_order_relaxed);
-  if (n < 0) {
-    const char* v = std::getenv("SERVAL_GEMV_SHARED_SLOTS");
-    n = v != nullptr ? std::clamp(std::atoi(v), 0, kMaxSharedSlots) : 0;
-    shared_slots.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-void set_gemv_shared_slots(int n) {
-  SERVAL_CHECK(n >= 0 && n <= kMaxSharedSlots, "set_gemv_shared_slots: ", n, " is not 0..", kMaxSharedSlots);
-  shared_slots.store(n, std::memory_order_relaxed);
 }
 
 bool gemv_fits(const Tensor& x) { return x.rows <= kMaxTokens && gemv_any_rows_fits(x); }

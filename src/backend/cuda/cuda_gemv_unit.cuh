@@ -39,14 +39,6 @@ __device__ __forceinline__ uint4 load_weight(const bf16* p, bool ok, uint64_t po
   return v;
 }
 
-// The same 16 bytes of W into shared memory by cp.async (the deep kernel's
-// shared slots): the same hints; `ok` false zero-fills without reading.
-__device__ __forceinline__ void copy_weight(uint32_t dst, const bf16* p, bool ok, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(p),
-               "r"(ok ? 16 : 0), "l"(policy)
-               : "memory");
-}
-
 // 16 bytes of x: kept in L1, where every warp of the SM reads it again. Not
 // through the non-coherent path (.nc) as the weights are: x is written by the
 // previous kernel, which a programmatic dependent launch lets run during this

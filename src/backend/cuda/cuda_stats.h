@@ -36,11 +36,5 @@ int64_t stream_attention_calls(const Backend& be);
 // SERVAL_ROPE_IN_ATTN=1), and how many launches did it.
 void use_rope_in_attention(Backend& be, bool on);
 int64_t rope_folded_attention_calls(const Backend& be);
-// Batches of weight slots in shared memory the GEMV keeps beside its register
-// ones at 1..4 rows (with any, gate + up takes that kernel too): 0..3, for
-// every CUDA backend of the process; 0 unless SERVAL_GEMV_SHARED_SLOTS=N. An
-// experiment: more weight bytes in flight at the same blocks per SM.
-void set_gemv_shared_slots(int n);
-int gemv_shared_slots();
 
 }  // namespace serval::cuda

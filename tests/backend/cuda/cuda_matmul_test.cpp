@@ -322,66 +322,6 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
   }
 }
 
-// The GEMV's weight slots in shared memory (set_gemv_shared_slots, 1..4
-// rows): every output bitwise what the register slots alone give, for one
-// weight (decode shapes, odd sizes, f32 logits), q/k/v in one launch and the
-// fused gate + up, which takes the deep kernel only with shared slots.
-TEST(CudaMatmul, GemvSharedSlotsGiveTheBitsOfTheRegisterSlots) {
-  SERVAL_CUDA_OR_SKIP(gpu);
-#ifdef SERVAL_WITH_CUDA
-  struct Case { int64_t in; std::vector<int64_t> outs; bool f32, gated; };
-  const int restore = cuda::gemv_shared_slots();
-  for (const Case& c : {Case{4096, {4096}, false, false}, Case{11008, {4096}, false, false},
-                        Case{4096, {4096, 1024, 1024}, false, false}, Case{4096, {32000}, true, false},
-                        Case{1000, {77}, false, false}, Case{8, {9}, false, false}, Case{4096, {11008}, false, true},
-                        Case{512, {1001}, false, true}}) {
-    const int64_t rows = 4;
-    const auto x = random_bf16(size_t(rows * c.in), 71 + uint32_t(c.in));
-    DevTensor xg = upload(*gpu, x, rows, c.in);
-    std::vector<std::unique_ptr<DeviceWeight>> wg;
-    std::vector<const DeviceWeight*> wp;
-    for (size_t i = 0; i < c.outs.size() + (c.gated ? 1 : 0); ++i) {
-      const int64_t out = c.outs[std::min(i, c.outs.size() - 1)];
-      wg.push_back(upload_matrix(*gpu, "w", out, c.in, random_bf16(size_t(out * c.in), 72 + uint32_t(i), 0.05f)));
-      wp.push_back(wg.back().get());
-    }
-    // Every output of a T-row product with `slots` shared batches, flattened.
-    auto run = [&](int slots, int64_t T) {
-      cuda::set_gemv_shared_slots(slots);
-      const Tensor xt = xg.t.rows_view(0, T);
-      std::vector<float> all;
-      if (c.gated) {
-        DevTensor gb = zeros(*gpu, T, c.outs[0]), ub = zeros(*gpu, T, c.outs[0]), out = zeros(*gpu, T, c.outs[0]);
-        gpu->gated_mlp_up(xt, *wp[0], *wp[1], gb.t, ub.t, out.t);
-        return download(*gpu, out.t);
-      }
-      std::vector<DeviceBuffer> bufs;
-      std::vector<Tensor> ys;
-      for (int64_t o : c.outs) {
-        bufs.push_back(gpu->alloc(T * o * 4));
-        ys.push_back(Tensor{bufs.back().data(), c.f32 ? DType::F32 : DType::BF16, T, o});
-      }
-      if (ys.size() == 1)
-        gpu->matmul(xt, *wp[0], nullptr, ys[0]);
-      else
-        gpu->matmul_multi(xt, wp, ys);
-      for (const Tensor& y : ys) {
-        const auto v = download(*gpu, y);
-        all.insert(all.end(), v.begin(), v.end());
-      }
-      return all;
-    };
-    for (int64_t T = 1; T <= rows; ++T) {
-      const auto want = run(0, T);
-      for (int slots = 1; slots <= 3; ++slots)
-        EXPECT_EQ(run(slots, T), want) << "in " << c.in << " outs " << c.outs.size() << (c.gated ? " gated" : "")
-                                       << ", T " << T << ", " << slots << " shared slots";
-    }
-  }
-  cuda::set_gemv_shared_slots(restore);
-#endif
-}
-
 struct GemmCase { int64_t T, in, out; bool f32; };
 
 // y = x @ W^T through gpu.matmul on random bf16 data (seeds `seed`, `seed` + 1),
