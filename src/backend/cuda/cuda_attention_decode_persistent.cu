@@ -40,9 +40,7 @@ template <int D>
 struct PersistentSmem : DecodeSmem<D> {
   static constexpr int CS = DecodeSmem<D>::DP + 4;  // f32 stride of the combine rows
   static constexpr int ML_FLOATS = (kWarps + 1) * kHeadsPerBlock * 2;
-  __host__ __device__ static constexpr int q_offset(int gl) { return DecodeSmem<D>::RING_BYTES + (ML_FLOATS + kWarps * gl * CS) * 4; }
-  // Then two buffers of an item's query rows (gl x D bf16), by item parity.
-  __host__ __device__ static constexpr int bytes(int gl) { return q_offset(gl) + 2 * gl * D * 2; }
+  static constexpr int bytes(int gl) { return DecodeSmem<D>::RING_BYTES + (ML_FLOATS + kWarps * gl * CS) * 4; }
 };
 
 // One item's metadata (host-written: readable before pdl_wait).
@@ -111,7 +109,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_persis
   float* ml_s = reinterpret_cast<float*>(smem + Sm::RING_BYTES);  // [warp][head] (m, l)
   float* fin_s = ml_s + kWarps * kHeadsPerBlock * 2;               // [head] (M, L)
   float* comb = ml_s + Sm::ML_FLOATS;                              // [warp][GLmax][CS]
-  bf16* q_s = reinterpret_cast<bf16*>(smem + Sm::q_offset(GLmax));     // [parity][GLmax][D]
 
   pdl_wait();  // q and the K/V pools are written by the kernels before us
 
@@ -133,43 +130,15 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_persis
   };
   static_assert(kStages == 2, "two ring slots");
 
-  // An item's query rows are copied into q_s[parity] one item ahead (their
-  // own cp.async group), waited for before the barriers of the item before.
-  int q_group = 0;
-  auto copy_q = [&](const Item& it, int parity) {
-    if (it.n_ctx > 0) {
-      const int gl = min(kHeadsPerBlock, G - it.h0);
-      const bf16* src = p.q + (int64_t(it.q0) * p.num_heads + int64_t(it.kvh) * G + it.h0) * D;
-      bf16* dst = q_s + parity * GLmax * D;
-      for (int c = tid; c < gl * D / 8; c += kThreads) cp_async_16(smem_u32(dst + c * 8), src + c * 8, true);
-    }
-    cp_async_commit();
-    q_group = committed++;
-  };
-  auto wait_q = [&] {
-    if (q_group == committed - 1)
-      cp_async_wait<0>();
-    else
-      cp_async_wait<1>();
-  };
-  copy_q(cur, 0);
-  wait_q();
-  __syncthreads();
-
   WarpState<D, NH> st;
   const uint32_t lds_off = ldmatrix_offset<D>(lane);
   uint32_t qa[DP / 16][4];
-  for (int n = 0; k < items; ++n) {
-    // This item's first tiles (unless the item before issued them already),
-    // then the next item's queries.
+  while (k < items) {
+    // This item's first tiles (unless the item before issued them already).
     while (issued - computed < kStages && ii < warp_tiles(cursor_ctx())) issue_next();
-    copy_q(nxt, (n + 1) & 1);
-    if (cur.n_ctx == 0) {  // no decode row: nothing to compute, but the next queries must land
-      wait_q();
-      __syncthreads();
-    } else {
+    if (cur.n_ctx > 0) {
       const int GL = min(kHeadsPerBlock, G - cur.h0);
-      load_q<D, NH>(qa, q_s + (n & 1) * GLmax * D, GL, g, t);
+      load_q<D, NH>(qa, p.q + (int64_t(cur.q0) * p.num_heads + int64_t(cur.kvh) * G + cur.h0) * D, GL, g, t);
       st.reset();
       const int nt = warp_tiles(cur.n_ctx);
       for (int i = 0; i < nt; ++i) {
@@ -186,7 +155,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_persis
         issue_next();
       }
 
-      wait_q();  // the next item's queries, visible to all after the barriers below
       // The warps combined as the split kernel combines them (same order).
       st.reduce_l();
 #pragma unroll
@@ -244,9 +212,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_persis
         *reinterpret_cast<__nv_bfloat162*>(orow + h * D + d) = __floats2bfloat162_rn(o.x * inv, o.y * inv);
       }
       // The next item's (m, l) and combine rows are written only after its
-      // first barrier, which every thread reaches after these reads; its
-      // queries were read before this item's barriers, and the item after
-      // copies into them only after those.
+      // first barrier, which every thread reaches after these reads.
     }
     // On to the next item: the cursor, on nxt (or waiting at its end), now on cur.
     k += int(gridDim.x);
