@@ -112,12 +112,6 @@ void attention_decode_split_scratch_bound(const AttnParams& p, int num_sms, int6
 // not apply: too many sequences, or no kernel for head_dim), the partials and
 // flags a launch with p.stream_blocks needs, and the launch (decode rows
 // only; it returns false if head_dim has no compiled kernel).
-// Persistent blocks for the one-split decode launches (an experiment,
-// SERVAL_ATTN_PERSISTENT=1; cuda_attention_decode_persistent.cu).
-bool attention_decode_persistent_enabled();
-bool attention_decode_persistent_fits(const AttnParams& p);
-bool launch_attention_decode_persistent(const AttnParams& p, cudaStream_t stream);
-
 int attention_decode_stream_blocks(const AttnParams& p, int num_sms);
 // Whether the stream kernel should serve this launch, for a step whose
 // sequences average `mean_context` tokens (BatchView::mean_context_len).

@@ -490,8 +490,6 @@ bool launch_attention_decode(const AttnParams& p, cudaStream_t stream) {
   SERVAL_CHECK(p.num_splits >= 1 && p.num_splits <= kMaxSplits, "decode attention: ", p.num_splits, " splits");
   SERVAL_CHECK(p.num_splits == 1 || (p.part_out != nullptr && p.merge_count != nullptr),
                "decode attention: ", p.num_splits, " splits need partials and merge counters");
-  if (attention_decode_persistent_enabled() && attention_decode_persistent_fits(p))
-    return launch_attention_decode_persistent(p, stream);
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (two_head_tiles(p.group))

@@ -36,10 +36,5 @@ int64_t stream_attention_calls(const Backend& be);
 // SERVAL_ROPE_IN_ATTN=1), and how many launches did it.
 void use_rope_in_attention(Backend& be, bool on);
 int64_t rope_folded_attention_calls(const Backend& be);
-// Decode launches of one split in persistent blocks (an experiment): on or off
-// (the default unless SERVAL_ATTN_PERSISTENT=1) for every CUDA backend of the
-// process, and how many launches took them.
-void set_attention_decode_persistent(bool on);
-int64_t persistent_attention_launches();
 
 }  // namespace serval::cuda

@@ -415,42 +415,6 @@ TEST(CudaAttention, StreamKernelOnEveryCase) {
   expect_graph_replay_follows_contexts(*gpu, Stream::kAlways);
 }
 
-// The persistent decode kernel (cuda_attention_decode_persistent.cu, an
-// experiment): on launches of many items, where the split kernel runs one
-// split, every output bitwise the split kernel's, and both within tolerance
-// of the CPU. Contexts of 1..17 leave some warps without tiles in an item,
-// prefill rows are items to skip, and D = 256 has one block per SM.
-TEST(CudaAttention, PersistentKernelGivesTheSplitKernelsBits) {
-  SERVAL_CUDA_OR_SKIP(gpu);
-#ifdef SERVAL_WITH_CUDA
-  use_stream(*gpu, Stream::kOff);
-  const std::vector<AttnCase> cases = {
-      {"b64_mha32_d128_ctx128_256", 32, 1, 128, 16, random_decodes(64, 128, 256, 30)},
-      {"b256_mha8_d128_short", 8, 1, 128, 16, concat(decodes(kEdgeContexts), random_decodes(243, 1, 300, 31))},
-      {"b128_gqa4_d128_bs32", 8, 4, 128, 32, random_decodes(128, 1, 700, 32)},
-      {"b96_gqa8_d64_bs8", 8, 8, 64, 8, random_decodes(96, 1, 400, 33)},
-      {"b64_gqa2_d256", 4, 2, 256, 16, random_decodes(64, 1, 500, 34)},
-      {"mixed_b70_mha16_d128", 16, 1, 128, 16,
-       concat(random_decodes(64, 1, 600, 35), {{300, 300}, {64, 64}, {1000, 37}, {5, 5}, {129, 2}, {40, 1}})},
-  };
-  const int64_t before = cuda::persistent_attention_launches();
-  uint32_t seed = 1500;
-  for (const AttnCase& c : cases) {
-    cuda::set_attention_decode_persistent(false);
-    const std::vector<float> split = run_on(*gpu, c, seed, 0);
-    cuda::set_attention_decode_persistent(true);
-    const int64_t launches = cuda::persistent_attention_launches();
-    const std::vector<float> persistent = run_on(*gpu, c, seed, 0);
-    EXPECT_GT(cuda::persistent_attention_launches(), launches) << c.name << ": the persistent kernel did not run";
-    EXPECT_EQ(persistent, split) << c.name;
-    seed += 10;
-  }
-  expect_matches_cpu(*gpu, cases, 1500);
-  cuda::set_attention_decode_persistent(false);
-  std::printf("[attn] persistent kernel: %ld launches\n", long(cuda::persistent_attention_launches() - before));
-#endif
-}
-
 // The backend's own choice: the stream kernel for a batch of long contexts
 // whose items fill the GPU, the split kernel for short contexts or few items.
 TEST(CudaAttention, AutoStreamsLongContextsOnly) {
