@@ -12,6 +12,8 @@
 #   --env VAR=VALUE: also the base build with that environment variable (a column "base+VAR=VALUE")
 #   --flag "--FLAG ...": also the base build with those serval bench flags (a column "base FLAG ...")
 #   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
+#   --attn "BATCHES:CONTEXTS": also decode attention alone in each column (serval bench --mode
+#     attention, the 7B's 32 heads of 128; e.g. "16,64,256:128,192,256"; us per launch)
 set -u
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -20,7 +22,7 @@ mkdir -p "$OUT_DIR" lib variants
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; EXTRA_ENVS=(); EXTRA_FLAGS=(); LIKE=llama-2-7b
+TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; ATTN=""; EXTRA_ENVS=(); EXTRA_FLAGS=(); LIKE=llama-2-7b
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --env) EXTRA_ENVS+=("$2"); shift ;;
     --flag) EXTRA_FLAGS+=("$2"); shift ;;
     --gemv) GEMV=$2; shift ;;
+    --attn) ATTN=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 1 ;;
   esac
   shift
@@ -106,6 +109,21 @@ if [ -n "$GEMV" ]; then
       [[ " ${ROWS[*]} " == *" $r "* ]] || ROWS+=("$r")
       CELL["$r|$n"]=$(echo "$rest" | grep -oE "GB/s=[0-9.]+k?" | head -1)
     done < <(grep -E "^BM_" "$OUT_DIR/gemv-${n//[^A-Za-z0-9_.-]/_}.txt" | sed 's@/manual_time@@; s@/iterations:[0-9]*@@')
+  done
+fi
+
+if [ -n "$ATTN" ]; then
+  for i in "${!NAMES[@]}"; do
+    n=${NAMES[$i]}
+    log="$OUT_DIR/attn-${n//[^A-Za-z0-9_.-]/_}.txt"
+    (cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 200 ./serval bench --mode attention --device ${ATTN_DEVICE:-cuda} \
+      --heads 32 --kv-heads 32 --head-dim 128 --batch-sizes "${ATTN%%:*}" --context-lens "${ATTN##*:}" >"$log" 2>&1)
+    # Rows of the bench's table: batch, context, us per call, ...
+    while read -r b c us rest; do
+      r="attention ${b} x ${c}"
+      [[ " ${ROWS[*]} " == *" $r "* ]] || ROWS+=("$r")
+      CELL["$r|$n"]="$us us"
+    done < <(grep -E "^ *[0-9]+ +[0-9]+ +[0-9.]+ " "$log")
   done
 fi
 
