@@ -13,7 +13,8 @@
 #   --flag "--FLAG ...": also the base build with those serval bench flags (a column "base FLAG ...")
 #   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
 #   --attn "BATCHES:CONTEXTS": also decode attention alone in each column (serval bench --mode
-#     attention, the 7B's 32 heads of 128; e.g. "16,64,256:128,192,256"; us per launch)
+#     attention, the 7B's 32 heads of 128; e.g. "16,64,256:128,192,256"; us per launch;
+#     ATTN_DEVICE=cpu runs it on the CPU, to check the table without a GPU)
 set -u
 cd "$(dirname "$0")"
 HERE=$(pwd)
