@@ -36,7 +36,7 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
                "kernels whose result for a sequence does not depend on the rest of its batch: greedy output "
                "batched equals each request alone, bit for bit (slower; on a GPU, bfloat16 only)");
   sub.add_flag("--gemm-search", f.gemm_search,
-               "on a GPU: time many more cuBLASLt configurations for each decode-sized matmul at its first use "
+               "on a GPU: time many more cuBLASLt configurations for each decode-sized matmul on cuBLASLt at its first use "
                "(0.4-3 s per shape; +1-2% decode throughput at 32-256 sequences on an H200)");
   sub.add_option("--gemm-search-cache", f.gemm_search_cache,
                  "on a GPU: --gemm-search, reading its results from this file and adding new ones, so that a later "

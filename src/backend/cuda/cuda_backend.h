@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_gemm_shape.h"
 #include "backend/cuda/cuda_gemm_search_cache.h"
 #include "backend/cuda/cuda_stats.h"
 #include "runtime/backend.h"
@@ -49,6 +50,7 @@ class CudaWeight : public DeviceWeight {
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
 bool skinny_gemm_from_env();  // cuda_matmul.cu
+bool cutlass_gemm_from_env();  // cuda_matmul.cu
 AttentionStream attention_stream_from_env();  // cuda_attention.cu
 // The backend's A/B switches: whether environment variable `name` is "1".
 bool env_is_one(const char* name);  // cuda_matmul.cu
@@ -146,6 +148,9 @@ class CudaBackend : public Backend {
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   int64_t elided_norms() const { return elided_norms_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
+  void set_cutlass_gemm(bool on) { cutlass_gemm_ = on; }
+  // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
+  int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
   void set_rope_in_attention(bool on) { rope_in_attention_ = on; }
   // Decode attention launches that rotated q and wrote the new K/V themselves.
@@ -163,20 +168,14 @@ class CudaBackend : public Backend {
   };
   DType weight_target(const TensorView& view, int64_t& n) const;
   void upload_into(const TensorView& view, DType target, int64_t n, void* dst);
-  // One cuBLASLt product: y [n, m] = x [n, k] @ W [m, k]^T, W's and x's rows
-  // ld_k long (0: k; more when k is a split of them); with batch > 1, `batch`
-  // of them, W, x and y stride_w / stride_x / stride_y elements apart.
-  struct GemmShape {
-    int64_t m = 0, n = 0, k = 0;
-    bool y_f32 = false;
-    int64_t batch = 1, stride_w = 0, stride_x = 0, stride_y = 0, ld_k = 0;
-    int64_t ld() const { return ld_k > 0 ? ld_k : k; }
-    using Key = std::tuple<int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t, int64_t, int64_t>;
-    Key key() const { return {m, n, k, y_f32, batch, stride_w, stride_x, stride_y, ld()}; }
-  };
   MatmulPlan& matmul_plan(const GemmShape& s);
   void tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, const void* x, void* y);
+  // One product through cuBLASLt (cuda_lt_matmul.cu).
   void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
+  // One product of bf16 operands: CUTLASS's decode GEMM where it takes it
+  // (cutlass_rows), else cuBLASLt (cuda_matmul.cu).
+  void gemm(const GemmShape& s, const void* w, const void* x, void* y);
+  bool cutlass_rows(int64_t rows) const;
   void flush_l2();  // tune_matmul times candidates with a cold L2
   class LtRunTimer;  // runs and times one plan's candidates (cuda_lt_matmul.cu)
   bool searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
@@ -257,6 +256,8 @@ class CudaBackend : public Backend {
   std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
+  bool cutlass_gemm_ = cutlass_gemm_from_env();  // 32..64 rows: CUTLASS instead of cuBLASLt
+  int64_t cutlass_gemm_calls_ = 0;
   bool gemm_search_ = false;  // set_gemm_search: tune_matmul's wide search (cuda_matmul_search.cu)
   std::unique_ptr<GemmSearchCache> gemm_search_cache_;  // its results across runs, if a file was given
   int64_t gemm_searches_ = 0, gemm_search_cache_hits_ = 0;

@@ -1,6 +1,7 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// more through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu,
-// when asked: SERVAL_SKINNY_GEMM=1), bf16 in and out (or f32 logits) with f32 accumulation. With f32
+// 32..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the others
+// through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu, when
+// asked: SERVAL_SKINNY_GEMM=1), bf16 in and out (or f32 logits) with f32 accumulation. With f32
 // activations (--dtype float32) every shape goes through cuBLASLt in plain
 // f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
 // CUBLAS_COMPUTE_32F_FAST_TF32). How a cuBLASLt product is planned, and its
@@ -12,6 +13,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_cutlass_gemm.h"
 #include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_stats.h"
 
@@ -112,6 +114,41 @@ void CudaBackend::set_batch_invariant(bool on) {
 
 void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
+bool use_cutlass_gemm(Backend& be, bool on) {
+  cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_gemm(on && cutlass_gemm_built());
+  return cutlass_gemm_built();
+}
+
+int64_t cutlass_gemm_calls(const Backend& be) {
+  return cuda_backend_of(be, "cutlass_gemm_calls").cutlass_gemm_calls();
+}
+
+// 32..64 rows of bf16: CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), a
+// programmatic dependent of the kernel before it, where the build has it,
+// unless SERVAL_CUTLASS_GEMM=0 (or use_cutlass_gemm(false)). On an H100 it
+// made decode steps 2-3% faster from 40 to 64 sequences of the 7B (and 2-4%
+// at 32-64 on the 8B), even at 32 and slower below (the 64-row tile half
+// empty): docs/BENCHMARKS.md, session 35.
+constexpr int64_t kCutlassMinRows = 32;
+
+bool cutlass_gemm_from_env() {
+  const char* v = std::getenv("SERVAL_CUTLASS_GEMM");
+  return cutlass_gemm_built() && !(v != nullptr && std::string(v) == "0");
+}
+
+bool CudaBackend::cutlass_rows(int64_t rows) const {
+  return cutlass_gemm_ && !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= kCutlassMinRows &&
+         rows <= kCutlassMaxRows;
+}
+
+void CudaBackend::gemm(const GemmShape& s, const void* w, const void* x, void* y) {
+  if (cutlass_rows(s.n) && cutlass_gemm(s, w, x, y, stream_)) {
+    ++cutlass_gemm_calls_;
+    return;
+  }
+  lt_matmul(s, w, x, y);
+}
+
 void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == act_dtype_ && x.dtype == act_dtype_, "matmul: expects ", dtype_name(act_dtype_),
@@ -130,7 +167,7 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
     own_matmul(x, &w_ptr, &y, 1);
   } else {
-    lt_matmul({cw.rows(), x.rows, x.cols, y.dtype == DType::F32}, cw.data(), x.data, y.data);
+    gemm({cw.rows(), x.rows, x.cols, y.dtype == DType::F32}, cw.data(), x.data, y.data);
   }
   if (bias != nullptr) {
     const CudaWeight& b = as_cuda(*bias);
@@ -168,7 +205,7 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
     if (j - i == 1)
       matmul(x, *ws[i], nullptr, ys[i]);
     else
-      lt_matmul({.m = ws[i]->rows(), .n = x.rows, .k = x.cols, .y_f32 = ys[i].dtype == DType::F32,
+      gemm({.m = ws[i]->rows(), .n = x.rows, .k = x.cols, .y_f32 = ys[i].dtype == DType::F32,
                  .batch = int64_t(j - i), .stride_w = stride_w, .stride_y = stride_y},
                 as_cuda(*ws[i]).data(), x.data, ys[i].data);
     i = j;
@@ -255,7 +292,7 @@ const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, cons
                                      const CudaWeight& wv) {
   const int64_t row = wq.rows() + wk.rows() + wv.rows();
   void* qkv = scratch(stacked_qkv_, x.rows * row * 2);
-  lt_matmul({.m = row, .n = x.rows, .k = x.cols}, wq.data(), x.data, qkv);
+  gemm({.m = row, .n = x.rows, .k = x.cols}, wq.data(), x.data, qkv);
   ++stacked_qkv_calls_;
   return static_cast<const bf16*>(qkv);
 }
@@ -280,7 +317,9 @@ void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
 // 256 sequences gained 2.5% on the H200, 64 lost 0.8-1.3%. Up to 256 only:
 // an 8B prefill step of 1,024 tokens lost 6-7% with it (the partials' f32
 // traffic), and its scratch, sized by the rows, stays small (a larger step
-// growing it would drop every decode graph).
+// growing it would drop every decode graph). With CUTLASS's decode GEMM,
+// 32..64 rows split too: there the halves give a 4096-output weight 128
+// tiles of 64 rows, one per SM, where whole it has 64.
 // SERVAL_NO_SPLIT_K=1: matmul then add_rmsnorm (to compare).
 void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
                                      const DeviceWeight& norm, float eps, Tensor out) {
@@ -291,7 +330,8 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   if (elide_norm(x, cw, residual, nw, out)) return produce_norm(x, cw, residual, eps, out);  // cuda_norm_fold.cu
   overwritten(out);
   const bool fits = split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
-                    x.rows > 128 && x.rows <= 256 && cw.dtype() == DType::BF16 && cw.cols() == x.cols &&
+                    ((x.rows > 128 && x.rows <= 256) || (cutlass_rows(x.rows) && !own_kernel_fits(x))) &&
+                    cw.dtype() == DType::BF16 && cw.cols() == x.cols &&
                     x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
                     residual.dtype == DType::F32 && residual.rows == x.rows && residual.cols == cw.rows() &&
                     residual.cols % 8 == 0 && out.dtype == DType::BF16 && out.rows == x.rows &&
@@ -299,7 +339,7 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   if (!fits) return Backend::matmul_add_rmsnorm(x, w, proj, residual, norm, eps, out);
   const int64_t T = x.rows, m = cw.rows(), half = x.cols / 2;
   float* parts = static_cast<float*>(scratch(split_k_partials_, 2 * T * m * int64_t(sizeof(float))));
-  lt_matmul({.m = m, .n = T, .k = half, .y_f32 = true, .batch = 2, .stride_w = half, .stride_x = half,
+  gemm({.m = m, .n = T, .k = half, .y_f32 = true, .batch = 2, .stride_w = half, .stride_x = half,
              .stride_y = T * m, .ld_k = x.cols},
             cw.data(), x.data, parts);
   launch_split_add_rmsnorm(residual, parts, T * m, static_cast<const float*>(nw.data()), eps, out, stream_);

@@ -243,13 +243,18 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
 // residual += x @ W^T; out = rmsnorm(residual) * w, against the CPU backend's
 // matmul then add_rmsnorm. 129..256 rows with 256-multiple k: the CUDA backend
 // splits k in two halves (a batched cuBLASLt call into f32 partials, summed in
-// the norm kernel); other rows, or other k: its plain path.
+// the norm kernel); 32..64 rows too, as one CUTLASS launch where the build has
+// CUTLASS (counted); other rows, or other k: its plain path.
 TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
+#ifdef SERVAL_WITH_CUDA
+  const bool cutlass = cuda::use_cutlass_gemm(*gpu, true);  // the default where built
+#endif
   auto cpu = create_backend("cpu", 0);
   struct Case { int64_t rows, in, out; };
   for (const Case& c : {Case{160, 1024, 512}, Case{200, 2816, 256}, Case{129, 512, 1024}, Case{128, 1024, 512},
-                        Case{256, 1024, 512}, Case{257, 1024, 512}, Case{64, 1024, 512}, Case{16, 1024, 512}, Case{160, 1000, 512}}) {
+                        Case{256, 1024, 512}, Case{257, 1024, 512}, Case{64, 1024, 512}, Case{16, 1024, 512}, Case{160, 1000, 512},
+                        Case{32, 1024, 512}, Case{40, 2816, 1024}, Case{64, 4096, 4096}}) {
     std::vector<float> x0(size_t(c.rows * c.out));
     std::mt19937 rng{uint32_t(c.in)};
     std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
@@ -264,7 +269,15 @@ TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
     DevTensor o_c = zeros(*cpu, c.rows, c.out), o_g = zeros(*gpu, c.rows, c.out);
     cpu->matmul(a_c.t, *m_c, nullptr, p_c.t);
     cpu->add_rmsnorm(r_c.t, p_c.t, *n_c, 1e-5f, o_c.t);
+#ifdef SERVAL_WITH_CUDA
+    const int64_t cutlass_before = cuda::cutlass_gemm_calls(*gpu);
+#endif
     gpu->matmul_add_rmsnorm(a_g.t, *m_g, p_g.t, r_g.t, *n_g, 1e-5f, o_g.t);
+#ifdef SERVAL_WITH_CUDA
+    if (cutlass)
+      EXPECT_EQ(cuda::cutlass_gemm_calls(*gpu) - cutlass_before, c.rows >= 32 && c.rows <= 64 ? 1 : 0)
+          << "CUTLASS launches, rows " << c.rows;
+#endif
     // The product is rounded to bf16 on both sides before the add: the residual
     // differs by a bf16 rounding of the product at most.
     const double res = max_rel_diff(download(*gpu, r_g.t), download(*cpu, r_c.t));

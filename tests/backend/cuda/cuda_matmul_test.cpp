@@ -36,6 +36,16 @@ void use_skinny_gemm(Backend& be) {
 #endif
 }
 
+// The tests of cuBLASLt's paths (its strided batches, its algorithm search)
+// at 32..64 rows, which CUTLASS's decode GEMM takes by default.
+void use_cublaslt_to_64_rows(Backend& be) {
+#ifdef SERVAL_WITH_CUDA
+  cuda::use_cutlass_gemm(be, false);
+#else
+  (void)be;
+#endif
+}
+
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
 
 Tensor f32_tensor(const DeviceBuffer& buf, int64_t rows, int64_t cols) {
@@ -231,6 +241,7 @@ TEST(CudaMatmul, MatmulMultiMatchesReferenceWithTwoAndThreeWeights) {
 // and the results match the reference whether or not it could batch.
 TEST(CudaMatmul, GroupedWeightsRunAsStridedBatchesAndMatchTheReference) {
   SERVAL_CUDA_OR_SKIP(gpu);
+  use_cublaslt_to_64_rows(*gpu);
   struct Case { int64_t in; std::vector<int64_t> outs; int64_t batched; };  // batched: GEMMs that batch
   for (const Case& c : {Case{1024, {1024, 256, 256}, 1}, Case{1024, {1024, 1024, 1024}, 1},
                         Case{512, {1408, 1408}, 1}, Case{512, {700, 300}, 0}}) {
@@ -363,6 +374,7 @@ TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
 // the heuristic's candidates.
 TEST(CudaMatmul, GemmSearchKeepsTheProductAndSearchesDecodeShapesOnly) {
   SERVAL_CUDA_OR_SKIP(gpu);
+  use_cublaslt_to_64_rows(*gpu);
   gpu->set_gemm_search(true, "");
   struct Case { GemmCase shape; bool searched; };
   for (const Case& c : {Case{{64, 1024, 3072, false}, true}, Case{{32, 2048, 1024, false}, true},
@@ -391,6 +403,7 @@ TEST(CudaMatmul, GemmSearchCacheSkipsTheSearchInALaterRun) {
   std::vector<std::vector<float>> got;
   for (int run = 0; run < 2; ++run) {
     std::unique_ptr<Backend> be = run == 0 ? std::move(gpu) : try_cuda_backend();
+    use_cublaslt_to_64_rows(*be);
     be->set_gemm_search(false, path);  // the cache file implies the search
     auto wg = upload_matrix(*be, "w", out, in, w);
     DevTensor xg = upload(*be, x, T, in);

@@ -1,0 +1,97 @@
+// Decode products of 17..64 rows through CUTLASS's Hopper GEMM: TMA loads by a
+// producer warp, wgmma by one consumer warpgroup, a tile of 64 W rows x the
+// batch's (up to) 64 rows of x x 128 of k, and as many pipeline stages as
+// shared memory holds. Why not cuBLASLt for them: cuBLASLt's kernels cannot
+// be programmatic dependents (they do not wait on the kernel before them), so
+// every product pays a launch gap after the small kernel before it, and the
+// one after it cannot start early. CUTLASS's kernels wait
+// (griddepcontrol.wait, with CUTLASS_ENABLE_GDC_FOR_SM90) before their first
+// load, so they are launched with programmatic stream serialization like our
+// own kernels. W is M x K row-major, x is N x K row-major (k contiguous in
+// both: the "TN" GEMM), y is N x M row-major: in CUTLASS's terms A = W, B = x^T
+// (column-major), D = y^T (column-major). A strided batch (GemmShape's batch
+// and strides, also how matmul_add_rmsnorm splits k in two) is CUTLASS's L
+// mode. Without CUTLASS's headers this file builds the stub at its end.
+#include "backend/cuda/cuda_cutlass_gemm.h"
+
+#ifdef SERVAL_WITH_CUTLASS
+
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+namespace serval::cuda {
+
+namespace {
+
+using namespace cute;
+
+template <class ElementY>
+struct DecodeGemm {
+  using Bf16 = cutlass::bfloat16_t;
+  using Tile = Shape<_64, _64, _128>;  // W rows, x rows, k
+  using Cluster = Shape<_1, _1, _1>;
+  using LayoutW = cutlass::layout::RowMajor;
+  using LayoutX = cutlass::layout::ColumnMajor;
+  using LayoutY = cutlass::layout::ColumnMajor;
+  static constexpr int kAlignY = 16 / int(sizeof(ElementY));
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutY, kAlignY, ElementY, LayoutY,
+      kAlignY, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutW, 8, Bf16, LayoutX, 8, float, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+    typename Kernel::StrideA sw{};  // (m, k, batch)
+    get<0>(sw) = s.ld();
+    get<2>(sw) = s.stride_w;
+    typename Kernel::StrideB sx{};  // (n, k, batch)
+    get<0>(sx) = s.ld();
+    get<2>(sx) = s.stride_x;
+    typename Kernel::StrideD sy{};  // (m, n, batch)
+    get<1>(sy) = s.m;
+    get<2>(sy) = s.stride_y;
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {int(s.m), int(s.n), int(s.k), int(s.batch)},
+                                  {static_cast<const Bf16*>(w), sw, static_cast<const Bf16*>(x), sx},
+                                  {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}};
+    Gemm gemm;
+    // The kernel needs no workspace (no split-K of its own: no memset node
+    // between it and the kernel before).
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess || Gemm::get_workspace_size(args) != 0) return false;
+    if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
+    return gemm.run(stream, nullptr, /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
+  }
+};
+
+}  // namespace
+
+bool cutlass_gemm_built() { return true; }
+
+bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+  if (s.n < 1 || s.n > kCutlassMaxRows) return false;
+  return s.y_f32 ? DecodeGemm<float>::run(s, w, x, y, stream)
+                 : DecodeGemm<cutlass::bfloat16_t>::run(s, w, x, y, stream);
+}
+
+}  // namespace serval::cuda
+
+#else  // no CUTLASS headers at configure time
+
+namespace serval::cuda {
+
+bool cutlass_gemm_built() { return false; }
+bool cutlass_gemm(const GemmShape&, const void*, const void*, void*, cudaStream_t) { return false; }
+
+}  // namespace serval::cuda
+
+#endif
