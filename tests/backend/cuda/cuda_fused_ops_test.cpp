@@ -274,9 +274,10 @@ TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
 #endif
     gpu->matmul_add_rmsnorm(a_g.t, *m_g, p_g.t, r_g.t, *n_g, 1e-5f, o_g.t);
 #ifdef SERVAL_WITH_CUDA
-    if (cutlass)
+    if (cutlass) {
       EXPECT_EQ(cuda::cutlass_gemm_calls(*gpu) - cutlass_before, c.rows >= 32 && c.rows <= 64 ? 1 : 0)
           << "CUTLASS launches, rows " << c.rows;
+    }
 #endif
     // The product is rounded to bf16 on both sides before the add: the residual
     // differs by a bf16 rounding of the product at most.
