@@ -1,7 +1,7 @@
 // Decode products of 17..64 rows through CUTLASS's Hopper GEMM: TMA loads by a
 // producer warp, wgmma by one consumer warpgroup, a tile of 64 W rows x the
-// batch's (up to) 64 rows of x x 128 of k, and as many pipeline stages as
-// shared memory holds. Why not cuBLASLt for them: cuBLASLt's kernels cannot
+// batch's (up to) 64 rows of x (32 below 32 rows) x 128 of k, and as many
+// pipeline stages as shared memory holds. Why not cuBLASLt for them: cuBLASLt's kernels cannot
 // be programmatic dependents (they do not wait on the kernel before them), so
 // every product pays a launch gap after the small kernel before it, and the
 // one after it cannot start early. CUTLASS's kernels wait
@@ -30,10 +30,10 @@ namespace {
 
 using namespace cute;
 
-template <class ElementY>
+template <class ElementY, int kRowsOfX>
 struct DecodeGemm {
   using Bf16 = cutlass::bfloat16_t;
-  using Tile = Shape<_64, _64, _128>;  // W rows, x rows, k
+  using Tile = Shape<_64, Int<kRowsOfX>, _128>;  // W rows, x rows, k
   using Cluster = Shape<_1, _1, _1>;
   using LayoutW = cutlass::layout::RowMajor;
   using LayoutX = cutlass::layout::ColumnMajor;
@@ -79,8 +79,11 @@ bool cutlass_gemm_built() { return true; }
 
 bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
   if (s.n < 1 || s.n > kCutlassMaxRows) return false;
-  return s.y_f32 ? DecodeGemm<float>::run(s, w, x, y, stream)
-                 : DecodeGemm<cutlass::bfloat16_t>::run(s, w, x, y, stream);
+  if (s.n < 32)
+    return s.y_f32 ? DecodeGemm<float, 32>::run(s, w, x, y, stream)
+                   : DecodeGemm<cutlass::bfloat16_t, 32>::run(s, w, x, y, stream);
+  return s.y_f32 ? DecodeGemm<float, 64>::run(s, w, x, y, stream)
+                 : DecodeGemm<cutlass::bfloat16_t, 64>::run(s, w, x, y, stream);
 }
 
 }  // namespace serval::cuda

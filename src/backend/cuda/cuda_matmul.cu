@@ -114,8 +114,13 @@ void CudaBackend::set_batch_invariant(bool on) {
 
 void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
-bool use_cutlass_gemm(Backend& be, bool on) {
-  cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_gemm(on && cutlass_gemm_built());
+// The rows from which CUTLASS's decode GEMM takes products by default (below).
+constexpr int64_t kCutlassMinRows = 32;
+
+bool use_cutlass_gemm(Backend& be, bool on, int64_t from_rows) {
+  cuda_backend_of(be, "use_cutlass_gemm")
+      .set_cutlass_min_rows(on && cutlass_gemm_built() ? (from_rows > 0 ? from_rows : kCutlassMinRows)
+                                                       : kCutlassMaxRows + 1);
   return cutlass_gemm_built();
 }
 
@@ -125,20 +130,18 @@ int64_t cutlass_gemm_calls(const Backend& be) {
 
 // 32..64 rows of bf16: CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), a
 // programmatic dependent of the kernel before it, where the build has it,
-// unless SERVAL_CUTLASS_GEMM=0 (or use_cutlass_gemm(false)). On an H100 it
-// made decode steps 2-3% faster from 40 to 64 sequences of the 7B (and 2-4%
-// at 32-64 on the 8B), even at 32 and slower below (the 64-row tile half
-// empty): docs/BENCHMARKS.md, session 35.
-constexpr int64_t kCutlassMinRows = 32;
-
-bool cutlass_gemm_from_env() {
+// unless SERVAL_CUTLASS_GEMM=0 (or use_cutlass_gemm(false)); =1 sends it
+// 17..64 rows (for measuring). On an H100 it made decode steps 2-3% faster
+// from 40 to 64 sequences of the 7B (and 2-4% at 32-64 on the 8B), even at 32
+// and slower below with its tile of 64 rows of x: docs/BENCHMARKS.md, session 35.
+int64_t cutlass_min_rows_from_env() {
   const char* v = std::getenv("SERVAL_CUTLASS_GEMM");
-  return cutlass_gemm_built() && !(v != nullptr && std::string(v) == "0");
+  if (!cutlass_gemm_built() || (v != nullptr && std::string(v) == "0")) return kCutlassMaxRows + 1;  // none
+  return v != nullptr && std::string(v) == "1" ? 17 : kCutlassMinRows;
 }
 
 bool CudaBackend::cutlass_rows(int64_t rows) const {
-  return cutlass_gemm_ && !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= kCutlassMinRows &&
-         rows <= kCutlassMaxRows;
+  return !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= cutlass_min_rows_ && rows <= kCutlassMaxRows;
 }
 
 void CudaBackend::gemm(const GemmShape& s, const void* w, const void* x, void* y) {

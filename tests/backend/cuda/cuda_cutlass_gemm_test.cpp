@@ -1,5 +1,5 @@
 // CUTLASS's decode GEMM (the bf16 products of 32..64 rows, where the build
-// has CUTLASS; SERVAL_CUTLASS_GEMM=0 / use_cutlass_gemm(false): cuBLASLt) against a
+// has CUTLASS; here from 17 rows; SERVAL_CUTLASS_GEMM=0 / use_cutlass_gemm(false): cuBLASLt) against a
 // double-precision reference: single products on decode and odd shapes, f32
 // logits, a strided batch (matmul_multi). Each case also checks that CUTLASS
 // computed it. (matmul_add_rmsnorm's split of k into two f32 partials, which
@@ -21,9 +21,10 @@ namespace serval::testing {
 namespace {
 
 #ifdef SERVAL_WITH_CUDA
+// From 17 rows (its default is 32; below, the tile of 32 rows of x).
 #define SERVAL_CUTLASS_OR_SKIP(gpu)                                                        \
   SERVAL_CUDA_OR_SKIP(gpu);                                                                \
-  if (!cuda::use_cutlass_gemm(*gpu, true)) GTEST_SKIP() << "no CUTLASS in this build"
+  if (!cuda::use_cutlass_gemm(*gpu, true, 17)) GTEST_SKIP() << "no CUTLASS in this build"
 int64_t cutlass_calls(const Backend& be) { return cuda::cutlass_gemm_calls(be); }
 #else
 #define SERVAL_CUTLASS_OR_SKIP(gpu) GTEST_SKIP() << "no CUDA backend in this build"
@@ -33,7 +34,7 @@ int64_t cutlass_calls(const Backend&) { return 0; }
 constexpr double kBf16Tol = 5e-3;  // one bf16 rounding of the output; f32 sums
 constexpr double kF32Tol = 1e-4;   // f32 outputs: the sums' order alone
 
-TEST(CudaCutlassGemm, ProductsMatchReferenceFrom32To64Rows) {
+TEST(CudaCutlassGemm, ProductsMatchReferenceFrom17To64Rows) {
   SERVAL_CUTLASS_OR_SKIP(gpu);
   struct Shape { int64_t in, out; };
   // Llama-2-7B's o and down; an output that is no multiple of the 64-row
@@ -45,7 +46,7 @@ TEST(CudaCutlassGemm, ProductsMatchReferenceFrom32To64Rows) {
     const auto want = reference_matmul(x, T_max, w, s.out, s.in);
     auto wg = upload_matrix(*gpu, "w", s.out, s.in, w);
     DevTensor xg = upload(*gpu, x, T_max, s.in);
-    for (int64_t T : {32, 33, 48, 57, 64}) {
+    for (int64_t T : {17, 24, 31, 32, 33, 48, 57, 64}) {
       DevTensor y = zeros(*gpu, T, s.out);
       const int64_t before = cutlass_calls(*gpu);
       gpu->matmul(xg.t.rows_view(0, T), *wg, nullptr, y.t);
@@ -58,19 +59,21 @@ TEST(CudaCutlassGemm, ProductsMatchReferenceFrom32To64Rows) {
 
 TEST(CudaCutlassGemm, F32LogitsMatchReference) {
   SERVAL_CUTLASS_OR_SKIP(gpu);
-  const int64_t T = 40, in = 512, out = 2000;
-  const auto x = random_bf16(size_t(T * in), 21);
-  const auto w = random_bf16(size_t(out * in), 22, 0.05f);
-  auto wg = upload_matrix(*gpu, "head", out, in, w);
-  DevTensor xg = upload(*gpu, x, T, in);
-  DeviceBuffer yb = gpu->alloc(T * out * 4);
-  const Tensor y{yb.data(), DType::F32, T, out};
-  const int64_t before = cutlass_calls(*gpu);
-  gpu->matmul(xg.t, *wg, nullptr, y);
-  EXPECT_EQ(cutlass_calls(*gpu) - before, 1);
-  std::vector<float> got(size_t(T * out));
-  gpu->copy_to_host(got.data(), y.data, T * out * 4);
-  EXPECT_LT(rel_err(got, reference_matmul(x, T, w, out, in), got.size()), kF32Tol);
+  const int64_t in = 512, out = 2000;
+  for (int64_t T : {24, 40}) {  // both tiles
+    const auto x = random_bf16(size_t(T * in), 21);
+    const auto w = random_bf16(size_t(out * in), 22, 0.05f);
+    auto wg = upload_matrix(*gpu, "head", out, in, w);
+    DevTensor xg = upload(*gpu, x, T, in);
+    DeviceBuffer yb = gpu->alloc(T * out * 4);
+    const Tensor y{yb.data(), DType::F32, T, out};
+    const int64_t before = cutlass_calls(*gpu);
+    gpu->matmul(xg.t, *wg, nullptr, y);
+    EXPECT_EQ(cutlass_calls(*gpu) - before, 1) << "T " << T;
+    std::vector<float> got(size_t(T * out));
+    gpu->copy_to_host(got.data(), y.data, T * out * 4);
+    EXPECT_LT(rel_err(got, reference_matmul(x, T, w, out, in), got.size()), kF32Tol) << "T " << T;
+  }
 }
 
 // q/k/v laid out back to back (upload_weight_group): one strided batch of
@@ -110,6 +113,9 @@ TEST(CudaCutlassGemm, FewerRowsOrOffLeaveItUnused) {
   const auto want = reference_matmul(x, 64, w, out, in);
   auto wg = upload_matrix(*gpu, "w", out, in, w);
   DevTensor xg = upload(*gpu, x, 64, in), y = zeros(*gpu, 64, out);
+#ifdef SERVAL_WITH_CUDA
+  cuda::use_cutlass_gemm(*gpu, true);  // the default: from 32 rows
+#endif
   const int64_t before = cutlass_calls(*gpu);
   for (int64_t T : {16, 17, 31}) {
     gpu->matmul(xg.t.rows_view(0, T), *wg, nullptr, y.t.rows_view(0, T));
