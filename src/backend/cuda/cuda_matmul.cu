@@ -209,8 +209,8 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
       matmul(x, *ws[i], nullptr, ys[i]);
     else
       gemm({.m = ws[i]->rows(), .n = x.rows, .k = x.cols, .y_f32 = ys[i].dtype == DType::F32,
-                 .batch = int64_t(j - i), .stride_w = stride_w, .stride_y = stride_y},
-                as_cuda(*ws[i]).data(), x.data, ys[i].data);
+            .batch = int64_t(j - i), .stride_w = stride_w, .stride_y = stride_y},
+           as_cuda(*ws[i]).data(), x.data, ys[i].data);
     i = j;
   }
 }
@@ -343,8 +343,8 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   const int64_t T = x.rows, m = cw.rows(), half = x.cols / 2;
   float* parts = static_cast<float*>(scratch(split_k_partials_, 2 * T * m * int64_t(sizeof(float))));
   gemm({.m = m, .n = T, .k = half, .y_f32 = true, .batch = 2, .stride_w = half, .stride_x = half,
-             .stride_y = T * m, .ld_k = x.cols},
-            cw.data(), x.data, parts);
+        .stride_y = T * m, .ld_k = x.cols},
+       cw.data(), x.data, parts);
   launch_split_add_rmsnorm(residual, parts, T * m, static_cast<const float*>(nw.data()), eps, out, stream_);
 }
 
