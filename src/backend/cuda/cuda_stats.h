@@ -24,7 +24,7 @@ int64_t gemm_search_cache_hits(const Backend& be);
 // Sends 17..48-row matmuls to the skinny GEMM (on) or to cuBLASLt (off, the
 // default unless SERVAL_SKINNY_GEMM=1); `be` must be the CUDA backend.
 void use_skinny_gemm(Backend& be, bool on);
-// Sends the bf16 products of 32..64 rows (from_rows..64 if given) to
+// Sends the bf16 products of 17..64 rows (from_rows..64 if given) to
 // CUTLASS's decode GEMM (on, the default where the build has CUTLASS, unless
 // SERVAL_CUTLASS_GEMM=0) or to cuBLASLt (off); false if this build has no
 // CUTLASS. `be` must be the CUDA backend.
