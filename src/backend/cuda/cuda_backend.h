@@ -50,7 +50,7 @@ class CudaWeight : public DeviceWeight {
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
 bool skinny_gemm_from_env();  // cuda_matmul.cu
-int64_t cutlass_min_rows_from_env();  // cuda_matmul.cu
+CutlassRows cutlass_rows_from_env();  // cuda_matmul.cu
 AttentionStream attention_stream_from_env();  // cuda_attention.cu
 // The backend's A/B switches: whether environment variable `name` is "1".
 bool env_is_one(const char* name);  // cuda_matmul.cu
@@ -148,8 +148,7 @@ class CudaBackend : public Backend {
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   int64_t elided_norms() const { return elided_norms_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
-  // Rows from which CUTLASS's decode GEMM takes bf16 products, to 64 (65: none).
-  void set_cutlass_min_rows(int64_t rows) { cutlass_min_rows_ = rows; }
+  void set_cutlass_rows(CutlassRows rows) { cutlass_rows_ = rows; }
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
@@ -257,7 +256,7 @@ class CudaBackend : public Backend {
   std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
-  int64_t cutlass_min_rows_ = cutlass_min_rows_from_env();  // these..64 rows: CUTLASS instead of cuBLASLt
+  CutlassRows cutlass_rows_ = cutlass_rows_from_env();  // which of 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
   bool gemm_search_ = false;  // set_gemm_search: tune_matmul's wide search (cuda_matmul_search.cu)
   std::unique_ptr<GemmSearchCache> gemm_search_cache_;  // its results across runs, if a file was given

@@ -1,8 +1,8 @@
 // Decode products of 17..64 rows through CUTLASS's Hopper GEMM: TMA loads by a
 // producer warp, wgmma by one consumer warpgroup, a tile of 64 W rows x the
-// batch's (up to) 64 rows of x (32 below 32 rows: with 64, 17..31 rows were
-// 2-5% slower than cuBLASLt on an H100, with 32 4-5% faster) x 128 of k, and
-// as many pipeline stages as shared memory holds. Why not cuBLASLt for them: cuBLASLt's kernels cannot
+// batch's (up to) 64 rows of x (32 up to 32 rows: with 64, 20-24 rows were
+// 2.5-5% slower than cuBLASLt on an H100, with 32 4.5-5% faster) x 128 of
+// k, and as many pipeline stages as shared memory holds. Why not cuBLASLt for them: cuBLASLt's kernels cannot
 // be programmatic dependents (they do not wait on the kernel before them), so
 // every product pays a launch gap after the small kernel before it, and the
 // one after it cannot start early. CUTLASS's kernels wait
@@ -80,7 +80,7 @@ bool cutlass_gemm_built() { return true; }
 
 bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
   if (s.n < 1 || s.n > kCutlassMaxRows) return false;
-  if (s.n < 32)
+  if (s.n <= 32)
     return s.y_f32 ? DecodeGemm<float, 32>::run(s, w, x, y, stream)
                    : DecodeGemm<cutlass::bfloat16_t, 32>::run(s, w, x, y, stream);
   return s.y_f32 ? DecodeGemm<float, 64>::run(s, w, x, y, stream)

@@ -1,6 +1,6 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// 17..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the others
-// through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu, when
+// 17..32 and 48..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the
+// others through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu, when
 // asked: SERVAL_SKINNY_GEMM=1), bf16 in and out (or f32 logits) with f32 accumulation. With f32
 // activations (--dtype float32) every shape goes through cuBLASLt in plain
 // f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
@@ -114,13 +114,8 @@ void CudaBackend::set_batch_invariant(bool on) {
 
 void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
-// The rows from which CUTLASS's decode GEMM takes products by default (below).
-constexpr int64_t kCutlassMinRows = 17;
-
-bool use_cutlass_gemm(Backend& be, bool on, int64_t from_rows) {
-  cuda_backend_of(be, "use_cutlass_gemm")
-      .set_cutlass_min_rows(on && cutlass_gemm_built() ? (from_rows > 0 ? from_rows : kCutlassMinRows)
-                                                       : kCutlassMaxRows + 1);
+bool use_cutlass_gemm(Backend& be, CutlassRows rows) {
+  cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_rows(cutlass_gemm_built() ? rows : CutlassRows::kOff);
   return cutlass_gemm_built();
 }
 
@@ -128,19 +123,32 @@ int64_t cutlass_gemm_calls(const Backend& be) {
   return cuda_backend_of(be, "cutlass_gemm_calls").cutlass_gemm_calls();
 }
 
-// 17..64 rows of bf16: CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), a
-// programmatic dependent of the kernel before it, where the build has it,
-// unless SERVAL_CUTLASS_GEMM=0 (or use_cutlass_gemm(false)). On an H100 it
-// made decode steps 2-5% faster than cuBLASLt from 17 to 64 sequences of the
-// 7B and 8B (at 32 on the 7B, even): docs/BENCHMARKS.md, session 35.
-int64_t cutlass_min_rows_from_env() {
+// Products of 17..64 rows of bf16 on CUTLASS's decode GEMM
+// (cuda_cutlass_gemm.cu), a programmatic dependent of the kernel before it,
+// where the build has it and where it measured faster than cuBLASLt
+// (docs/BENCHMARKS.md, session 35, decode tok/s of 128 + 128):
+// - 17..32 rows, its tile of 32 rows of x: 17-28 sequences of the 7B +4.5-5.2%
+//   on an H100, 20 +4.7% on an H200 (8B, H100: +3.2-3.8%);
+// - 48..64 rows, its tile of 64: 48-64 sequences +2.5-3.0% on an H100, +0.3%
+//   (48) and +0.4-1.4% (64) on an H200.
+// 33..47 rows stay on cuBLASLt: there the 64-row tile is half empty, and on
+// an H200 it lost 10.6% at 32 rows (even on an H100), while 33-47 rows and
+// the 32-row tile at 32 have not run on an H200.
+// SERVAL_CUTLASS_GEMM=0: none; =1: all of 17..64 (to measure).
+CutlassRows cutlass_rows_from_env() {
   const char* v = std::getenv("SERVAL_CUTLASS_GEMM");
-  const bool off = !cutlass_gemm_built() || (v != nullptr && std::string(v) == "0");
-  return off ? kCutlassMaxRows + 1 : kCutlassMinRows;
+  if (!cutlass_gemm_built() || (v != nullptr && std::string(v) == "0")) return CutlassRows::kOff;
+  return v != nullptr && std::string(v) == "1" ? CutlassRows::kAll : CutlassRows::kMeasured;
 }
 
 bool CudaBackend::cutlass_rows(int64_t rows) const {
-  return !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= cutlass_min_rows_ && rows <= kCutlassMaxRows;
+  if (batch_invariant_ || act_dtype_ != DType::BF16 || rows < 17 || rows > kCutlassMaxRows) return false;
+  switch (cutlass_rows_) {
+    case CutlassRows::kOff: return false;
+    case CutlassRows::kAll: return true;
+    case CutlassRows::kMeasured: return rows <= 32 || rows >= 48;
+  }
+  return false;
 }
 
 void CudaBackend::gemm(const GemmShape& s, const void* w, const void* x, void* y) {
@@ -319,9 +327,9 @@ void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
 // 256 sequences gained 2.5% on the H200, 64 lost 0.8-1.3%. Up to 256 only:
 // an 8B prefill step of 1,024 tokens lost 6-7% with it (the partials' f32
 // traffic), and its scratch, sized by the rows, stays small (a larger step
-// growing it would drop every decode graph). With CUTLASS's decode GEMM,
-// 17..64 rows split too: there the halves give a 4096-output weight 128
-// tiles of 64 rows, one per SM, where whole it has 64.
+// growing it would drop every decode graph). Where CUTLASS's decode GEMM
+// takes the rows (cutlass_rows) they split too: there the halves give a
+// 4096-output weight 128 tiles of 64 W rows, one per SM, where whole it has 64.
 // SERVAL_NO_SPLIT_K=1: matmul then add_rmsnorm (to compare).
 void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
                                      const DeviceWeight& norm, float eps, Tensor out) {

@@ -24,11 +24,14 @@ int64_t gemm_search_cache_hits(const Backend& be);
 // Sends 17..48-row matmuls to the skinny GEMM (on) or to cuBLASLt (off, the
 // default unless SERVAL_SKINNY_GEMM=1); `be` must be the CUDA backend.
 void use_skinny_gemm(Backend& be, bool on);
-// Sends the bf16 products of 17..64 rows (from_rows..64 if given) to
-// CUTLASS's decode GEMM (on, the default where the build has CUTLASS, unless
-// SERVAL_CUTLASS_GEMM=0) or to cuBLASLt (off); false if this build has no
-// CUTLASS. `be` must be the CUDA backend.
-bool use_cutlass_gemm(Backend& be, bool on, int64_t from_rows = 0);
+// Which bf16 products of 17..64 rows go to CUTLASS's decode GEMM instead of
+// cuBLASLt: none (kOff; SERVAL_CUTLASS_GEMM=0), the row counts where it
+// measured faster (kMeasured, the default where the build has CUTLASS:
+// 17..32 and 48..64), or all of them (kAll; SERVAL_CUTLASS_GEMM=1, for
+// measuring). Returns false if this build has no CUTLASS (then none go).
+// `be` must be the CUDA backend.
+enum class CutlassRows { kOff, kMeasured, kAll };
+bool use_cutlass_gemm(Backend& be, CutlassRows rows);
 // Products that CUTLASS's decode GEMM computed.
 int64_t cutlass_gemm_calls(const Backend& be);
 // Which kernel serves decode rows: the stream kernel for long contexts

@@ -1,5 +1,5 @@
-// CUTLASS's decode GEMM (the bf16 products of 17..64 rows, where the build
-// has CUTLASS; SERVAL_CUTLASS_GEMM=0 / use_cutlass_gemm(false): cuBLASLt) against a
+// CUTLASS's decode GEMM (bf16 products of 17..64 rows: by default those of
+// 17..32 and 48..64, here all of them) against a
 // double-precision reference: single products on decode and odd shapes, f32
 // logits, a strided batch (matmul_multi). Each case also checks that CUTLASS
 // computed it. (matmul_add_rmsnorm's split of k into two f32 partials, which
@@ -23,7 +23,7 @@ namespace {
 #ifdef SERVAL_WITH_CUDA
 #define SERVAL_CUTLASS_OR_SKIP(gpu)                                                        \
   SERVAL_CUDA_OR_SKIP(gpu);                                                                \
-  if (!cuda::use_cutlass_gemm(*gpu, true)) GTEST_SKIP() << "no CUTLASS in this build"
+  if (!cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kAll)) GTEST_SKIP() << "no CUTLASS in this build"
 int64_t cutlass_calls(const Backend& be) { return cuda::cutlass_gemm_calls(be); }
 #else
 #define SERVAL_CUTLASS_OR_SKIP(gpu) GTEST_SKIP() << "no CUDA backend in this build"
@@ -104,20 +104,28 @@ TEST(CudaCutlassGemm, StridedBatchMatchesReference) {
         << "weight " << i;
 }
 
-// 16 rows (the GEMV) and off (cuBLASLt): nothing reaches CUTLASS.
-TEST(CudaCutlassGemm, SixteenRowsOrOffLeaveItUnused) {
+// By default the rows where it measured faster (cuda_matmul.cu); 16 rows (the
+// GEMV) and off (cuBLASLt): none.
+TEST(CudaCutlassGemm, TakesTheMeasuredRowsByDefaultAndNoneWhenOff) {
   SERVAL_CUTLASS_OR_SKIP(gpu);
   const int64_t in = 1024, out = 512;
   const auto x = random_bf16(size_t(64 * in), 51), w = random_bf16(size_t(out * in), 52, 0.05f);
   const auto want = reference_matmul(x, 64, w, out, in);
   auto wg = upload_matrix(*gpu, "w", out, in, w);
   DevTensor xg = upload(*gpu, x, 64, in), y = zeros(*gpu, 64, out);
-  const int64_t before = cutlass_calls(*gpu);
-  gpu->matmul(xg.t.rows_view(0, 16), *wg, nullptr, y.t.rows_view(0, 16));
-  EXPECT_EQ(cutlass_calls(*gpu), before) << "16 rows: the GEMV";
 #ifdef SERVAL_WITH_CUDA
-  cuda::use_cutlass_gemm(*gpu, false);
+  cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kMeasured);
 #endif
+  for (int64_t T : {16, 17, 32, 33, 47, 48, 64}) {
+    const int64_t before = cutlass_calls(*gpu);
+    gpu->matmul(xg.t.rows_view(0, T), *wg, nullptr, y.t.rows_view(0, T));
+    EXPECT_EQ(cutlass_calls(*gpu) - before, (T >= 17 && T <= 32) || T >= 48 ? 1 : 0) << "T " << T;
+    EXPECT_LT(rel_err(download(*gpu, y.t.rows_view(0, T)), want, size_t(T * out)), kBf16Tol) << "T " << T;
+  }
+#ifdef SERVAL_WITH_CUDA
+  cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kOff);
+#endif
+  const int64_t before = cutlass_calls(*gpu);
   for (int64_t T : {17, 64}) {
     gpu->matmul(xg.t.rows_view(0, T), *wg, nullptr, y.t.rows_view(0, T));
     EXPECT_LT(rel_err(download(*gpu, y.t.rows_view(0, T)), want, size_t(T * out)), kBf16Tol) << "T " << T;

@@ -244,11 +244,11 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
 // matmul then add_rmsnorm. 129..256 rows with 256-multiple k: the CUDA backend
 // splits k in two halves (a batched cuBLASLt call into f32 partials, summed in
 // the norm kernel); 17..64 rows too, as one CUTLASS launch where the build has
-// CUTLASS (counted); other rows, or other k: its plain path.
+// CUTLASS (all of those rows here; counted); other rows, or other k: its plain path.
 TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
 #ifdef SERVAL_WITH_CUDA
-  const bool cutlass = cuda::use_cutlass_gemm(*gpu, true);  // the default where built
+  const bool cutlass = cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kAll);
 #endif
   auto cpu = create_backend("cpu", 0);
   struct Case { int64_t rows, in, out; };

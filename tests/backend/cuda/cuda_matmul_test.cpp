@@ -7,8 +7,8 @@
 // Also checks batch invariance: a row's output is bitwise the same alone or
 // in a batch of 1..16 (GEMV), and the same in any batch of 17..48 (skinny
 // GEMM, which the backend uses for those rows only when asked: by default
-// they go to CUTLASS's decode GEMM, cuda_cutlass_gemm_test.cpp, and are
-// checked here against the reference too). Skips without a GPU.
+// they go to CUTLASS's decode GEMM or cuBLASLt (cuda_matmul.cu says which),
+// checked here against the reference). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,7 +27,7 @@
 namespace serval::testing {
 namespace {
 
-// 17..48 rows go to CUTLASS's decode GEMM (or cuBLASLt) unless the skinny GEMM is asked for.
+// 17..48 rows go to CUTLASS's decode GEMM or cuBLASLt unless the skinny GEMM is asked for.
 void use_skinny_gemm(Backend& be) {
 #ifdef SERVAL_WITH_CUDA
   cuda::use_skinny_gemm(be, true);
@@ -40,7 +40,7 @@ void use_skinny_gemm(Backend& be) {
 // at 17..64 rows, which CUTLASS's decode GEMM takes by default.
 void use_cublaslt_to_64_rows(Backend& be) {
 #ifdef SERVAL_WITH_CUDA
-  cuda::use_cutlass_gemm(be, false);
+  cuda::use_cutlass_gemm(be, cuda::CutlassRows::kOff);
 #else
   (void)be;
 #endif
@@ -359,7 +359,7 @@ void check_gemm_twice(Backend& gpu, const GemmCase& s, uint32_t seed, const char
 
 TEST(CudaMatmul, GemmPathMatchesReferenceAndKeepsItsTimedAlgorithm) {
   SERVAL_CUDA_OR_SKIP(gpu);
-  // 17..64 rows: CUTLASS's decode GEMM by default (where the build has it); more: cuBLASLt's.
+  // 17..64 rows: CUTLASS's decode GEMM or cuBLASLt's (cuda_matmul.cu); more: cuBLASLt's.
   for (const GemmCase& s : {GemmCase{20, 4096, 4096, false}, GemmCase{48, 4096, 11008, false},
                             GemmCase{33, 4096, 32000, true}, GemmCase{65, 4096, 4096, false},
                             GemmCase{96, 4096, 11008, false}, GemmCase{128, 11008, 4096, false},
@@ -427,8 +427,8 @@ TEST(CudaMatmul, FirstUseInsideAGraphCaptureWorks) {
   const int64_t in = 768, out = 1536;
   const auto w = random_bf16(size_t(out * in), 51, 0.05f), wu = random_bf16(size_t(out * in), 52, 0.05f);
   auto wg = upload_matrix(*gpu, "w", out, in, w), wug = upload_matrix(*gpu, "u", out, in, wu);
-  // 3 rows: the GEMV; 23: CUTLASS's decode GEMM (cuBLASLt without it; the skinny GEMM when asked for); 70: a token
-  // count no other test uses, so its cuBLASLt plan is new here.
+  // 3 rows: the GEMV; 23: CUTLASS's decode GEMM (cuBLASLt without it); 70: a token count no other test uses, so its
+  // cuBLASLt plan is new here.
   for (int64_t T : {3, 23, 70}) {
     const auto x = random_bf16(size_t(T * in), 53);
     const auto want = reference_matmul(x, T, w, out, in), want_u = reference_matmul(x, T, wu, out, in);
