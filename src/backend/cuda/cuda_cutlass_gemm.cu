@@ -2,7 +2,8 @@
 // producer warp, wgmma by one consumer warpgroup, a tile of 64 W rows x 128 of
 // k x the batch's rows of x (a tile of 64 of them; of 32 up to 32 rows, where
 // the 64-row tile was 2.5-5% slower than cuBLASLt on an H100 and the 32-row
-// one 4.5-5% faster), and as many pipeline stages as shared memory holds.
+// one 4.5-5% faster; of 48 at 33..47 rows, which by default stay on cuBLASLt
+// and have not run on a GPU), and as many pipeline stages as shared memory holds.
 //
 // Why not cuBLASLt for them: its kernels cannot be programmatic dependents
 // (they do not wait on the kernel before them), so every product pays a
@@ -86,6 +87,9 @@ bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cud
   if (s.n <= 32)
     return s.y_f32 ? DecodeGemm<float, 32>::run(s, w, x, y, stream)
                    : DecodeGemm<cutlass::bfloat16_t, 32>::run(s, w, x, y, stream);
+  if (s.n < 48)
+    return s.y_f32 ? DecodeGemm<float, 48>::run(s, w, x, y, stream)
+                   : DecodeGemm<cutlass::bfloat16_t, 48>::run(s, w, x, y, stream);
   return s.y_f32 ? DecodeGemm<float, 64>::run(s, w, x, y, stream)
                  : DecodeGemm<cutlass::bfloat16_t, 64>::run(s, w, x, y, stream);
 }

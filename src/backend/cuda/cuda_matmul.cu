@@ -134,7 +134,8 @@ int64_t cutlass_gemm_calls(const Backend& be) {
 // 33..47 rows stay on cuBLASLt: there the 64-row tile is half empty, and on
 // an H200 it lost 10.6% at 32 rows (even on an H100), while 33-47 rows and
 // the 32-row tile at 32 have not run on an H200.
-// SERVAL_CUTLASS_GEMM=0: none; =1: all of 17..64 (to measure).
+// SERVAL_CUTLASS_GEMM=0: none; =1: all of 17..64 (to measure; 33..47 rows then
+// on a tile of 48 rows of x, which no GPU has run yet).
 CutlassRows cutlass_rows_from_env() {
   const char* v = std::getenv("SERVAL_CUTLASS_GEMM");
   if (!cutlass_gemm_built() || (v != nullptr && std::string(v) == "0")) return CutlassRows::kOff;
