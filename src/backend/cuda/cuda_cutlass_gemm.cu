@@ -21,6 +21,8 @@
 
 #ifdef SERVAL_WITH_CUTLASS
 
+#include "backend/cuda/cuda_common.cuh"
+
 #define CUTLASS_ENABLE_GDC_FOR_SM90 1
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -69,12 +71,21 @@ struct DecodeGemm {
                                   {int(s.m), int(s.n), int(s.k), int(s.batch)},
                                   {static_cast<const Bf16*>(w), sw, static_cast<const Bf16*>(x), sx},
                                   {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}};
-    Gemm gemm;
     // The kernel needs no workspace (no split-K of its own: no memset node
     // between it and the kernel before).
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess || Gemm::get_workspace_size(args) != 0) return false;
-    if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
-    return gemm.run(stream, nullptr, /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
+    if (Gemm::can_implement(args) != cutlass::Status::kSuccess || Gemm::get_workspace_size(args) != 0) return false;
+    // Its shared-memory size once per kernel, not at every launch as
+    // GemmUniversalAdapter::initialize would (prefill and eager steps launch
+    // outside graphs).
+    static const bool configured = [] {
+      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(Kernel::SharedStorageSize)));
+      return true;
+    }();
+    (void)configured;
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+    return Gemm::run(params, stream, nullptr, /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
   }
 };
 
