@@ -151,6 +151,9 @@ class CudaBackend : public Backend {
   void set_cutlass_rows(CutlassRows rows) { cutlass_rows_ = rows; }
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
+  void set_cutlass_epilogues(bool on) { cutlass_epilogues_ = on; }
+  // CUTLASS products that finished their outputs in the epilogue (cuda_cutlass_qkv_rope.cu).
+  int64_t cutlass_epilogue_calls() const { return cutlass_epilogue_calls_; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
   void set_rope_in_attention(bool on) { rope_in_attention_ = on; }
   // Decode attention launches that rotated q and wrote the new K/V themselves.
@@ -193,6 +196,11 @@ class CudaBackend : public Backend {
                         const Tensor& q, const RopeParams& rope, const KvGeometry& geom) const;
   // The stacked product [T, q + 2 kv] (in scratch until the next call).
   const bf16* stacked_qkv(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv);
+  // The stacked product with rope and the KV write in CUTLASS's epilogue
+  // (cuda_cutlass_qkv_rope.cu); false, having launched nothing, where it does not take them.
+  bool cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
+                                 const int32_t* positions, const RopeParams& rope, const int64_t* slot_mapping,
+                                 const KvLayer& kv, const KvGeometry& geom);
   void stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, const CudaWeight& wv,
                                  Tensor q, const int32_t* positions, const RopeParams& rope,
                                  const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom);
@@ -258,6 +266,8 @@ class CudaBackend : public Backend {
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   CutlassRows cutlass_rows_ = cutlass_rows_from_env();  // which of 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
+  bool cutlass_epilogues_ = !env_is_one("SERVAL_NO_CUTLASS_EPILOGUE");  // fused epilogues where CUTLASS takes the rows
+  int64_t cutlass_epilogue_calls_ = 0;
   bool gemm_search_ = false;  // set_gemm_search: tune_matmul's wide search (cuda_matmul_search.cu)
   std::unique_ptr<GemmSearchCache> gemm_search_cache_;  // its results across runs, if a file was given
   int64_t gemm_searches_ = 0, gemm_search_cache_hits_ = 0;

@@ -21,71 +21,29 @@
 
 #ifdef SERVAL_WITH_CUTLASS
 
-#include "backend/cuda/cuda_common.cuh"
-
-#define CUTLASS_ENABLE_GDC_FOR_SM90 1
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include "backend/cuda/cuda_cutlass_kernel.cuh"
 
 namespace serval::cuda {
 
 namespace {
 
-using namespace cute;
+using namespace cutlass_decode;
 
+// CUTLASS's TMA epilogue: y (bf16 or f32) stored as computed.
 template <class ElementY, int kRowsOfX>
 struct DecodeGemm {
-  using Bf16 = cutlass::bfloat16_t;
-  using Tile = Shape<_64, Int<kRowsOfX>, _128>;  // W rows, x rows, k
-  using Cluster = Shape<_1, _1, _1>;
-  using LayoutW = cutlass::layout::RowMajor;
-  using LayoutX = cutlass::layout::ColumnMajor;
-  using LayoutY = cutlass::layout::ColumnMajor;
   static constexpr int kAlignY = 16 / int(sizeof(ElementY));
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile<kRowsOfX>, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutY, kAlignY, ElementY, LayoutY,
       kAlignY, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutW, 8, Bf16, LayoutX, 8, float, Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Kernel = DecodeKernel<kRowsOfX, Epilogue>;
 
   static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
-    typename Kernel::StrideA sw{};  // (m, k, batch)
-    get<0>(sw) = s.ld();
-    get<2>(sw) = s.stride_w;
-    typename Kernel::StrideB sx{};  // (n, k, batch)
-    get<0>(sx) = s.ld();
-    get<2>(sx) = s.stride_x;
-    typename Kernel::StrideD sy{};  // (m, n, batch)
-    get<1>(sy) = s.m;
-    get<2>(sy) = s.stride_y;
-    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                  {int(s.m), int(s.n), int(s.k), int(s.batch)},
-                                  {static_cast<const Bf16*>(w), sw, static_cast<const Bf16*>(x), sx},
-                                  {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}};
-    // The kernel needs no workspace (no split-K of its own: no memset node
-    // between it and the kernel before).
-    if (Gemm::can_implement(args) != cutlass::Status::kSuccess || Gemm::get_workspace_size(args) != 0) return false;
-    // Its shared-memory size once per kernel, not at every launch as
-    // GemmUniversalAdapter::initialize would (prefill and eager steps launch
-    // outside graphs).
-    static const bool configured = [] {
-      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(Kernel::SharedStorageSize)));
-      return true;
-    }();
-    (void)configured;
-    typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
-    return Gemm::run(params, stream, nullptr, /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
+    typename Epilogue::StrideD sy{};  // (m, n, batch)
+    cute::get<1>(sy) = s.m;
+    cute::get<2>(sy) = s.stride_y;
+    return Kernel::launch(s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}, stream);
   }
 };
 

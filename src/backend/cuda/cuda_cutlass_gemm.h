@@ -1,7 +1,10 @@
 #pragma once
 // Decode GEMMs through CUTLASS's Hopper kernel (cuda_cutlass_gemm.cu), for
 // the products of 17..64 rows that would otherwise go to cuBLASLt.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "backend/cuda/cuda_gemm_shape.h"
 
@@ -15,5 +18,26 @@ bool cutlass_gemm_built();
 // cannot take the operands (alignment) or the build has no CUTLASS.
 constexpr int64_t kCutlassMaxRows = 64;  // one tile of 64 rows of x
 bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream);
+
+// Where the stacked q/k/v product's rows go (cutlass_qkv_rope_kv_write): its
+// first q_cols W rows are q, the next kv_cols k, the last kv_cols v. Rope of
+// the interleaved style (pairs 2i, 2i + 1 of each head, the first rope_dim
+// dimensions) at positions[t] with inv_freq; k and v rows to slot slots[t]
+// of the pools ([slots, kv_cols]).
+struct CutlassQkvRopeKv {
+  __nv_bfloat16* q;  // [tokens, q_cols], rotated
+  __nv_bfloat16* k_pool;
+  __nv_bfloat16* v_pool;
+  const int32_t* positions;
+  const int64_t* slots;
+  const float* inv_freq;
+  int q_cols, kv_cols, head_dim, rope_dim;
+};
+// x @ W^T for the stacked [q; k; v] weight W (s.m = q_cols + 2 kv_cols rows,
+// both multiples of 64; s.n tokens, at most kCutlassMaxRows), finished in the
+// epilogue as `e` says: no product in memory. Returns false, having launched
+// nothing, where it cannot take the operands.
+bool cutlass_qkv_rope_kv_write(const GemmShape& s, const void* w, const void* x, const CutlassQkvRopeKv& e,
+                               cudaStream_t stream);
 
 }  // namespace serval::cuda

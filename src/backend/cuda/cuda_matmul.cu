@@ -123,6 +123,14 @@ int64_t cutlass_gemm_calls(const Backend& be) {
   return cuda_backend_of(be, "cutlass_gemm_calls").cutlass_gemm_calls();
 }
 
+void use_cutlass_epilogues(Backend& be, bool on) {
+  cuda_backend_of(be, "use_cutlass_epilogues").set_cutlass_epilogues(on);
+}
+
+int64_t cutlass_epilogue_calls(const Backend& be) {
+  return cuda_backend_of(be, "cutlass_epilogue_calls").cutlass_epilogue_calls();
+}
+
 // Products of 17..64 rows of bf16 on CUTLASS's decode GEMM
 // (cuda_cutlass_gemm.cu), a programmatic dependent of the kernel before it,
 // where the build has it and where it measured faster than cuBLASLt
@@ -308,10 +316,39 @@ const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, cons
   return static_cast<const bf16*>(qkv);
 }
 
+// Where CUTLASS takes the rows (cutlass_rows), rope of the interleaved style
+// and the KV write happen in the product's epilogue: no stacked product in
+// memory and no rope kernel. SERVAL_NO_CUTLASS_EPILOGUE=1: the product, then
+// the rope kernel (to compare).
+bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
+                                            const int32_t* positions, const RopeParams& rope,
+                                            const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
+  if (!cutlass_epilogues_ || !cutlass_rows(x.rows) || rope.style != RopeStyle::Interleaved ||
+      rope.rope_dim % 2 != 0 || rope.rope_dim > rope.head_dim || q.cols != wq.rows())
+    return false;
+  const CutlassQkvRopeKv e{bf(q),
+                           static_cast<bf16*>(kv.k.data()),
+                           static_cast<bf16*>(kv.v.data()),
+                           positions,
+                           slot_mapping,
+                           rope.inv_freq,
+                           int(wq.rows()),
+                           int(wk.rows()),
+                           int(geom.head_dim),
+                           int(rope.rope_dim)};
+  const GemmShape s{.m = wq.rows() + 2 * wk.rows(), .n = x.rows, .k = x.cols};
+  if (!serval::cuda::cutlass_qkv_rope_kv_write(s, wq.data(), x.data, e, stream_)) return false;
+  ++stacked_qkv_calls_;
+  ++cutlass_gemm_calls_;
+  ++cutlass_epilogue_calls_;
+  return true;
+}
+
 void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
                                             const CudaWeight& wv, Tensor q, const int32_t* positions,
                                             const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
                                             const KvGeometry& geom) {
+  if (cutlass_qkv_rope_kv_write(x, wq, wk, q, positions, rope, slot_mapping, kv, geom)) return;
   const bf16* qkv = stacked_qkv(x, wq, wk, wv);
   rope_kv_write_from_stacked(qkv, wq.rows() + wk.rows() + wv.rows(), wq.rows(), wq.rows() + wk.rows(), q, wk.rows(),
                              positions, rope, slot_mapping, kv, geom);

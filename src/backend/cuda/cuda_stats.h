@@ -34,6 +34,11 @@ enum class CutlassRows { kOff, kMeasured, kAll };
 bool use_cutlass_gemm(Backend& be, CutlassRows rows);
 // Products that CUTLASS's decode GEMM computed.
 int64_t cutlass_gemm_calls(const Backend& be);
+// Whether CUTLASS's products finish their outputs in the epilogue where they
+// can (the q/k/v product's rope and KV write): on (the default unless
+// SERVAL_NO_CUTLASS_EPILOGUE=1) or off; and how many products did.
+void use_cutlass_epilogues(Backend& be, bool on);
+int64_t cutlass_epilogue_calls(const Backend& be);
 // Which kernel serves decode rows: the stream kernel for long contexts
 // (BatchView::mean_context_len >= kLongDecodeContext) in batches whose items
 // fill the GPU (kAuto, the default unless SERVAL_NO_ATTN_STREAM=1), never

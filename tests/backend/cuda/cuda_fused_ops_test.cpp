@@ -178,14 +178,20 @@ TEST(CudaFusedOps, QkvRopeKvWriteEqualsProjectionThenRopeKvWrite) {
 // weights and the rope + KV write kernel reads its rows. Against the Backend
 // default (separate products, then rope_kv_write): q and both pools within
 // bf16 rounding (the products' sums may be ordered differently), for GQA, MHA
-// and partial NeoX rope; 257 rows take the default. The stacked GEMMs are
-// counted, so a silent fallback fails.
+// and partial rope of both styles; 257 rows take the default. Where the build
+// has CUTLASS, 17..64 rows with interleaved rope go through its product with
+// rope and the KV write in the epilogue (all of those rows here). The
+// stacked GEMMs and the fused epilogues are counted, so a silent fallback fails.
 TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
   SERVAL_CUDA_OR_SKIP(gpu);
+#ifdef SERVAL_WITH_CUDA
+  const bool cutlass = cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kAll);
+#endif
   struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; int64_t hidden; };
   double worst = 0;
   for (const Case& c : {Case{RopeStyle::Neox, 128, 128, 8, 2, 1024}, Case{RopeStyle::Interleaved, 128, 128, 4, 4, 512},
-                        Case{RopeStyle::Neox, 64, 32, 8, 2, 512}}) {
+                        Case{RopeStyle::Neox, 64, 32, 8, 2, 512}, Case{RopeStyle::Interleaved, 128, 128, 8, 2, 1024},
+                        Case{RopeStyle::Interleaved, 64, 32, 8, 2, 512}}) {
     const DeviceRope rope = device_rope(*gpu, c.style, c.head_dim, c.rope_dim);
     const int64_t qw = int64_t(c.q_heads) * c.head_dim, kw = int64_t(c.kv_heads) * c.head_dim;
     const auto wq = random_bf16(size_t(qw * c.hidden), 81, 0.05f), wk = random_bf16(size_t(kw * c.hidden), 82, 0.05f),
@@ -194,21 +200,22 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
         {TensorView{"wq", DType::F32, {qw, c.hidden}, wq.data(), int64_t(wq.size() * 4)},
          TensorView{"wk", DType::F32, {kw, c.hidden}, wk.data(), int64_t(wk.size() * 4)},
          TensorView{"wv", DType::F32, {kw, c.hidden}, wv.data(), int64_t(wv.size() * 4)}});
-    for (int64_t T : {int64_t(17), int64_t(20), int64_t(33), int64_t(64), int64_t(200), int64_t(256), int64_t(257)}) {
+    for (int64_t T : {int64_t(17), int64_t(20), int64_t(32), int64_t(33), int64_t(47), int64_t(48), int64_t(64),
+                      int64_t(200), int64_t(256), int64_t(257)}) {
       const auto x = random_bf16(size_t(T * c.hidden), 84 + uint32_t(T));
       const TokenRows rows = token_rows(*gpu, T, 512);
       const DeviceBuffer &p = rows.positions, &s = rows.slots;
       const KvGeometry g{32, 16, c.kv_heads, c.head_dim};
       DevTensor xt = upload(*gpu, x, T, c.hidden);
       std::vector<float> q_out[2], pools[2][2];
-      int64_t stacked = 0;
+      int64_t stacked = 0, fused = 0;
       for (int mine = 0; mine < 2; ++mine) {
         KvLayer kv = gpu->alloc_kv_layer(g);
         DevTensor qt = zeros(*gpu, T, qw), kt = zeros(*gpu, T, kw), vt = zeros(*gpu, T, kw);
         const auto* pp = static_cast<const int32_t*>(p.data());
         const auto* sp = static_cast<const int64_t*>(s.data());
 #ifdef SERVAL_WITH_CUDA
-        const int64_t before = cuda::stacked_qkv_calls(*gpu);
+        const int64_t before = cuda::stacked_qkv_calls(*gpu), fused_before = cuda::cutlass_epilogue_calls(*gpu);
 #endif
         if (mine)
           gpu->qkv_rope_kv_write(xt.t, *group[0], *group[1], *group[2], qt.t, kt.t, vt.t, pp, rope.params, sp, kv, g);
@@ -217,6 +224,7 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
                                           sp, kv, g);
 #ifdef SERVAL_WITH_CUDA
         if (mine) stacked = cuda::stacked_qkv_calls(*gpu) - before;
+        if (mine) fused = cuda::cutlass_epilogue_calls(*gpu) - fused_before;
 #endif
         q_out[mine] = download(*gpu, qt.t);
         const int64_t elems = g.num_blocks * g.block_size * kw;
@@ -233,6 +241,8 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
       EXPECT_LT(ev, 1e-2) << "V pool, head_dim " << c.head_dim << " kv_heads " << c.kv_heads << " T " << T;
 #ifdef SERVAL_WITH_CUDA
       EXPECT_EQ(stacked, T <= 256 ? 1 : 0) << "stacked GEMMs at T " << T;
+      EXPECT_EQ(fused, cutlass && c.style == RopeStyle::Interleaved && T <= 64 ? 1 : 0)
+          << "fused epilogues at T " << T << ", head_dim " << c.head_dim;
 #endif
       worst = std::max({worst, eq, ek, ev});
     }

@@ -1,0 +1,152 @@
+#pragma once
+// What the CUTLASS decode GEMMs share (cuda_cutlass_gemm.cu, the plain
+// product; cuda_cutlass_qkv_rope.cu, the q/k/v product with rope and the KV
+// write in its epilogue): the mainloop (TMA loads by a producer warp, wgmma by
+// one consumer warpgroup, a tile of 64 W rows x 128 of k x kRowsOfX rows of x,
+// as many pipeline stages as shared memory holds beside the epilogue's), and
+// the launch as a programmatic dependent. Only for .cu files compiled with
+// CUTLASS's headers (SERVAL_WITH_CUTLASS).
+//
+// W is M x K row-major, x is N x K row-major (k contiguous in both: the "TN"
+// GEMM): in CUTLASS's terms A = W, B = x^T (column-major), and the output is
+// D = y^T (column-major, y N x M row-major). The kernel waits
+// (griddepcontrol.wait, with CUTLASS_ENABLE_GDC_FOR_SM90) before its first
+// load and stores only after it.
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/detail.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/kernel_launch.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_shape.h"
+
+namespace serval::cuda::cutlass_decode {
+
+using Bf16 = cutlass::bfloat16_t;
+template <int kRowsOfX>
+using Tile = cute::Shape<cute::_64, cute::Int<kRowsOfX>, cute::_128>;  // W rows, x rows, k
+using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+using LayoutW = cutlass::layout::RowMajor;
+using LayoutX = cutlass::layout::ColumnMajor;
+using LayoutY = cutlass::layout::ColumnMajor;
+
+// The kernel of tile kRowsOfX with the collective epilogue `Epilogue`.
+template <int kRowsOfX, class Epilogue>
+struct DecodeKernel {
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutW, 8, Bf16, LayoutX, 8, float,
+      Tile<kRowsOfX>, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+
+  // The mainloop's arguments for `s` (strides of W and x, their L mode the batch).
+  static typename Mainloop::Arguments mainloop_args(const GemmShape& s, const void* w, const void* x) {
+    typename Kernel::StrideA sw{};  // (m, k, batch)
+    cute::get<0>(sw) = s.ld();
+    cute::get<2>(sw) = s.stride_w;
+    typename Kernel::StrideB sx{};  // (n, k, batch)
+    cute::get<0>(sx) = s.ld();
+    cute::get<2>(sx) = s.stride_x;
+    return {static_cast<const Bf16*>(w), sw, static_cast<const Bf16*>(x), sx};
+  }
+
+  // Launches the product of `s` with epilogue arguments `epi`; false, having
+  // launched nothing, where the kernel cannot take the operands.
+  static bool launch(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
+                     cudaStream_t stream) {
+    typename Kernel::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                    {int(s.m), int(s.n), int(s.k), int(s.batch)},
+                                    mainloop_args(s, w, x),
+                                    epi};
+    // No workspace (no split-K of its own: no memset node between it and the
+    // kernel before).
+    if (!Kernel::can_implement(args) || Kernel::get_workspace_size(args) != 0) return false;
+    // The shared-memory size once per kernel, not at every launch (prefill
+    // and eager steps launch outside graphs).
+    static const bool configured = [] {
+      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(Kernel::SharedStorageSize)));
+      return true;
+    }();
+    (void)configured;
+    const typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+    return cutlass::kernel_launch<Kernel>(Kernel::get_grid_shape(params), Kernel::get_block_shape(),
+                                          Kernel::SharedStorageSize, stream, params,
+                                          /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
+  }
+};
+
+// An epilogue that works on the accumulators in registers (no shared memory,
+// no TMA store): `Op::apply` gets the consumer warpgroup's fragment with
+// each element's (W row, x row) in the whole product. For products whose
+// outputs need more than one element each (a rope pair, gate and up).
+// `Op::Params` are its arguments. Wrapped for the warp-specialized kernel by
+// CUTLASS's adapter, as its own register epilogue is.
+template <class Op>
+class RegisterEpilogueOp {
+ public:
+  using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementC = void;
+  using ElementD = Bf16;
+  using StrideC = cute::Stride<cute::_1, int64_t, int64_t>;
+  using StrideD = StrideC;
+  using ThreadEpilogueOp = void;
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+  using Arguments = typename Op::Params;
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& shape, Arguments const& args) {
+    return Op::can_implement(cute::get<0>(shape), cute::get<1>(shape), args);
+  }
+
+  CUTLASS_HOST_DEVICE RegisterEpilogueOp(Params const& params, SharedStorage const& = SharedStorage())
+      : params_(params) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
+                                 ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    const auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    (void)k_coord;
+    (void)l_coord;
+    // Each accumulator's (W row, x row) in the whole product.
+    Tensor coords = local_tile(make_identity_tensor(make_shape(get<0>(problem_shape_mnkl), get<1>(problem_shape_mnkl))),
+                               take<0, 2>(blk_shape_mnk), make_coord(m_coord, n_coord));
+    Tensor thread_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+    Op::apply(params_, accumulators, thread_coords, int(get<1>(problem_shape_mnkl)));
+  }
+
+ private:
+  Params params_;
+};
+
+template <class Op>
+using RegisterEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<RegisterEpilogueOp<Op>>;
+
+}  // namespace serval::cuda::cutlass_decode

@@ -1,0 +1,100 @@
+// The stacked q/k/v product of 17..64 rows through CUTLASS's decode GEMM
+// (cuda_cutlass_kernel.cuh) with rope and the KV write in its epilogue: the
+// rotated q goes to q, the rotated k and the v rows straight to the tokens'
+// slots of the pools, so the product never goes through memory and no rope
+// kernel runs between it and attention.
+//
+// In the wgmma accumulators a thread holds W rows r and r + 8 of a warp's 16
+// (r its lane / 4) for its columns (x rows), so rows 2i and 2i + 1, a rope
+// pair of the interleaved style, sit in lanes l and l ^ 4 at the same
+// fragment index: one shuffle brings each lane its partner. A 64-row tile lies
+// inside one of q, k and v (their widths are multiples of 64), so the
+// destination is the same for the whole tile. The pairs are rotated in f32
+// before rounding (the rope kernel rotates the product rounded to bf16).
+#include "backend/cuda/cuda_cutlass_gemm.h"
+
+#ifdef SERVAL_WITH_CUTLASS
+
+#include "backend/cuda/cuda_cutlass_kernel.cuh"
+#include "backend/cuda/cuda_rope.cuh"
+
+namespace serval::cuda {
+
+namespace {
+
+using namespace cutlass_decode;
+
+struct QkvRopeKvOp {
+  using Params = CutlassQkvRopeKv;
+
+  static bool can_implement(int m, int n, const Params& p) {
+    return p.q_cols % 64 == 0 && p.kv_cols % 64 == 0 && m == p.q_cols + 2 * p.kv_cols && p.head_dim % 2 == 0 &&
+           p.rope_dim % 2 == 0 && p.rope_dim <= p.head_dim && p.q_cols % p.head_dim == 0 &&
+           p.kv_cols % p.head_dim == 0 && n >= 1;
+  }
+
+  template <class Acc, class Coords>
+  CUTLASS_DEVICE static void apply(const Params& p, const Acc& acc, const Coords& coords, int tokens) {
+    const int tile_row = cute::get<0>(coords(0));  // the tile's segment (q, k or v) is the same for every element
+    const bool is_q = tile_row < p.q_cols, is_v = tile_row >= p.q_cols + p.kv_cols;
+    const int seg_start = is_q ? 0 : is_v ? p.q_cols + p.kv_cols : p.q_cols;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < cute::size(acc); ++i) {
+      const int row = cute::get<0>(coords(i)), t = cute::get<1>(coords(i));
+      const float self = acc(i);
+      const float partner = __shfl_xor_sync(0xffffffffu, self, 4);  // row ^ 1, same token
+      const int col = row - seg_start;
+      const bool first = (row & 1) == 0;  // the pair's first element (a); the partner is b
+      float out = self;
+      if (!is_v) {
+        const int d = col % p.head_dim;
+        if (d < p.rope_dim && t < tokens) {
+          float sn, cs;
+          sincosf(float(p.positions[t]) * p.inv_freq[d / 2], &sn, &cs);
+          float ra, rb;
+          if (first)
+            rope_rotate(self, partner, cs, sn, ra, rb);
+          else
+            rope_rotate(partner, self, cs, sn, ra, rb);
+          out = first ? ra : rb;
+        }
+      }
+      // The pair's first lane stores both, as one 4-byte word.
+      const float other = __shfl_xor_sync(0xffffffffu, out, 4);
+      if (!first || t >= tokens) continue;
+      __nv_bfloat162 pair = __floats2bfloat162_rn(out, other);
+      __nv_bfloat16* dst = is_q ? p.q + int64_t(t) * p.q_cols
+                                : (is_v ? p.v_pool : p.k_pool) + p.slots[t] * int64_t(p.kv_cols);
+      *reinterpret_cast<__nv_bfloat162*>(dst + col) = pair;
+    }
+  }
+};
+
+template <int kRowsOfX>
+bool run(const GemmShape& s, const void* w, const void* x, const CutlassQkvRopeKv& e, cudaStream_t stream) {
+  return DecodeKernel<kRowsOfX, RegisterEpilogue<QkvRopeKvOp>>::launch(s, w, x, e, stream);
+}
+
+}  // namespace
+
+bool cutlass_qkv_rope_kv_write(const GemmShape& s, const void* w, const void* x, const CutlassQkvRopeKv& e,
+                               cudaStream_t stream) {
+  if (s.n < 1 || s.n > kCutlassMaxRows || s.batch != 1 || s.y_f32) return false;
+  if (s.n <= 32) return run<32>(s, w, x, e, stream);
+  if (s.n < 48) return run<48>(s, w, x, e, stream);
+  return run<64>(s, w, x, e, stream);
+}
+
+}  // namespace serval::cuda
+
+#else  // no CUTLASS headers at configure time
+
+namespace serval::cuda {
+
+bool cutlass_qkv_rope_kv_write(const GemmShape&, const void*, const void*, const CutlassQkvRopeKv&, cudaStream_t) {
+  return false;
+}
+
+}  // namespace serval::cuda
+
+#endif
