@@ -263,6 +263,12 @@ class Backend {
   // back to back in one allocation, in order, so that one batched matrix
   // product reads several of them. Default: upload_weight for each.
   virtual std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views);
+  // The gate and up matrices of one gated MLP ([I, H] each), which only
+  // gated_mlp_up reads (and fold_norm_weight may scale): a backend may lay
+  // them out as its fused kernels read them best. Default: upload_weight_group.
+  virtual std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const TensorView& gate, const TensorView& up) {
+    return upload_weight_group({gate, up});
+  }
   // Allocates one layer's K and V pools.
   virtual KvLayer alloc_kv_layer(const KvGeometry& geom) = 0;
   // Whether the runner should fold each RMSNorm's weight into the matrices

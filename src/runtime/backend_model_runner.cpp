@@ -62,6 +62,8 @@ class BackendModelRunner : public ModelRunner {
                                        const std::vector<int64_t>& shape);
   std::vector<std::unique_ptr<DeviceWeight>> upload_group(
       const WeightStore& ws, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors);
+  std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const WeightStore& ws, const std::string& gate,
+                                                               const std::string& up, const std::vector<int64_t>& shape);
   void load_weights(const WeightStore& ws);
   void setup_rope(const WeightStore& ws);
   void plan_kv_cache(const RunnerOptions& opts);
@@ -195,6 +197,15 @@ std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_group(
   return backend_->upload_weight_group(views);
 }
 
+std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_gated_pair(const WeightStore& ws,
+                                                                                  const std::string& gate,
+                                                                                  const std::string& up,
+                                                                                  const std::vector<int64_t>& shape) {
+  const TensorView &g = ws.get(gate, shape), &u = ws.get(up, shape);
+  weight_bytes_ += device_bytes(g) + device_bytes(u);
+  return backend_->upload_gated_pair(g, u);
+}
+
 void BackendModelRunner::load_weights(const WeightStore& ws) {
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Q = cfg_.q_dim(), KV = cfg_.kv_dim();
   tok_embd_ = upload(ws, "token_embd.weight", {cfg_.vocab_size, H});
@@ -221,7 +232,7 @@ void BackendModelRunner::load_weights(const WeightStore& ws) {
       L.k_norm = upload(ws, p + "attn_k_norm.weight", {cfg_.head_dim});
     }
     L.ffn_norm = upload(ws, p + "ffn_norm.weight", {H});
-    auto gate_up = upload_group(ws, {{p + "ffn_gate.weight", {I, H}}, {p + "ffn_up.weight", {I, H}}});
+    auto gate_up = upload_gated_pair(ws, p + "ffn_gate.weight", p + "ffn_up.weight", {I, H});
     L.gate = std::move(gate_up[0]);
     L.up = std::move(gate_up[1]);
     L.down = upload(ws, p + "ffn_down.weight", {H, I});

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_gate_up_layout.cuh"
 
 namespace serval::cuda {
 
@@ -229,6 +230,40 @@ std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_weight_group(cons
     upload_into(views[i], part.target, part.n, mem.data());
     out.push_back(
         std::make_unique<CudaWeight>(views[i].name, views[i].shape, part.target, std::move(mem), whole.data()));
+  }
+  return out;
+}
+
+// Each matrix goes up as it is, into staging, then into its rows of the pair
+// (one strided device copy: 8 rows at a stride of 16).
+std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_gated_pair(const TensorView& gate,
+                                                                          const TensorView& up) {
+  int64_t n = 0, n_up = 0;
+  const bool fits = interleaved_gate_up_ && weight_target(gate, n) == DType::BF16 &&
+                    weight_target(up, n_up) == DType::BF16 && gate.shape.size() == 2 && up.shape == gate.shape &&
+                    gate.shape[0] % kGateUpGroupRows == 0;
+  if (!fits) return upload_weight_group({gate, up});
+  const int64_t rows = gate.shape[0], cols = gate.shape[1], bytes = n * 2;
+  const size_t group = size_t(kGateUpGroupRows * cols * 2);
+  const DeviceBuffer whole = alloc(2 * bytes);
+  {
+    DeviceBuffer staging = alloc(bytes);
+    for (int i = 0; i < 2; ++i) {
+      upload_into(i == 0 ? gate : up, DType::BF16, n, staging.data());
+      SERVAL_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(whole.data()) + i * group, 2 * group, staging.data(),
+                                          group, group, size_t(rows / kGateUpGroupRows), cudaMemcpyDeviceToDevice,
+                                          stream_));
+      synchronize();  // before staging is written again (or freed)
+    }
+  }
+  std::vector<std::unique_ptr<DeviceWeight>> out;
+  for (int i = 0; i < 2; ++i) {
+    const TensorView& v = i == 0 ? gate : up;
+    auto w = std::make_unique<CudaWeight>(v.name, v.shape, DType::BF16,
+                                          whole.slice(int64_t(i * group), 2 * bytes - int64_t(i * group)),
+                                          whole.data());
+    w->set_interleaved();
+    out.push_back(std::move(w));
   }
   return out;
 }

@@ -40,12 +40,19 @@ class CudaWeight : public DeviceWeight {
   // A vector of ones (a norm weight that changes nothing: folded ones).
   bool unit() const { return unit_; }
   void set_unit(bool on) { unit_ = on; }
+  // Gate or up of a pair that upload_gated_pair interleaved
+  // (cuda_gate_up_layout.cuh): row r lies at data() + gate_up_row(r) * cols()
+  // (up's data() is kGateUpGroupRows rows past gate's). Only gated_mlp_up
+  // and fold_norm_weight read such weights.
+  bool interleaved() const { return interleaved_; }
+  void set_interleaved() { interleaved_ = true; }
 
  private:
   DType dtype_;
   DeviceBuffer buf_;
   const void* group_;
   bool unit_ = false;
+  bool interleaved_ = false;
 };
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
@@ -91,6 +98,10 @@ class CudaBackend : public Backend {
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
   std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views) override;
+  // Interleaved (cuda_gate_up_layout.cuh) where set_interleaved_gate_up is on
+  // (SERVAL_GATE_UP_INTERLEAVED=1), bf16 and the rows a multiple of 8; else
+  // upload_weight_group.
+  std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const TensorView& gate, const TensorView& up) override;
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
   // bf16 only (cuda_norm_fold.cu).
   bool folds_norm_weights() const override;
@@ -152,6 +163,7 @@ class CudaBackend : public Backend {
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
   void set_cutlass_epilogues(bool on) { cutlass_epilogues_ = on; }
+  void set_interleaved_gate_up(bool on) { interleaved_gate_up_ = on; }
   // CUTLASS products that finished their outputs in the epilogue (cuda_cutlass_qkv_rope.cu).
   int64_t cutlass_epilogue_calls() const { return cutlass_epilogue_calls_; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
@@ -187,6 +199,11 @@ class CudaBackend : public Backend {
   // Our kernels for x @ W^T (own_kernel_fits): the GEMV, or the skinny GEMM.
   void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n);
   void own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out);
+  // gated_mlp_up of an interleaved pair (cuda_matmul.cu).
+  void interleaved_gated_mlp_up(const Tensor& x, const CudaWeight& gate, const CudaWeight& up, Tensor up_buf,
+                                Tensor out);
+  // out [T, I] = silu(gate) * up of an interleaved pair's product [T, 2I] (cuda_elementwise.cu).
+  void silu_mul_interleaved(const void* product, Tensor out);
   // Whether qkv_rope_kv_write's GEMV rotates and writes K/V in its epilogue.
   bool gemv_rope_fits(const Tensor& x, const CudaWeight& cq, const CudaWeight& ck, const CudaWeight& cv,
                       const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
@@ -266,7 +283,9 @@ class CudaBackend : public Backend {
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   CutlassRows cutlass_rows_ = cutlass_rows_from_env();  // which of 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
-  bool cutlass_epilogues_ = !env_is_one("SERVAL_NO_CUTLASS_EPILOGUE");  // fused epilogues where CUTLASS takes the rows
+  bool cutlass_epilogues_ = env_is_one("SERVAL_CUTLASS_EPILOGUE");  // fused epilogues where CUTLASS takes the rows
+  bool interleaved_gate_up_ = env_is_one("SERVAL_GATE_UP_INTERLEAVED");  // upload_gated_pair interleaves
+  DeviceBuffer gated_product_;  // gated_mlp_up's [T, 2I] product of an interleaved pair, up to 256 rows
   int64_t cutlass_epilogue_calls_ = 0;
   bool gemm_search_ = false;  // set_gemm_search: tune_matmul's wide search (cuda_matmul_search.cu)
   std::unique_ptr<GemmSearchCache> gemm_search_cache_;  // its results across runs, if a file was given

@@ -1,22 +1,17 @@
-// Decode products of 17..64 rows through CUTLASS's Hopper GEMM: TMA loads by a
-// producer warp, wgmma by one consumer warpgroup, a tile of 64 W rows x 128 of
-// k x the batch's rows of x (a tile of 64 of them; of 32 up to 32 rows, where
-// the 64-row tile was 2.5-5% slower than cuBLASLt on an H100 and the 32-row
-// one 4.5-5% faster; of 48 at 33..47 rows, which by default stay on cuBLASLt
-// and have not run on a GPU), and as many pipeline stages as shared memory holds.
+// Decode products of 17..64 rows through CUTLASS's Hopper GEMM
+// (cuda_cutlass_kernel.cuh), its TMA epilogue storing y as computed: a tile
+// of 64 rows of x; of 32 up to 32 rows, where the 64-row tile was 2.5-5%
+// slower than cuBLASLt on an H100 and the 32-row one 4.5-5% faster; of 48 at
+// 33..47 rows, which by default stay on cuBLASLt and have not run on a GPU.
 //
 // Why not cuBLASLt for them: its kernels cannot be programmatic dependents
 // (they do not wait on the kernel before them), so every product pays a
-// launch gap after the small kernel before it. CUTLASS's kernels wait
-// (griddepcontrol.wait, with CUTLASS_ENABLE_GDC_FOR_SM90) before their first
-// load, and store only after it, so they are launched with programmatic
-// stream serialization like our own kernels.
+// launch gap after the small kernel before it. CUTLASS's kernels wait before
+// their first load, so they are launched like our own kernels.
 //
-// W is M x K row-major, x is N x K row-major (k contiguous in both: the "TN"
-// GEMM), y is N x M row-major: in CUTLASS's terms A = W, B = x^T
-// (column-major), D = y^T (column-major). A strided batch (GemmShape's batch
-// and strides, also how matmul_add_rmsnorm splits k in two) is CUTLASS's L
-// mode. Without CUTLASS's headers this file builds the stub at its end.
+// A strided batch (GemmShape's batch and strides, also how
+// matmul_add_rmsnorm splits k in two) is CUTLASS's L mode. Without CUTLASS's
+// headers this file builds the stub at its end.
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
 #ifdef SERVAL_WITH_CUTLASS

@@ -22,7 +22,7 @@
 #include <cutlass/kernel_launch.h>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/cuda_gemm_shape.h"
+#include "backend/cuda/cuda_cutlass_gemm.h"
 
 namespace serval::cuda::cutlass_decode {
 
@@ -82,6 +82,20 @@ struct DecodeKernel {
   }
 };
 
+// Whether a TiledMma's accumulators (its (thread, value) -> W row + 64 x row
+// of x layout) are wgmma's for one warpgroup as the register epilogues' ops
+// rely on: thread (lane % 4, lane / 4, warp) starts at x row 2 (lane % 4) and
+// W row lane / 4 + 16 warp; value (x row + 1, W row + 8, then more x rows).
+// So lanes l and l ^ 4 hold W rows 2i and 2i + 1 at the same value, and
+// values v and v + 2 (v % 4 < 2) W rows r and r + 8 of one thread.
+template <class TV>
+constexpr bool wgmma_accumulators() {
+  using namespace cute;
+  return std::is_same_v<decltype(layout<0>(TV{})), Layout<Shape<_4, _8, _4>, Stride<_128, _1, _16>>> &&
+         size<1, 0, 0>(TV{}) == 2 && size<1, 0, 1>(TV{}) == 2 && stride<1, 0, 0>(TV{}) == 64 &&
+         stride<1, 0, 1>(TV{}) == 8;
+}
+
 // An epilogue that works on the accumulators in registers (no shared memory,
 // no TMA store): `Op::apply` gets the consumer warpgroup's fragment with
 // each element's (W row, x row) in the whole product. For products whose
@@ -139,6 +153,8 @@ class RegisterEpilogueOp {
                                take<0, 2>(blk_shape_mnk), make_coord(m_coord, n_coord));
     Tensor thread_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+    static_assert(wgmma_accumulators<decltype(tiled_mma.get_layoutC_TV())>(),
+                  "the ops rely on wgmma's accumulator layout (wgmma_accumulators)");
     Op::apply(params_, accumulators, thread_coords, int(get<1>(problem_shape_mnkl)));
   }
 
@@ -148,5 +164,17 @@ class RegisterEpilogueOp {
 
 template <class Op>
 using RegisterEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<RegisterEpilogueOp<Op>>;
+
+// The product of `s` (one batch, bf16 output kept in registers) finished by
+// `Op`, on the tile of x rows that the plain GEMM would take (cutlass_gemm);
+// false, having launched nothing, where none takes it.
+template <class Op>
+bool launch_with_op(const GemmShape& s, const void* w, const void* x, const typename Op::Params& p,
+                    cudaStream_t stream) {
+  if (s.n < 1 || s.n > kCutlassMaxRows || s.batch != 1 || s.y_f32) return false;
+  if (s.n <= 32) return DecodeKernel<32, RegisterEpilogue<Op>>::launch(s, w, x, p, stream);
+  if (s.n < 48) return DecodeKernel<48, RegisterEpilogue<Op>>::launch(s, w, x, p, stream);
+  return DecodeKernel<64, RegisterEpilogue<Op>>::launch(s, w, x, p, stream);
+}
 
 }  // namespace serval::cuda::cutlass_decode

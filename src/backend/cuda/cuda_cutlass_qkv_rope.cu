@@ -70,19 +70,11 @@ struct QkvRopeKvOp {
   }
 };
 
-template <int kRowsOfX>
-bool run(const GemmShape& s, const void* w, const void* x, const CutlassQkvRopeKv& e, cudaStream_t stream) {
-  return DecodeKernel<kRowsOfX, RegisterEpilogue<QkvRopeKvOp>>::launch(s, w, x, e, stream);
-}
-
 }  // namespace
 
 bool cutlass_qkv_rope_kv_write(const GemmShape& s, const void* w, const void* x, const CutlassQkvRopeKv& e,
                                cudaStream_t stream) {
-  if (s.n < 1 || s.n > kCutlassMaxRows || s.batch != 1 || s.y_f32) return false;
-  if (s.n <= 32) return run<32>(s, w, x, e, stream);
-  if (s.n < 48) return run<48>(s, w, x, e, stream);
-  return run<64>(s, w, x, e, stream);
+  return cutlass_decode::launch_with_op<QkvRopeKvOp>(s, w, x, e, stream);
 }
 
 }  // namespace serval::cuda

@@ -65,10 +65,11 @@ void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t str
 // `norm`: kProduce with one bf16 output, or kConsume with rope (up to 16 rows).
 void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
           const GemvRopeKv& rope = {}, const GemvNorm& norm = {});
-// out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
+// out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols],
+// or an interleaved pair (cuda_gate_up_layout.cuh: `interleaved`).
 // `norm`: kNone or kConsume (up to 16 rows).
 void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                cudaStream_t stream, const GemvNorm& norm = {});
+                cudaStream_t stream, const GemvNorm& norm = {}, bool interleaved = false);
 
 // y = x @ w^T for any bf16 x (y bf16 or f32): one warp per output, in a fixed
 // order (cuda_rowwise_matmul.cu). Batch-invariant mode's matmul for the inputs

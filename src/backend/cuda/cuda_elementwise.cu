@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_elem.cuh"
+#include "backend/cuda/cuda_gate_up_layout.cuh"
 
 namespace serval::cuda {
 
@@ -189,13 +190,15 @@ __global__ void silu_mul_kernel(const T* g, const T* u, T* o, int64_t n) {
     store1(o, i, silu<T>(load1(g, i)) * load1(u, i));
 }
 
-// Chunks of 8 elements of type T: n8 = n / 8.
+// Chunks of 8 elements of type T: n8 = n / 8. Output chunk i reads chunk
+// i * step of g and of u (2: an interleaved gate/up pair's product, whose
+// chunks alternate, cuda_gate_up_layout.cuh).
 template <typename T>
-__global__ void silu_mul_vec_kernel(const Vec8<T>* g, const Vec8<T>* u, Vec8<T>* o, int64_t n8) {
+__global__ void silu_mul_vec_kernel(const Vec8<T>* g, const Vec8<T>* u, Vec8<T>* o, int64_t n8, int step) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
     float a[8], b[8];
-    vec8_to_f32(g[i], a);
-    vec8_to_f32(u[i], b);
+    vec8_to_f32(g[i * step], a);
+    vec8_to_f32(u[i * step], b);
 #pragma unroll
     for (int k = 0; k < 8; ++k) a[k] = silu<T>(a[k]) * b[k];
     o[i] = f32_to_vec8<T>(a);
@@ -279,7 +282,8 @@ void launch_silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out, in
   T* o = static_cast<T*>(out.data);
   if (n % 8 == 0)
     silu_mul_vec_kernel<T><<<grid_for(n / 8, 256, sms), 256, 0, stream>>>(
-        reinterpret_cast<const Vec8<T>*>(g), reinterpret_cast<const Vec8<T>*>(u), reinterpret_cast<Vec8<T>*>(o), n / 8);
+        reinterpret_cast<const Vec8<T>*>(g), reinterpret_cast<const Vec8<T>*>(u), reinterpret_cast<Vec8<T>*>(o), n / 8,
+        1);
   else
     silu_mul_kernel<T><<<grid_for(n, 256, sms), 256, 0, stream>>>(g, u, o, n);
   SERVAL_CUDA_LAUNCH_CHECK();
@@ -364,6 +368,18 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor out) {
     launch_silu_mul<float>(gate, up, out, num_sms_, stream_);
   else
     launch_silu_mul<bf16>(gate, up, out, num_sms_, stream_);
+}
+
+void CudaBackend::silu_mul_interleaved(const void* product, Tensor out) {
+  check_act(out, DType::BF16, "silu_mul_interleaved's output");
+  SERVAL_CHECK(out.cols % kGateUpGroupRows == 0, "silu_mul_interleaved: ", out.cols, " outputs per row are not in ",
+               "groups of ", kGateUpGroupRows);
+  const int64_t n8 = out.numel() / 8;
+  if (n8 == 0) return;
+  const auto* y = static_cast<const Vec8<bf16>*>(product);
+  silu_mul_vec_kernel<bf16><<<grid_for(n8, 256, num_sms_), 256, 0, stream_>>>(y, y + 1, reinterpret_cast<Vec8<bf16>*>(out.data),
+                                                                          n8, 2);
+  SERVAL_CUDA_LAUNCH_CHECK();
 }
 
 // residual (f32) += the sum of two f32 partials (`stride` floats apart, each

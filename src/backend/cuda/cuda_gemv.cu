@@ -440,9 +440,10 @@ void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaS
 
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
 void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream,
-                const GemvNorm& norm) {
+                const GemvNorm& norm, bool interleaved) {
   SERVAL_CHECK(gemv_any_rows_fits(x), "gemv_gated: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
-  const GemvParams p = gated_segments(x, gate, up, out, kUnitRows, "gemv_gated");
+  static_assert(kUnitRows == kGateUpGroupRows, "an interleaved pair's unit is one group of gate rows");
+  const GemvParams p = gated_segments(x, gate, up, out, kUnitRows, "gemv_gated", interleaved);
   check_norm(norm, p, 1);
   if (p.tiles > 0) launch<true>(p, false, stream, {}, norm);
 }

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_elem.cuh"
+#include "backend/cuda/cuda_gate_up_layout.cuh"
 #include "backend/cuda/cuda_matmul_segments.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 
@@ -68,7 +69,7 @@ __device__ __forceinline__ UnitRows tile_rows(const GemvParams& p, int tile, int
   locate_tile(p, tile, kUnitRows, seg, base);
   const int row = base + g;
   const bool ok = row < p.rows[seg];
-  const int64_t off = int64_t(ok ? row : 0) * p.in;
+  const int64_t off = (kGated && p.interleaved ? gate_up_row(ok ? row : 0) : int64_t(ok ? row : 0)) * p.in;
   return {p.w[kGated ? 0 : seg] + off, kGated ? p.w[1] + off : nullptr, ok};
 }
 // A GEMV block's part of a GemvNorm (cuda_decode_matmul.h).

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_cutlass_gemm.h"
 #include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_gate_up_layout.cuh"
 #include "backend/cuda/cuda_stats.h"
 
 namespace serval::cuda {
@@ -127,6 +128,10 @@ void use_cutlass_epilogues(Backend& be, bool on) {
   cuda_backend_of(be, "use_cutlass_epilogues").set_cutlass_epilogues(on);
 }
 
+void use_interleaved_gate_up(Backend& be, bool on) {
+  cuda_backend_of(be, "use_interleaved_gate_up").set_interleaved_gate_up(on);
+}
+
 int64_t cutlass_epilogue_calls(const Backend& be) {
   return cuda_backend_of(be, "cutlass_epilogue_calls").cutlass_epilogue_calls();
 }
@@ -177,6 +182,8 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
                y.cols, "]");
   SERVAL_CHECK(y.dtype == act_dtype_ || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
                dtype_name(act_dtype_), ", or f32 without a bias");
+  SERVAL_CHECK(!cw.interleaved(), "matmul: \"", cw.name(), "\" is half of an interleaved gate/up pair, which only ",
+               "gated_mlp_up reads");
   settle(x);
   overwritten(y);
   if (x.rows == 0) return;
@@ -199,6 +206,9 @@ void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWei
 void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
                                const std::vector<Tensor>& ys) {
   SERVAL_CHECK(ws.size() == ys.size(), "matmul_multi: ", ws.size(), " weights for ", ys.size(), " outputs");
+  for (const DeviceWeight* w : ws)
+    SERVAL_CHECK(!as_cuda(*w).interleaved(), "matmul_multi: \"", w->name(), "\" is half of an interleaved gate/up ",
+                 "pair, which only gated_mlp_up reads");
   settle(x);
   for (const Tensor& y : ys) overwritten(y);
   bool fused = own_kernel_fits(x) && ws.size() >= 1 && ws.size() <= 3;
@@ -318,8 +328,8 @@ const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, cons
 
 // Where CUTLASS takes the rows (cutlass_rows), rope of the interleaved style
 // and the KV write happen in the product's epilogue: no stacked product in
-// memory and no rope kernel. SERVAL_NO_CUTLASS_EPILOGUE=1: the product, then
-// the rope kernel (to compare).
+// memory and no rope kernel. Only with SERVAL_CUTLASS_EPILOGUE=1 (or
+// use_cutlass_epilogues) until a GPU has run it; else the product, then the rope kernel.
 bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
                                             const int32_t* positions, const RopeParams& rope,
                                             const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
@@ -401,6 +411,7 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
                                Tensor up_buf, Tensor out) {
   const CudaWeight& g = as_cuda(gate);
   const CudaWeight& u = as_cuda(up);
+  if (g.interleaved() || u.interleaved()) return interleaved_gated_mlp_up(x, g, u, up_buf, out);
   const bool fused = own_kernel_fits(x) && g.dtype() == DType::BF16 && u.dtype() == DType::BF16 &&
                      g.cols() == x.cols && u.cols() == x.cols && g.rows() == u.rows() && out.dtype == DType::BF16 &&
                      out.rows == x.rows && out.cols == g.rows();
@@ -412,6 +423,62 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
   const GemvNorm n = consume_norm(x);
   if (n.mode == GemvNorm::kConsume) return gemv_gated(x, gp, up_w, out, stream_, n);
   own_matmul_gated(x, gp, up_w, out);
+}
+
+// gate/up as one interleaved pair (upload_gated_pair, cuda_gate_up_layout.cuh):
+// - up to 16 rows (any rows in batch-invariant mode, where it reads them): the
+//   GEMV reads the pair's rows in place, as it reads two matrices;
+// - CUTLASS's rows (cutlass_rows, with its epilogues on): silu(gate) * up in
+//   the product's epilogue (cuda_cutlass_gated.cu);
+// - other rows: the pair's product [T, 2I] (cuBLASLt, or the row-wise kernel
+//   in batch-invariant mode) into scratch up to 256 rows, else in pieces of
+//   T / 2 rows into up_buf (out must not be up_buf), then silu_mul_interleaved.
+// The skinny GEMM does not read pairs: its rows take the product.
+void CudaBackend::interleaved_gated_mlp_up(const Tensor& x, const CudaWeight& g, const CudaWeight& u, Tensor up_buf,
+                                           Tensor out) {
+  const int64_t I = g.rows(), T = x.rows;
+  SERVAL_CHECK(g.interleaved() && u.interleaved() && g.group() == u.group() &&
+                   static_cast<const char*>(u.data()) == static_cast<const char*>(g.data()) +
+                                                             kGateUpGroupRows * g.cols() * 2,
+               "gated_mlp_up: \"", g.name(), "\" and \"", u.name(), "\" are not one interleaved pair");
+  SERVAL_CHECK(x.dtype == DType::BF16 && out.dtype == DType::BF16 && x.cols == g.cols() && out.rows == T &&
+                   out.cols == I && u.rows() == I,
+               "gated_mlp_up: x [", T, ", ", x.cols, "] and the pair \"", g.name(), "\" [", I, ", ", g.cols(),
+               "] do not fit out [", out.rows, ", ", out.cols, "]");
+  if (T == 0) return;
+  const bf16 *gp = static_cast<const bf16*>(g.data()), *up_w = static_cast<const bf16*>(u.data());
+  if (batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x)) {
+    return gemv_gated(x, gp, up_w, out, stream_, consume_norm(x), /*interleaved=*/true);
+  }
+  settle(x);
+  overwritten(out);
+  if (cutlass_epilogues_ && cutlass_rows(T) && cutlass_silu_mul({.m = 2 * I, .n = T, .k = x.cols}, gp, x.data,
+                                                                bf(out), stream_)) {
+    ++cutlass_gemm_calls_;
+    ++cutlass_epilogue_calls_;
+    return;
+  }
+  auto product = [&](const Tensor& xs, void* y) {
+    if (batch_invariant_)
+      rowwise_matmul(xs, gp, Tensor{y, DType::BF16, xs.rows, 2 * I}, stream_);
+    else
+      gemm({.m = 2 * I, .n = xs.rows, .k = xs.cols}, gp, xs.data, y);
+  };
+  if (T <= 256) {
+    void* y = scratch(gated_product_, T * 2 * I * 2);
+    product(x, y);
+    return silu_mul_interleaved(y, out);
+  }
+  const char *ub = static_cast<const char*>(up_buf.data), *ob = static_cast<const char*>(out.data);
+  const bool apart = ub + T * I * 2 <= ob || ob + T * I * 2 <= ub;
+  SERVAL_CHECK(up_buf.dtype == DType::BF16 && up_buf.numel() >= T * I && apart,
+               "gated_mlp_up: up_buf must hold [", T, ", ", I, "] bf16 apart from out");
+  const int64_t piece = T / 2;  // piece x 2I fits in up_buf's T x I
+  for (int64_t t0 = 0; t0 < T; t0 += piece) {
+    const int64_t n = std::min(piece, T - t0);
+    product(x.rows_view(t0, n), up_buf.data);
+    silu_mul_interleaved(up_buf.data, out.rows_view(t0, n));
+  }
 }
 
 }  // namespace serval::cuda

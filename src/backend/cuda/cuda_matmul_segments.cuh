@@ -19,6 +19,7 @@ struct MatmulSegments {
   int tiles;
   int tokens;
   int in;
+  bool interleaved;  // gated: gate and up are an interleaved pair (cuda_gate_up_layout.cuh)
 };
 
 // ys[i] = x @ ws[i]^T in tiles of `tile_rows` rows; `who` names the kernel in errors.
@@ -43,9 +44,9 @@ inline MatmulSegments matmul_segments(const Tensor& x, const bf16* const* ws, co
 }
 
 // out = silu(x @ gate^T) * (x @ up^T) in tiles of `tile_rows` output rows;
-// gate and up are [out.cols, x.cols].
+// gate and up are [out.cols, x.cols], or an interleaved pair.
 inline MatmulSegments gated_segments(const Tensor& x, const bf16* gate, const bf16* up, const Tensor& out,
-                                     int tile_rows, const char* who) {
+                                     int tile_rows, const char* who, bool interleaved = false) {
   SERVAL_CHECK(reinterpret_cast<uintptr_t>(gate) % 16 == 0 && reinterpret_cast<uintptr_t>(up) % 16 == 0, who,
                ": weights not 16-byte aligned");
   MatmulSegments p{};
@@ -55,6 +56,7 @@ inline MatmulSegments gated_segments(const Tensor& x, const bf16* gate, const bf
   p.segments = 1;
   p.w[0] = gate;
   p.w[1] = up;
+  p.interleaved = interleaved;
   p.y[0] = out.data;
   p.rows[0] = int(out.cols);
   p.tiles = p.tile_end[0] = ceil_div(out.cols, tile_rows);

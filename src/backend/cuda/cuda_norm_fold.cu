@@ -24,17 +24,22 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/cuda/cuda_gate_up_layout.cuh"
 #include "backend/cuda/cuda_stats.h"
 
 namespace serval::cuda {
 
 namespace {
 
-// w[r, c] *= g[c], in f32, rounded back to bf16.
-__global__ void fold_norm_kernel(bf16* w, const float* g, int64_t rows, int64_t cols) {
+// w[r, c] *= g[c], in f32, rounded back to bf16; row r at gate_up_row(r)
+// if `interleaved` (a gate/up pair's, cuda_gate_up_layout.cuh).
+__global__ void fold_norm_kernel(bf16* w, const float* g, int64_t rows, int64_t cols, bool interleaved) {
   const int64_t n = rows * cols;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    w[i] = __float2bfloat16(__bfloat162float(w[i]) * g[i % cols]);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    bf16& e = w[(interleaved ? gate_up_row(r) : r) * cols + c];
+    e = __float2bfloat16(__bfloat162float(e) * g[c]);
+  }
 }
 
 }  // namespace
@@ -55,7 +60,8 @@ void CudaBackend::fold_norm_weight(const DeviceWeight& norm, const std::vector<D
     const int64_t n = cw.rows() * cw.cols();
     const int blocks = int(std::min<int64_t>((n + 255) / 256, int64_t(num_sms_) * 16));
     fold_norm_kernel<<<blocks, 256, 0, stream_>>>(static_cast<bf16*>(const_cast<void*>(cw.data())),
-                                                   static_cast<const float*>(g.data()), cw.rows(), cw.cols());
+                                                   static_cast<const float*>(g.data()), cw.rows(), cw.cols(),
+                                                   cw.interleaved());
     SERVAL_CUDA_LAUNCH_CHECK();
   }
 }

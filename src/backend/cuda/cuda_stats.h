@@ -35,10 +35,15 @@ bool use_cutlass_gemm(Backend& be, CutlassRows rows);
 // Products that CUTLASS's decode GEMM computed.
 int64_t cutlass_gemm_calls(const Backend& be);
 // Whether CUTLASS's products finish their outputs in the epilogue where they
-// can (the q/k/v product's rope and KV write): on (the default unless
-// SERVAL_NO_CUTLASS_EPILOGUE=1) or off; and how many products did.
+// can (the q/k/v product's rope and KV write; silu(gate) * up of an
+// interleaved gate/up pair): on, or off (the default unless
+// SERVAL_CUTLASS_EPILOGUE=1: no GPU has run them yet); and how many products did.
 void use_cutlass_epilogues(Backend& be, bool on);
 int64_t cutlass_epilogue_calls(const Backend& be);
+// Whether upload_gated_pair interleaves gate and up (cuda_gate_up_layout.cuh)
+// for the weights it uploads from now on: on, or off (the default unless
+// SERVAL_GATE_UP_INTERLEAVED=1).
+void use_interleaved_gate_up(Backend& be, bool on);
 // Which kernel serves decode rows: the stream kernel for long contexts
 // (BatchView::mean_context_len >= kLongDecodeContext) in batches whose items
 // fill the GPU (kAuto, the default unless SERVAL_NO_ATTN_STREAM=1), never

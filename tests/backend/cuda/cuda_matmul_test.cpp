@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "core/dtype.h"
 #include "../../model/test_models.h"
 #ifdef SERVAL_WITH_CUDA
 #include "backend/cuda/cuda_stats.h"
@@ -332,6 +333,59 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
                 long(c.ffn), long(c.rows.front()), long(T_max), worst);
   }
 }
+
+#ifdef SERVAL_WITH_CUDA
+// gate and up uploaded as one interleaved pair (upload_gated_pair with
+// use_interleaved_gate_up, cuda_gate_up_layout.cuh), a norm weight folded into
+// them: gated_mlp_up against the double reference of the folded (bf16)
+// matrices on every path: the GEMV reading the pair in place (1..16 rows),
+// CUTLASS's product with silu(gate) * up in its epilogue (17..64 rows,
+// counted; not for an ffn of 1000, not a multiple of 32), the pair's product
+// then silu_mul_interleaved (17..64 rows with CUTLASS off, 65..256 in scratch,
+// 300 in pieces through up_buf). matmul refuses half a pair.
+TEST(CudaMatmul, GatedMlpUpOfAnInterleavedPairMatchesReference) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  cuda::use_interleaved_gate_up(*gpu, true);
+  cuda::use_cutlass_epilogues(*gpu, true);
+  struct Case { int64_t hidden, ffn; std::vector<int64_t> rows; };
+  for (const Case& c : {Case{4096, 11008, {1, 5, 16, 17, 20, 32, 33, 40, 48, 64, 65, 100, 256, 300}},
+                        Case{512, 1000, {3, 24, 64, 130}}}) {
+    const int64_t T_max = c.rows.back();
+    const auto x = random_bf16(size_t(T_max * c.hidden), 41);
+    auto wgate = random_bf16(size_t(c.ffn * c.hidden), 42, 0.05f), wup = random_bf16(size_t(c.ffn * c.hidden), 43, 0.05f);
+    const auto norm = random_bf16(size_t(c.hidden), 44, 0.5f);
+    std::vector<float> scale(norm.size());
+    for (size_t i = 0; i < norm.size(); ++i) scale[i] = 1.0f + norm[i];
+    const auto pair = gpu->upload_gated_pair(
+        TensorView{"gate", DType::F32, {c.ffn, c.hidden}, wgate.data(), int64_t(wgate.size() * 4)},
+        TensorView{"up", DType::F32, {c.ffn, c.hidden}, wup.data(), int64_t(wup.size() * 4)});
+    const auto norm_w = gpu->upload_weight(TensorView{"norm", DType::F32, {c.hidden}, scale.data(), c.hidden * 4});
+    gpu->fold_norm_weight(*norm_w, {pair[0].get(), pair[1].get()});
+    for (auto* w : {&wgate, &wup})  // as the GPU folds: the f32 product rounded to bf16
+      for (size_t i = 0; i < w->size(); ++i) (*w)[i] = bf16_to_f32(f32_to_bf16((*w)[i] * scale[i % size_t(c.hidden)]));
+    const auto g = reference_matmul(x, T_max, wgate, c.ffn, c.hidden), u = reference_matmul(x, T_max, wup, c.ffn, c.hidden);
+    std::vector<double> want(g.size());
+    for (size_t i = 0; i < g.size(); ++i) want[i] = silu(g[i]) * u[i];
+    DevTensor xg = upload(*gpu, x, T_max, c.hidden);
+    for (const cuda::CutlassRows mode : {cuda::CutlassRows::kAll, cuda::CutlassRows::kOff}) {
+      const bool cutlass = cuda::use_cutlass_gemm(*gpu, mode) && mode == cuda::CutlassRows::kAll;
+      for (int64_t T : c.rows) {
+        DevTensor gb = zeros(*gpu, T, c.ffn), ub = zeros(*gpu, T, c.ffn);
+        const int64_t before = cuda::cutlass_epilogue_calls(*gpu);
+        gpu->gated_mlp_up(xg.t.rows_view(0, T), *pair[0], *pair[1], gb.t, ub.t, gb.t);  // out = gate_buf, as the runner
+        const bool fused = cutlass && T >= 17 && T <= 64 && c.ffn % 32 == 0;
+        EXPECT_EQ(cuda::cutlass_epilogue_calls(*gpu) - before, fused ? 1 : 0) << "T " << T << " ffn " << c.ffn;
+        // One rounding (GEMV, CUTLASS's epilogue), or three (gate and up rounded, then silu_mul).
+        const double tol = T <= kMaxRows || fused ? kBf16Tol : 1e-2;
+        EXPECT_LT(rel_err(download(*gpu, gb.t), want, size_t(T * c.ffn)), tol)
+            << "T " << T << " ffn " << c.ffn << (cutlass ? ", CUTLASS" : ", no CUTLASS");
+      }
+    }
+    DevTensor y = zeros(*gpu, 1, c.ffn);
+    EXPECT_THROW(gpu->matmul(xg.t.rows_view(0, 1), *pair[0], nullptr, y.t), Error);
+  }
+}
+#endif
 
 struct GemmCase { int64_t T, in, out; bool f32; };
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "cuda_test_util.h"
@@ -264,6 +265,23 @@ TEST(CudaModel, RandomModelsAgreeWithCpu) {
     EXPECT_GE(c.agree, 31) << rc.name << ": greedy tokens agreed on " << c.agree << " of 32 steps";
     std::printf("[%s] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, c.worst, c.agree);
   }
+}
+
+// The same with gate and up uploaded as interleaved pairs
+// (SERVAL_GATE_UP_INTERLEAVED=1, which the backend reads when it is made): the
+// norm weights folded into the pairs and the GEMV reading them in place.
+TEST(CudaModel, RandomModelsWithInterleavedGateUpAgreeWithCpu) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  setenv("SERVAL_GATE_UP_INTERLEAVED", "1", 1);
+  for (const RandomCase& rc : random_cases()) {
+    const CpuComparison c = compare_with_cpu(rc, "bfloat16");
+    EXPECT_LT(c.worst, 2e-2) << rc.name << ": worst relative logit error over 32 steps";
+    EXPECT_GE(c.agree, 31) << rc.name << ": greedy tokens agreed on " << c.agree << " of 32 steps";
+    std::printf("[%s, gate/up interleaved] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, c.worst,
+                c.agree);
+  }
+  unsetenv("SERVAL_GATE_UP_INTERLEAVED");
 }
 
 // float32 mode on the same miniatures (qk norm in place, bias, tied
