@@ -1,7 +1,6 @@
 // serval convert: llama2.c checkpoints and Hugging Face folders to GGUF.
 #include "model/convert.h"
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -9,24 +8,13 @@
 #include "model/gguf_model.h"
 #include "model/hf_model.h"
 #include "model/model_shapes.h"
+#include "model/qk_permute.h"
 #include "model/rope_factors.h"
 #include "tokenizer/tokenizer_gguf.h"
 
 namespace serval {
 
 namespace fs = std::filesystem;
-
-void permute_qk_rows(const void* src, void* dst, int64_t n_head, int64_t head_dim, int64_t row_bytes) {
-  SERVAL_CHECK(head_dim % 2 == 0, "permute_qk_rows: head_dim ", head_dim, " must be even");
-  const auto* s = static_cast<const uint8_t*>(src);
-  auto* d = static_cast<uint8_t*>(dst);
-  const int64_t half = head_dim / 2;
-  for (int64_t h = 0; h < n_head; ++h)
-    for (int64_t i = 0; i < half; ++i)
-      for (int64_t j = 0; j < 2; ++j)
-        std::memcpy(d + (h * head_dim + 2 * i + j) * row_bytes, s + (h * head_dim + j * half + i) * row_bytes,
-                    size_t(row_bytes));
-}
 
 void set_gguf_model_metadata(GgufWriter& w, const ModelConfig& c) {
   const std::string& a = c.architecture;

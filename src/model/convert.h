@@ -26,9 +26,4 @@ void set_gguf_tokenizer_from_llama2c(GgufWriter& w, const Llama2cVocab& vocab);
 // llama.cpp token types.
 enum class GgufTokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
 
-// The permutation llama.cpp's convert_hf_to_gguf applies to q/k rows of "llama"
-// models: within each head, rows (half, i) -> (i, half), so that RoPE rotates
-// adjacent pairs. `src` and `dst` hold n_head * head_dim rows of `row_bytes` each.
-void permute_qk_rows(const void* src, void* dst, int64_t n_head, int64_t head_dim, int64_t row_bytes);
-
 }  // namespace serval

@@ -276,6 +276,11 @@ class Backend {
   // weight of ones, which a backend may then fuse into the matmuls around
   // them. Default: no.
   virtual bool folds_norm_weights() const { return false; }
+  // Whether a model whose RoPE rotates rows (i, i + r/2) (RopeStyle::Neox:
+  // Hugging Face checkpoints, qwen GGUFs) should have its q/k rows permuted
+  // to adjacent pairs (model/qk_permute.h) when loaded: a backend whose fused
+  // rope kernels take only those. Default: no.
+  virtual bool prefers_interleaved_rope() const { return false; }
   // W := W diag(norm) for each matrix W of `ws` (column c times norm[c]), so
   // that rmsnorm(x) @ W^T equals (rmsnorm(x) * norm) @ W'^T, up to rounding.
   // Default: throws (called only when folds_norm_weights()).

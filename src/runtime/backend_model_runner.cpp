@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
+#include "model/qk_permute.h"
 #include "runtime/backend.h"
 #include "runtime/rope.h"
 #include "runtime/step_graphs.h"
@@ -49,6 +51,7 @@ class BackendModelRunner : public ModelRunner {
   int32_t block_size() const override { return geom_.block_size; }
   int64_t num_blocks() const override { return num_blocks_; }
   std::string device() const override { return backend_->name(); }
+  RopeStyle rope_style() const override { return rope_.style; }
   int64_t weight_bytes() const override { return weight_bytes_; }
   int64_t activation_bytes() const override { return ws_.bytes; }
   int64_t graph_replays() const override { return graph_replays_; }
@@ -62,6 +65,8 @@ class BackendModelRunner : public ModelRunner {
                                        const std::vector<int64_t>& shape);
   std::vector<std::unique_ptr<DeviceWeight>> upload_group(
       const WeightStore& ws, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors);
+  // ws.get(name, shape), or its rope-permuted copy (permute_rope_; kept in permuted_).
+  TensorView weight_view(const WeightStore& ws, const std::string& name, const std::vector<int64_t>& shape);
   std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const WeightStore& ws, const std::string& gate,
                                                                const std::string& up, const std::vector<int64_t>& shape);
   void load_weights(const WeightStore& ws);
@@ -98,6 +103,10 @@ class BackendModelRunner : public ModelRunner {
   std::vector<KvLayer> kv_;
   int64_t num_blocks_ = 0;  // blocks the engine may use; the pool may hold one spare (graph padding)
   int64_t weight_bytes_ = 0;
+  // q/k rows loaded in adjacent-pair order from a Neox model (permute_rope_),
+  // and their host copies until they are uploaded.
+  bool permute_rope_ = false;
+  std::vector<std::vector<uint8_t>> permuted_;
   Workspace ws_;
   std::unique_ptr<StepGraphs> graphs_;  // null: eager only
   int64_t graphs_epoch_ = 0;            // backend graph_epoch() the graphs were recorded at
@@ -175,14 +184,43 @@ void BackendModelRunner::setup_rope(const WeightStore& weights) {
   const std::vector<float> inv_freq = rope_inv_freq(cfg_, divisors);
   inv_freq_ = backend_->alloc(int64_t(inv_freq.size() * sizeof(float)));
   backend_->copy_to_device(inv_freq_.data(), inv_freq.data(), int64_t(inv_freq.size() * sizeof(float)));
-  rope_ = RopeParams{cfg_.rope_style, int32_t(cfg_.head_dim), int32_t(cfg_.rope_dim),
+  rope_ = RopeParams{permute_rope_ ? RopeStyle::Interleaved : cfg_.rope_style, int32_t(cfg_.head_dim),
+                     int32_t(cfg_.rope_dim),
                      static_cast<const float*>(inv_freq_.data())};
 
 }
 
+// A Neox model's q/k rows (weights, biases, q/k norms) in adjacent-pair order
+// where the backend prefers it (Backend::prefers_interleaved_rope), so that
+// its fused rope kernels take the model: every q and k head permuted alike
+// leaves attention's scores as they were. SERVAL_ROPE_PERMUTE=1 permutes on
+// any backend, =0 on none (to compare, and to test the permuted load on the CPU).
+static bool rope_permute_wanted(const ModelConfig& cfg, const Backend& be) {
+  if (cfg.rope_style != RopeStyle::Neox) return false;
+  const char* v = std::getenv("SERVAL_ROPE_PERMUTE");
+  if (v != nullptr && (std::string(v) == "0" || std::string(v) == "1")) return std::string(v) == "1";
+  return be.prefers_interleaved_rope();
+}
+
+TensorView BackendModelRunner::weight_view(const WeightStore& ws, const std::string& name,
+                                           const std::vector<int64_t>& shape) {
+  const TensorView& view = ws.get(name, shape);
+  const bool qk = name.find(".attn_q.") != std::string::npos || name.find(".attn_k.") != std::string::npos ||
+                  name.find(".attn_q_norm.") != std::string::npos || name.find(".attn_k_norm.") != std::string::npos;
+  if (!permute_rope_ || !qk) return view;
+  const int64_t rows = view.shape[0];
+  SERVAL_CHECK(rows % cfg_.head_dim == 0 && view.nbytes % rows == 0, "tensor \"", name, "\": ", rows,
+               " rows are not whole heads of ", cfg_.head_dim);
+  std::vector<uint8_t>& copy = permuted_.emplace_back(size_t(view.nbytes));
+  permute_qk_rows(view.data, copy.data(), rows / cfg_.head_dim, cfg_.head_dim, view.nbytes / rows, cfg_.rope_dim);
+  TensorView out = view;
+  out.data = copy.data();
+  return out;
+}
+
 std::unique_ptr<DeviceWeight> BackendModelRunner::upload(const WeightStore& ws, const std::string& name,
                                                          const std::vector<int64_t>& shape) {
-  const TensorView& view = ws.get(name, shape);
+  const TensorView view = weight_view(ws, name, shape);
   weight_bytes_ += device_bytes(view);
   return backend_->upload_weight(view);
 }
@@ -191,7 +229,7 @@ std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_group(
     const WeightStore& ws, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
   std::vector<TensorView> views;
   for (const auto& [name, shape] : tensors) {
-    views.push_back(ws.get(name, shape));
+    views.push_back(weight_view(ws, name, shape));
     weight_bytes_ += device_bytes(views.back());
   }
   return backend_->upload_weight_group(views);
@@ -207,6 +245,7 @@ std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_gated_pair
 }
 
 void BackendModelRunner::load_weights(const WeightStore& ws) {
+  permute_rope_ = rope_permute_wanted(cfg_, *backend_);
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Q = cfg_.q_dim(), KV = cfg_.kv_dim();
   tok_embd_ = upload(ws, "token_embd.weight", {cfg_.vocab_size, H});
   output_norm_ = upload(ws, "output_norm.weight", {H});
@@ -245,6 +284,7 @@ void BackendModelRunner::load_weights(const WeightStore& ws) {
     const std::vector<float> ones(size_t(H), 1.0f);
     unit_norm_ = backend_->upload_weight(TensorView{"unit_norm.weight", DType::F32, {H}, ones.data(), H * 4});
   }
+  std::vector<std::vector<uint8_t>>().swap(permuted_);  // uploaded: the host copies go
 }
 
 void BackendModelRunner::plan_kv_cache(const RunnerOptions& opts) {

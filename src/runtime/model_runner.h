@@ -96,6 +96,10 @@ class ModelRunner {
   virtual int64_t num_blocks() const = 0;
   // What the runner is running on, for start-up logs ("cuda", "cpu").
   virtual std::string device() const { return "cpu"; }
+  // The RoPE order the runner computes in: config().rope_style, or
+  // Interleaved where it loaded a Neox model's q/k rows permuted to adjacent
+  // pairs (model/qk_permute.h), which changes no score.
+  virtual RopeStyle rope_style() const { return config().rope_style; }
   // Device memory the runner holds (weights, activations, KV pool), 0 if unknown.
   virtual int64_t weight_bytes() const { return 0; }
   virtual int64_t activation_bytes() const { return 0; }

@@ -1,6 +1,5 @@
 // serval convert: llama2.c -> GGUF must reproduce llama.cpp's stories260K.gguf;
 // Hugging Face -> GGUF must permute llama q/k like llama.cpp and carry the tokenizer.
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +7,7 @@
 #include "model/convert.h"
 #include "model/gguf.h"
 #include "model/hf_model.h"
+#include "model/qk_permute.h"
 #include "tokenizer/tokenizer.h"
 #include "test_models.h"
 
@@ -71,50 +71,6 @@ TEST(ConvertLlama2c, Llama2VocabularyMatchesRealGguf) {
   EXPECT_EQ(a->get_string_array("tokenizer.ggml.tokens"), b->get_string_array("tokenizer.ggml.tokens"));
   EXPECT_EQ(a->get_float_array("tokenizer.ggml.scores"), b->get_float_array("tokenizer.ggml.scores"));
   EXPECT_EQ(a->get_int_array("tokenizer.ggml.token_type"), b->get_int_array("tokenizer.ggml.token_type"));
-}
-
-TEST(ConvertHf, PermutationMatchesLlamaCpp) {
-  // llama.cpp: w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(w.shape)
-  // For 2 heads of 6 rows: head 0 rows 0..5 -> 0 3 1 4 2 5, head 1 -> 6 9 7 10 8 11.
-  std::vector<int32_t> src(12), dst(12);
-  for (int i = 0; i < 12; ++i) src[size_t(i)] = i;
-  permute_qk_rows(src.data(), dst.data(), 2, 6, 4);
-  EXPECT_EQ(dst, (std::vector<int32_t>{0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11}));
-}
-
-// RoPE over one head: Neox pairs (i, i + d/2), interleaved pairs (2i, 2i + 1).
-std::vector<float> rope(const std::vector<float>& x, int64_t pos, bool neox) {
-  const int64_t d = int64_t(x.size());
-  std::vector<float> y = x;
-  for (int64_t i = 0; i < d / 2; ++i) {
-    const double ang = double(pos) * std::pow(10000.0, -2.0 * double(i) / double(d));
-    const int64_t a = neox ? i : 2 * i, b = neox ? i + d / 2 : 2 * i + 1;
-    y[size_t(a)] = float(x[size_t(a)] * std::cos(ang) - x[size_t(b)] * std::sin(ang));
-    y[size_t(b)] = float(x[size_t(a)] * std::sin(ang) + x[size_t(b)] * std::cos(ang));
-  }
-  return y;
-}
-
-TEST(ConvertHf, PermutedRowsUnderInterleavedRopeEqualHfRowsUnderNeoxRope) {
-  // The point of the permutation: q = W x rotated with HF's rotate_half equals
-  // (P W) x rotated with adjacent pairs, up to the same row permutation P.
-  const int64_t hd = 8, cols = 5;
-  std::vector<float> W(static_cast<size_t>(hd * cols)), x(static_cast<size_t>(cols));
-  for (size_t i = 0; i < W.size(); ++i) W[i] = std::sin(float(i) * 0.7f);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(float(i) * 1.3f);
-  std::vector<float> PW(W.size());
-  permute_qk_rows(W.data(), PW.data(), 1, hd, cols * 4);
-  auto matvec = [&](const std::vector<float>& M) {
-    std::vector<float> y(size_t(hd), 0.0f);
-    for (int64_t r = 0; r < hd; ++r)
-      for (int64_t k = 0; k < cols; ++k) y[size_t(r)] += M[size_t(r * cols + k)] * x[size_t(k)];
-    return y;
-  };
-  const std::vector<float> hf = rope(matvec(W), 3, /*neox=*/true);
-  const std::vector<float> gg = rope(matvec(PW), 3, /*neox=*/false);
-  std::vector<float> hf_permuted(hf.size());
-  permute_qk_rows(hf.data(), hf_permuted.data(), 1, hd, 4);
-  for (size_t i = 0; i < gg.size(); ++i) EXPECT_NEAR(gg[i], hf_permuted[i], 1e-5) << i;
 }
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }

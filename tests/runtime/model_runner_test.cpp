@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "chained_decode.h"
@@ -90,14 +91,16 @@ class RunnerVsReference : public ::testing::TestWithParam<Case> {};
 
 int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
 
-TEST_P(RunnerVsReference, PrefillAndDecodeMatchReference) {
-  const TinySpec& spec = GetParam().spec;
+// Prefill logits of every position, then 6 greedy decode steps, against the
+// reference; `rope` is the order the runner must compute in.
+void expect_runner_matches_reference(const TinySpec& spec, RopeStyle rope) {
   const ModelConfig cfg = tiny_config(spec);
   const WeightStore weights = tiny_weights(cfg, spec);
   RunnerOptions opts;
   opts.block_size = 4;
   opts.kv_cache_tokens = 128;
   auto runner = ModelRunner::create(cfg, weights, opts);
+  EXPECT_EQ(runner->rope_style(), rope);
   ASSERT_EQ(runner->block_size(), 4);
   ASSERT_EQ(runner->num_blocks(), 32);
 
@@ -127,6 +130,19 @@ TEST_P(RunnerVsReference, PrefillAndDecodeMatchReference) {
     EXPECT_LT(rel_error(logits, ref.back()), 1e-4) << "decode step " << step;
     next = argmax(logits.data(), cfg.vocab_size);
   }
+}
+
+TEST_P(RunnerVsReference, PrefillAndDecodeMatchReference) {
+  expect_runner_matches_reference(GetParam().spec, GetParam().spec.style);
+}
+
+// SERVAL_ROPE_PERMUTE=1: a Neox model's q/k weights, biases and q/k norms load
+// permuted to adjacent pairs (as the CUDA backend asks for) and the runner
+// rotates adjacent pairs: the reference's logits all the same.
+TEST_P(RunnerVsReference, WithQkRowsPermutedToAdjacentPairsMatchesReference) {
+  setenv("SERVAL_ROPE_PERMUTE", "1", 1);
+  expect_runner_matches_reference(GetParam().spec, RopeStyle::Interleaved);
+  unsetenv("SERVAL_ROPE_PERMUTE");
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, RunnerVsReference, ::testing::ValuesIn(cases()),

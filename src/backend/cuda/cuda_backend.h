@@ -102,6 +102,8 @@ class CudaBackend : public Backend {
   // (SERVAL_GATE_UP_INTERLEAVED=1), bf16 and the rows a multiple of 8; else
   // upload_weight_group.
   std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const TensorView& gate, const TensorView& up) override;
+  // bf16: the GEMV's and CUTLASS's rope epilogues rotate adjacent pairs only.
+  bool prefers_interleaved_rope() const override { return act_dtype_ == DType::BF16; }
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
   // bf16 only (cuda_norm_fold.cu).
   bool folds_norm_weights() const override;
