@@ -3,8 +3,8 @@
 // bf16 (the default) or f32 (--dtype float32: slower, for results that follow
 // the CPU backend token for token), f32 accumulation everywhere (never TF32);
 // 1-D weights (norms, biases) stay f32. GEMMs go through cuBLASLt (bf16 decode
-// shapes through our GEMV up to 16 rows and our skinny GEMM up to 48),
-// everything else is our own kernels. All work runs
+// shapes through our GEMV up to 16 rows, and CUTLASS's Hopper GEMM at 17..64,
+// cuda_cutlass_*.cu), everything else is our own kernels. All work runs
 // on one stream; copy_to_host(), tensor_to_host() and synchronize() wait for it.
 // In batch-invariant mode only our own kernels run (set_batch_invariant).
 #include <cublasLt.h>
@@ -157,7 +157,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   // cuBLASLt launches that computed several weights as one strided batch.
   int64_t batched_gemm_calls() const { return batched_gemm_calls_; }
-  // q/k/v projections computed as one stacked cuBLASLt GEMM (qkv_rope_kv_write).
+  // q/k/v projections computed as one GEMM of their stacked weights (qkv_rope_kv_write).
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   int64_t elided_norms() const { return elided_norms_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }

@@ -8,6 +8,8 @@
 // same rows. A wgmma accumulator thread holds rows r and r + 8 of each 16 at
 // fragment values i and i + 2 (RegisterEpilogueOp checks that layout), so
 // each thread has gate and up of its outputs without exchanging anything.
+// The outputs need an even count per row (4-byte stores): I is a multiple
+// of 32 wherever the pair's 2I rows are whole tiles of 64.
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
 #ifdef SERVAL_WITH_CUTLASS
@@ -36,10 +38,14 @@ struct SiluMulOp {
     for (int i = 0; i < cute::size(acc); ++i) {
       if (i % 4 >= 2) continue;  // values i + 2: the up rows, read with their gate rows
       const int row = cute::get<0>(coords(i)), t = cute::get<1>(coords(i));
-      if (t >= tokens) continue;
       const float g = acc(i), u = acc(i + 2);
+      const float h = g / (1.0f + __expf(-g)) * u;
+      // Lanes l and l ^ 4 hold rows r and r ^ 1 (outputs c and c ^ 1): the
+      // even one stores both, as one 4-byte word.
+      const float other = __shfl_xor_sync(0xffffffffu, h, 4);
+      if ((row & 1) != 0 || t >= tokens) continue;
       const int out_col = row / 16 * 8 + row % 8;
-      p.out[int64_t(t) * p.outputs + out_col] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+      *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(t) * p.outputs + out_col) = __floats2bfloat162_rn(h, other);
     }
   }
 };

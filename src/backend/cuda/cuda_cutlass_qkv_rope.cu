@@ -33,39 +33,51 @@ struct QkvRopeKvOp {
            p.kv_cols % p.head_dim == 0 && n >= 1;
   }
 
+  // Values i and i + 1 (i even) are one W row at x rows t and t + 1, so each
+  // lane computes the sine and cosine for one of the two (the pair's first
+  // lane for t, its partner for t + 1) and they swap: one sincosf per lane
+  // for two values, not two.
   template <class Acc, class Coords>
   CUTLASS_DEVICE static void apply(const Params& p, const Acc& acc, const Coords& coords, int tokens) {
     const int tile_row = cute::get<0>(coords(0));  // the tile's segment (q, k or v) is the same for every element
     const bool is_q = tile_row < p.q_cols, is_v = tile_row >= p.q_cols + p.kv_cols;
     const int seg_start = is_q ? 0 : is_v ? p.q_cols + p.kv_cols : p.q_cols;
+    __nv_bfloat16* const pool = is_v ? p.v_pool : p.k_pool;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < cute::size(acc); ++i) {
-      const int row = cute::get<0>(coords(i)), t = cute::get<1>(coords(i));
-      const float self = acc(i);
-      const float partner = __shfl_xor_sync(0xffffffffu, self, 4);  // row ^ 1, same token
-      const int col = row - seg_start;
-      const bool first = (row & 1) == 0;  // the pair's first element (a); the partner is b
-      float out = self;
-      if (!is_v) {
-        const int d = col % p.head_dim;
-        if (d < p.rope_dim && t < tokens) {
-          float sn, cs;
-          sincosf(float(p.positions[t]) * p.inv_freq[d / 2], &sn, &cs);
+    for (int i = 0; i < cute::size(acc); i += 2) {
+      const int row = cute::get<0>(coords(i));
+      const int t[2] = {cute::get<1>(coords(i)), cute::get<1>(coords(i + 1))};
+      const int col = row - seg_start, d = col % p.head_dim;
+      const bool first = (row & 1) == 0;  // the rope pair's first row (a); the partner lane holds b
+      const bool rotate = !is_v && d < p.rope_dim;
+      float out[2] = {acc(i), acc(i + 1)};
+      float sn = 0.0f, cs = 1.0f;
+      if (rotate) {
+        const int mine = min(first ? t[0] : t[1], tokens - 1);
+        sincosf(float(p.positions[mine]) * p.inv_freq[d / 2], &sn, &cs);
+      }
+      const float sn_x = __shfl_xor_sync(0xffffffffu, sn, 4), cs_x = __shfl_xor_sync(0xffffffffu, cs, 4);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const float partner = __shfl_xor_sync(0xffffffffu, out[j], 4);  // row ^ 1, same x row
+        const bool own = first == (j == 0);  // this lane computed x row t[j]'s angle
+        if (rotate) {
           float ra, rb;
           if (first)
-            rope_rotate(self, partner, cs, sn, ra, rb);
+            rope_rotate(out[j], partner, own ? cs : cs_x, own ? sn : sn_x, ra, rb);
           else
-            rope_rotate(partner, self, cs, sn, ra, rb);
-          out = first ? ra : rb;
+            rope_rotate(partner, out[j], own ? cs : cs_x, own ? sn : sn_x, ra, rb);
+          out[j] = first ? ra : rb;
         }
       }
-      // The pair's first lane stores both, as one 4-byte word.
-      const float other = __shfl_xor_sync(0xffffffffu, out, 4);
-      if (!first || t >= tokens) continue;
-      __nv_bfloat162 pair = __floats2bfloat162_rn(out, other);
-      __nv_bfloat16* dst = is_q ? p.q + int64_t(t) * p.q_cols
-                                : (is_v ? p.v_pool : p.k_pool) + p.slots[t] * int64_t(p.kv_cols);
-      *reinterpret_cast<__nv_bfloat162*>(dst + col) = pair;
+      // The pair's first lane stores both rows, as one 4-byte word.
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const float other = __shfl_xor_sync(0xffffffffu, out[j], 4);
+        if (!first || t[j] >= tokens) continue;
+        __nv_bfloat16* dst = is_q ? p.q + int64_t(t[j]) * p.q_cols : pool + p.slots[t[j]] * int64_t(p.kv_cols);
+        *reinterpret_cast<__nv_bfloat162*>(dst + col) = __floats2bfloat162_rn(out[j], other);
+      }
     }
   }
 };
