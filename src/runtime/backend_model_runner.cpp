@@ -68,7 +68,8 @@ class BackendModelRunner : public ModelRunner {
   // ws.get(name, shape), or its rope-permuted copy (permute_rope_; kept in permuted_).
   TensorView weight_view(const WeightStore& ws, const std::string& name, const std::vector<int64_t>& shape);
   std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const WeightStore& ws, const std::string& gate,
-                                                               const std::string& up, const std::vector<int64_t>& shape);
+                                                               const std::string& up,
+                                                               const std::vector<int64_t>& shape);
   void load_weights(const WeightStore& ws);
   void setup_rope(const WeightStore& ws);
   void plan_kv_cache(const RunnerOptions& opts);

@@ -1,7 +1,8 @@
 #pragma once
 // What the CUTLASS decode GEMMs share (cuda_cutlass_gemm.cu, the plain
 // product; cuda_cutlass_qkv_rope.cu, the q/k/v product with rope and the KV
-// write in its epilogue): the mainloop (TMA loads by a producer warp, wgmma by
+// write in its epilogue; cuda_cutlass_gated.cu, gate/up with silu * up in
+// its epilogue): the mainloop (TMA loads by a producer warp, wgmma by
 // one consumer warpgroup, a tile of 64 W rows x 128 of k x kRowsOfX rows of x,
 // as many pipeline stages as shared memory holds beside the epilogue's), and
 // the launch as a programmatic dependent. Only for .cu files compiled with

@@ -377,8 +377,8 @@ void CudaBackend::silu_mul_interleaved(const void* product, Tensor out) {
   const int64_t n8 = out.numel() / 8;
   if (n8 == 0) return;
   const auto* y = static_cast<const Vec8<bf16>*>(product);
-  silu_mul_vec_kernel<bf16><<<grid_for(n8, 256, num_sms_), 256, 0, stream_>>>(y, y + 1, reinterpret_cast<Vec8<bf16>*>(out.data),
-                                                                          n8, 2);
+  silu_mul_vec_kernel<bf16><<<grid_for(n8, 256, num_sms_), 256, 0, stream_>>>(
+      y, y + 1, reinterpret_cast<Vec8<bf16>*>(out.data), n8, 2);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
