@@ -105,7 +105,8 @@ class BackendModelRunner : public ModelRunner {
   int64_t num_blocks_ = 0;  // blocks the engine may use; the pool may hold one spare (graph padding)
   int64_t weight_bytes_ = 0;
   // q/k rows loaded in adjacent-pair order from a Neox model (permute_rope_),
-  // and their host copies until they are uploaded.
+  // and the host copies of the weights being uploaded (backends copy a view
+  // before upload_weight returns).
   bool permute_rope_ = false;
   std::vector<std::vector<uint8_t>> permuted_;
   Workspace ws_;
@@ -223,7 +224,9 @@ std::unique_ptr<DeviceWeight> BackendModelRunner::upload(const WeightStore& ws, 
                                                          const std::vector<int64_t>& shape) {
   const TensorView view = weight_view(ws, name, shape);
   weight_bytes_ += device_bytes(view);
-  return backend_->upload_weight(view);
+  auto w = backend_->upload_weight(view);
+  permuted_.clear();  // uploaded: a permuted host copy goes
+  return w;
 }
 
 std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_group(
@@ -233,7 +236,9 @@ std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_group(
     views.push_back(weight_view(ws, name, shape));
     weight_bytes_ += device_bytes(views.back());
   }
-  return backend_->upload_weight_group(views);
+  auto group = backend_->upload_weight_group(views);
+  permuted_.clear();
+  return group;
 }
 
 std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_gated_pair(const WeightStore& ws,
@@ -285,7 +290,6 @@ void BackendModelRunner::load_weights(const WeightStore& ws) {
     const std::vector<float> ones(size_t(H), 1.0f);
     unit_norm_ = backend_->upload_weight(TensorView{"unit_norm.weight", DType::F32, {H}, ones.data(), H * 4});
   }
-  std::vector<std::vector<uint8_t>>().swap(permuted_);  // uploaded: the host copies go
 }
 
 void BackendModelRunner::plan_kv_cache(const RunnerOptions& opts) {
