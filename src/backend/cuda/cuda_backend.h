@@ -164,7 +164,7 @@ class CudaBackend : public Backend {
   void set_cutlass_rows(CutlassRows rows) { cutlass_rows_ = rows; }
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
-  void set_cutlass_epilogues(bool on) { cutlass_epilogues_ = on; }
+  void set_cutlass_rope_epilogue(bool on) { cutlass_rope_epilogue_ = on; }
   void set_interleaved_gate_up(bool on) { interleaved_gate_up_ = on; }
   // CUTLASS products that finished their outputs in the epilogue (cuda_cutlass_qkv_rope.cu).
   int64_t cutlass_epilogue_calls() const { return cutlass_epilogue_calls_; }
@@ -285,7 +285,7 @@ class CudaBackend : public Backend {
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   CutlassRows cutlass_rows_ = cutlass_rows_from_env();  // which of 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
-  bool cutlass_epilogues_ = env_is_one("SERVAL_CUTLASS_EPILOGUE");  // fused epilogues where CUTLASS takes the rows
+  bool cutlass_rope_epilogue_ = env_is_one("SERVAL_CUTLASS_ROPE_EPILOGUE");  // rope + KV write in the q/k/v product
   bool interleaved_gate_up_ = env_is_one("SERVAL_GATE_UP_INTERLEAVED");  // upload_gated_pair interleaves
   DeviceBuffer gated_product_;  // gated_mlp_up's [T, 2I] product of an interleaved pair, up to 256 rows
   int64_t cutlass_epilogue_calls_ = 0;

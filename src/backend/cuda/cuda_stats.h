@@ -34,11 +34,12 @@ enum class CutlassRows { kOff, kMeasured, kAll };
 bool use_cutlass_gemm(Backend& be, CutlassRows rows);
 // Products that CUTLASS's decode GEMM computed.
 int64_t cutlass_gemm_calls(const Backend& be);
-// Whether CUTLASS's products finish their outputs in the epilogue where they
-// can (the q/k/v product's rope and KV write; silu(gate) * up of an
-// interleaved gate/up pair): on, or off (the default unless
-// SERVAL_CUTLASS_EPILOGUE=1: no GPU has run them yet); and how many products did.
-void use_cutlass_epilogues(Backend& be, bool on);
+// Whether CUTLASS's q/k/v product rotates q and k and writes the KV cache in
+// its epilogue: on, or off (the default unless SERVAL_CUTLASS_ROPE_EPILOGUE=1:
+// 1.4% slower at 64 sequences on an H100, session 36).
+void use_cutlass_rope_epilogue(Backend& be, bool on);
+// CUTLASS products that finished their outputs in the epilogue (the q/k/v
+// product's rope, an interleaved gate/up pair's silu * up).
 int64_t cutlass_epilogue_calls(const Backend& be);
 // Whether upload_gated_pair interleaves gate and up (cuda_gate_up_layout.cuh)
 // for the weights it uploads from now on: on, or off (the default unless

@@ -186,6 +186,7 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
   SERVAL_CUDA_OR_SKIP(gpu);
 #ifdef SERVAL_WITH_CUDA
   const bool cutlass = cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kAll);
+  cuda::use_cutlass_rope_epilogue(*gpu, true);
 #endif
   struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; int64_t hidden; };
   double worst = 0;

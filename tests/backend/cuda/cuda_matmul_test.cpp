@@ -346,7 +346,6 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
 TEST(CudaMatmul, GatedMlpUpOfAnInterleavedPairMatchesReference) {
   SERVAL_CUDA_OR_SKIP(gpu);
   cuda::use_interleaved_gate_up(*gpu, true);
-  cuda::use_cutlass_epilogues(*gpu, true);
   struct Case { int64_t hidden, ffn; std::vector<int64_t> rows; };
   for (const Case& c : {Case{4096, 11008, {1, 5, 16, 17, 20, 32, 33, 40, 48, 64, 65, 100, 256, 300}},
                         Case{512, 1000, {3, 24, 64, 130}}}) {

@@ -205,6 +205,7 @@ TEST(CudaQkvAttention, RopeInAttentionEqualsRopeKernelBitwise) {
   SERVAL_CUDA_OR_SKIP(gpu);
 #ifdef SERVAL_WITH_CUDA
   cuda::use_attention_stream(*gpu, cuda::AttentionStream::kOff);  // the fold is the split kernel's
+  cuda::use_cutlass_rope_epilogue(*gpu, false);  // the other way is the rope kernel's bits
 #endif
   uint32_t seed = 100;
   for (const Case& c : cases()) {
