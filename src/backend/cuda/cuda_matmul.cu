@@ -38,6 +38,11 @@ void decode_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tens
     skinny_gemm_gated(x, gate, up, out, stream);
 }
 
+bool env_is_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "0";
+}
+
 bool env_is_one(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::string(v) == "1";
@@ -143,12 +148,11 @@ int64_t cutlass_epilogue_calls(const Backend& be) {
 // - 17..32 rows, its tile of 32 rows of x: 17-28 sequences of the 7B +4.5-5.2%
 //   on an H100, 20 +4.7% on an H200 (8B, H100: +3.2-3.8%);
 // - 48..64 rows, its tile of 64: 48-64 sequences +2.5-3.0% on an H100, +0.3%
-//   (48) and +0.4-1.4% (64) on an H200.
-// 33..47 rows stay on cuBLASLt: there the 64-row tile is half empty, and on
-// an H200 it lost 10.6% at 32 rows (even on an H100), while 33-47 rows and
-// the 32-row tile at 32 have not run on an H200.
-// SERVAL_CUTLASS_GEMM=0: none; =1: all of 17..64 (to measure; 33..47 rows then
-// on a tile of 48 rows of x, which no GPU has run yet).
+//   (48) and +0.4-1.4% (64) on an H200;
+// - 33..47 rows, its tile of 48 (the 64-row one, half empty at 32 rows, lost
+//   10.6% there on an H200): 36-44 sequences +1.5-2.2% on an H100 (session
+//   36; not yet run on an H200).
+// So all of 17..64 now (kMeasured and kAll coincide). SERVAL_CUTLASS_GEMM=0: none.
 CutlassRows cutlass_rows_from_env() {
   const char* v = std::getenv("SERVAL_CUTLASS_GEMM");
   if (!cutlass_gemm_built() || (v != nullptr && std::string(v) == "0")) return CutlassRows::kOff;
@@ -160,7 +164,7 @@ bool CudaBackend::cutlass_rows(int64_t rows) const {
   switch (cutlass_rows_) {
     case CutlassRows::kOff: return false;
     case CutlassRows::kAll: return true;
-    case CutlassRows::kMeasured: return rows <= 32 || rows >= 48;
+    case CutlassRows::kMeasured: return true;
   }
   return false;
 }

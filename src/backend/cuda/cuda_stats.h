@@ -26,9 +26,9 @@ int64_t gemm_search_cache_hits(const Backend& be);
 void use_skinny_gemm(Backend& be, bool on);
 // Which bf16 products of 17..64 rows go to CUTLASS's decode GEMM instead of
 // cuBLASLt: none (kOff; SERVAL_CUTLASS_GEMM=0), the row counts where it
-// measured faster (kMeasured, the default where the build has CUTLASS:
-// 17..32 and 48..64), or all of them (kAll; SERVAL_CUTLASS_GEMM=1, for
-// measuring). Returns false if this build has no CUTLASS (then none go).
+// measured faster (kMeasured, the default where the build has CUTLASS: since
+// session 36 all of 17..64), or all of them (kAll; SERVAL_CUTLASS_GEMM=1).
+// Returns false if this build has no CUTLASS (then none go).
 // `be` must be the CUDA backend.
 enum class CutlassRows { kOff, kMeasured, kAll };
 bool use_cutlass_gemm(Backend& be, CutlassRows rows);
@@ -42,8 +42,8 @@ void use_cutlass_rope_epilogue(Backend& be, bool on);
 // product's rope, an interleaved gate/up pair's silu * up).
 int64_t cutlass_epilogue_calls(const Backend& be);
 // Whether upload_gated_pair interleaves gate and up (cuda_gate_up_layout.cuh)
-// for the weights it uploads from now on: on, or off (the default unless
-// SERVAL_GATE_UP_INTERLEAVED=1).
+// for the weights it uploads from now on: on (the default unless
+// SERVAL_GATE_UP_INTERLEAVED=0), or off.
 void use_interleaved_gate_up(Backend& be, bool on);
 // Which kernel serves decode rows: the stream kernel for long contexts
 // (BatchView::mean_context_len >= kLongDecodeContext) in batches whose items
