@@ -14,13 +14,12 @@ void permute_qk_rows(const void* src, void* dst, int64_t n_head, int64_t head_di
   const auto* s = static_cast<const uint8_t*>(src);
   auto* d = static_cast<uint8_t*>(dst);
   const int64_t half = rope_dim / 2;
-  auto row = [&](uint8_t* base, int64_t h, int64_t r) { return base + (h * head_dim + r) * row_bytes; };
-  auto src_row = [&](int64_t h, int64_t r) { return s + (h * head_dim + r) * row_bytes; };
+  auto off = [&](int64_t h, int64_t r) { return (h * head_dim + r) * row_bytes; };  // row r of head h
   for (int64_t h = 0; h < n_head; ++h) {
     for (int64_t i = 0; i < half; ++i)
-      for (int64_t j = 0; j < 2; ++j) std::memcpy(row(d, h, 2 * i + j), src_row(h, j * half + i), size_t(row_bytes));
+      for (int64_t j = 0; j < 2; ++j) std::memcpy(d + off(h, 2 * i + j), s + off(h, j * half + i), size_t(row_bytes));
     if (head_dim > rope_dim)
-      std::memcpy(row(d, h, rope_dim), src_row(h, rope_dim), size_t((head_dim - rope_dim) * row_bytes));
+      std::memcpy(d + off(h, rope_dim), s + off(h, rope_dim), size_t((head_dim - rope_dim) * row_bytes));
   }
 }
 

@@ -57,7 +57,7 @@ class CudaWeight : public DeviceWeight {
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
 bool skinny_gemm_from_env();  // cuda_matmul.cu
-CutlassRows cutlass_rows_from_env();  // cuda_matmul.cu
+bool cutlass_gemm_from_env();  // cuda_matmul.cu
 AttentionStream attention_stream_from_env();  // cuda_attention.cu
 // The backend's A/B switches: whether environment variable `name` is "1".
 bool env_is_one(const char* name);  // cuda_matmul.cu
@@ -164,7 +164,7 @@ class CudaBackend : public Backend {
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   int64_t elided_norms() const { return elided_norms_; }
   void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
-  void set_cutlass_rows(CutlassRows rows) { cutlass_rows_ = rows; }
+  void set_cutlass_gemm(bool on) { cutlass_gemm_ = on; }
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
   void set_cutlass_rope_epilogue(bool on) { cutlass_rope_epilogue_ = on; }
@@ -286,7 +286,7 @@ class CudaBackend : public Backend {
   std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
-  CutlassRows cutlass_rows_ = cutlass_rows_from_env();  // which of 17..64 rows: CUTLASS instead of cuBLASLt
+  bool cutlass_gemm_ = cutlass_gemm_from_env();  // 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
   bool cutlass_rope_epilogue_ = env_is_one("SERVAL_CUTLASS_ROPE_EPILOGUE");  // rope + KV write in the q/k/v product
   bool interleaved_gate_up_ = !env_is_zero("SERVAL_GATE_UP_INTERLEAVED");  // upload_gated_pair interleaves

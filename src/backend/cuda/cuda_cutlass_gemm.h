@@ -1,6 +1,7 @@
 #pragma once
-// Decode GEMMs through CUTLASS's Hopper kernel (cuda_cutlass_gemm.cu), for
-// the products of 17..64 rows that would otherwise go to cuBLASLt.
+// Decode GEMMs through CUTLASS's Hopper kernel, for the products of 17..64
+// rows that would otherwise go to cuBLASLt: plain (cuda_cutlass_gemm.cu), or
+// finished in the epilogue (cuda_cutlass_qkv_rope.cu, cuda_cutlass_gated.cu).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

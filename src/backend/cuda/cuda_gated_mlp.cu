@@ -36,8 +36,8 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
 // gate/up as one interleaved pair (upload_gated_pair, cuda_gate_up_layout.cuh):
 // - up to 16 rows (any rows in batch-invariant mode, where it reads them): the
 //   GEMV reads the pair's rows in place, as it reads two matrices;
-// - CUTLASS's rows (cutlass_rows, with its epilogues on): silu(gate) * up in
-//   the product's epilogue (cuda_cutlass_gated.cu);
+// - CUTLASS's rows (cutlass_rows): silu(gate) * up in the product's epilogue
+//   (cuda_cutlass_gated.cu);
 // - other rows: the pair's product [T, 2I] (cuBLASLt, or the row-wise kernel
 //   in batch-invariant mode) into scratch up to 256 rows, else in pieces of
 //   T / 2 rows into up_buf (out must not be up_buf), then silu_mul_interleaved.

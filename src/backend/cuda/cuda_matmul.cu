@@ -120,8 +120,8 @@ void CudaBackend::set_batch_invariant(bool on) {
 
 void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
-bool use_cutlass_gemm(Backend& be, CutlassRows rows) {
-  cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_rows(cutlass_gemm_built() ? rows : CutlassRows::kOff);
+bool use_cutlass_gemm(Backend& be, bool on) {
+  cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_gemm(on && cutlass_gemm_built());
   return cutlass_gemm_built();
 }
 
@@ -152,21 +152,11 @@ int64_t cutlass_epilogue_calls(const Backend& be) {
 // - 33..47 rows, its tile of 48 (the 64-row one, half empty at 32 rows, lost
 //   10.6% there on an H200): 36-44 sequences +1.5-2.2% on an H100 (session
 //   36; not yet run on an H200).
-// So all of 17..64 now (kMeasured and kAll coincide). SERVAL_CUTLASS_GEMM=0: none.
-CutlassRows cutlass_rows_from_env() {
-  const char* v = std::getenv("SERVAL_CUTLASS_GEMM");
-  if (!cutlass_gemm_built() || (v != nullptr && std::string(v) == "0")) return CutlassRows::kOff;
-  return v != nullptr && std::string(v) == "1" ? CutlassRows::kAll : CutlassRows::kMeasured;
-}
+// So all of 17..64. SERVAL_CUTLASS_GEMM=0: none.
+bool cutlass_gemm_from_env() { return cutlass_gemm_built() && !env_is_zero("SERVAL_CUTLASS_GEMM"); }
 
 bool CudaBackend::cutlass_rows(int64_t rows) const {
-  if (batch_invariant_ || act_dtype_ != DType::BF16 || rows < 17 || rows > kCutlassMaxRows) return false;
-  switch (cutlass_rows_) {
-    case CutlassRows::kOff: return false;
-    case CutlassRows::kAll: return true;
-    case CutlassRows::kMeasured: return true;
-  }
-  return false;
+  return cutlass_gemm_ && !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= 17 && rows <= kCutlassMaxRows;
 }
 
 void CudaBackend::gemm(const GemmShape& s, const void* w, const void* x, void* y) {
@@ -338,8 +328,8 @@ const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, cons
 bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
                                             const int32_t* positions, const RopeParams& rope,
                                             const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
-  if (!cutlass_rope_epilogue_ || !cutlass_rows(x.rows) || rope.style != RopeStyle::Interleaved ||
-      rope.rope_dim % 2 != 0 || rope.rope_dim > rope.head_dim || q.cols != wq.rows())
+  // (The epilogue's can_implement checks the widths and rope_dim.)
+  if (!cutlass_rope_epilogue_ || !cutlass_rows(x.rows) || rope.style != RopeStyle::Interleaved || q.cols != wq.rows())
     return false;
   const CutlassQkvRopeKv e{bf(q),
                            static_cast<bf16*>(kv.k.data()),

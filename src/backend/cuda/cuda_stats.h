@@ -24,14 +24,11 @@ int64_t gemm_search_cache_hits(const Backend& be);
 // Sends 17..48-row matmuls to the skinny GEMM (on) or to cuBLASLt (off, the
 // default unless SERVAL_SKINNY_GEMM=1); `be` must be the CUDA backend.
 void use_skinny_gemm(Backend& be, bool on);
-// Which bf16 products of 17..64 rows go to CUTLASS's decode GEMM instead of
-// cuBLASLt: none (kOff; SERVAL_CUTLASS_GEMM=0), the row counts where it
-// measured faster (kMeasured, the default where the build has CUTLASS: since
-// session 36 all of 17..64), or all of them (kAll; SERVAL_CUTLASS_GEMM=1).
-// Returns false if this build has no CUTLASS (then none go).
+// Sends the bf16 products of 17..64 rows to CUTLASS's decode GEMM (on, the
+// default where the build has CUTLASS, unless SERVAL_CUTLASS_GEMM=0) or to
+// cuBLASLt (off). Returns false if this build has no CUTLASS (then none go).
 // `be` must be the CUDA backend.
-enum class CutlassRows { kOff, kMeasured, kAll };
-bool use_cutlass_gemm(Backend& be, CutlassRows rows);
+bool use_cutlass_gemm(Backend& be, bool on);
 // Products that CUTLASS's decode GEMM computed.
 int64_t cutlass_gemm_calls(const Backend& be);
 // Whether CUTLASS's q/k/v product rotates q and k and writes the KV cache in

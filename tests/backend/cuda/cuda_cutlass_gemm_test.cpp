@@ -23,7 +23,7 @@ namespace {
 #ifdef SERVAL_WITH_CUDA
 #define SERVAL_CUTLASS_OR_SKIP(gpu)                                                        \
   SERVAL_CUDA_OR_SKIP(gpu);                                                                \
-  if (!cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kAll)) GTEST_SKIP() << "no CUTLASS in this build"
+  if (!cuda::use_cutlass_gemm(*gpu, true)) GTEST_SKIP() << "no CUTLASS in this build"
 int64_t cutlass_calls(const Backend& be) { return cuda::cutlass_gemm_calls(be); }
 #else
 #define SERVAL_CUTLASS_OR_SKIP(gpu) SERVAL_CUDA_OR_SKIP(gpu)  // declares gpu (null) and skips
@@ -114,7 +114,7 @@ TEST(CudaCutlassGemm, TakesTheMeasuredRowsByDefaultAndNoneWhenOff) {
   auto wg = upload_matrix(*gpu, "w", out, in, w);
   DevTensor xg = upload(*gpu, x, 64, in), y = zeros(*gpu, 64, out);
 #ifdef SERVAL_WITH_CUDA
-  cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kMeasured);
+  cuda::use_cutlass_gemm(*gpu, true);
 #endif
   for (int64_t T : {16, 17, 32, 33, 47, 48, 64}) {
     const int64_t before = cutlass_calls(*gpu);
@@ -123,7 +123,7 @@ TEST(CudaCutlassGemm, TakesTheMeasuredRowsByDefaultAndNoneWhenOff) {
     EXPECT_LT(rel_err(download(*gpu, y.t.rows_view(0, T)), want, size_t(T * out)), kBf16Tol) << "T " << T;
   }
 #ifdef SERVAL_WITH_CUDA
-  cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kOff);
+  cuda::use_cutlass_gemm(*gpu, false);
 #endif
   const int64_t before = cutlass_calls(*gpu);
   for (int64_t T : {17, 64}) {

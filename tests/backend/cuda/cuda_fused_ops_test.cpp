@@ -185,7 +185,7 @@ TEST(CudaFusedOps, QkvRopeKvWriteEqualsProjectionThenRopeKvWrite) {
 TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
   SERVAL_CUDA_OR_SKIP(gpu);
 #ifdef SERVAL_WITH_CUDA
-  const bool cutlass = cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kAll);
+  const bool cutlass = cuda::use_cutlass_gemm(*gpu, true);
   cuda::use_cutlass_rope_epilogue(*gpu, true);
 #endif
   struct Case { RopeStyle style; int32_t head_dim, rope_dim, q_heads, kv_heads; int64_t hidden; };
@@ -259,7 +259,7 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
 TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
 #ifdef SERVAL_WITH_CUDA
-  const bool cutlass = cuda::use_cutlass_gemm(*gpu, cuda::CutlassRows::kAll);
+  const bool cutlass = cuda::use_cutlass_gemm(*gpu, true);
 #endif
   auto cpu = create_backend("cpu", 0);
   struct Case { int64_t rows, in, out; };

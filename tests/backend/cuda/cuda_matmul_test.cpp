@@ -41,7 +41,7 @@ void use_skinny_gemm(Backend& be) {
 // at 17..64 rows, which CUTLASS's decode GEMM takes by default.
 void use_cublaslt_to_64_rows(Backend& be) {
 #ifdef SERVAL_WITH_CUDA
-  cuda::use_cutlass_gemm(be, cuda::CutlassRows::kOff);
+  cuda::use_cutlass_gemm(be, false);
 #else
   (void)be;
 #endif
@@ -366,8 +366,8 @@ TEST(CudaMatmul, GatedMlpUpOfAnInterleavedPairMatchesReference) {
     std::vector<double> want(g.size());
     for (size_t i = 0; i < g.size(); ++i) want[i] = silu(g[i]) * u[i];
     DevTensor xg = upload(*gpu, x, T_max, c.hidden);
-    for (const cuda::CutlassRows mode : {cuda::CutlassRows::kAll, cuda::CutlassRows::kOff}) {
-      const bool cutlass = cuda::use_cutlass_gemm(*gpu, mode) && mode == cuda::CutlassRows::kAll;
+    for (const bool on : {true, false}) {
+      const bool cutlass = cuda::use_cutlass_gemm(*gpu, on) && on;
       for (int64_t T : c.rows) {
         DevTensor gb = zeros(*gpu, T, c.ffn), ub = zeros(*gpu, T, c.ffn);
         const int64_t before = cuda::cutlass_epilogue_calls(*gpu);
