@@ -319,6 +319,13 @@ class Backend {
   }
   // x += delta.
   virtual void add(Tensor x, const Tensor& delta) = 0;
+  // Once per forward, before its first layer: the step's positions, the same
+  // for every layer's rope. A backend may compute the cos/sin of each (token,
+  // frequency) here once, for all layers; the positions must then stay as
+  // they are until the forward's last rope. Default: nothing.
+  virtual void prepare_rope_angles(const int32_t* positions, int64_t tokens, const RopeParams& rope) {
+    (void)positions, (void)tokens, (void)rope;
+  }
   // Rotates q [T, num_heads * head_dim] and k [T, num_kv_heads * head_dim] in place
   // at positions[t].
   virtual void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) = 0;

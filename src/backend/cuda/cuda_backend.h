@@ -125,6 +125,9 @@ class CudaBackend : public Backend {
                           const DeviceWeight& norm, float eps, Tensor out) override;
   void add(Tensor x, const Tensor& delta) override;
   void rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& rope) override;
+  // Where the step's q/k/v product will rotate in CUTLASS's epilogue
+  // (cutlass_qkv_rope_kv_write): the (cos, sin) table it reads, for all layers.
+  void prepare_rope_angles(const int32_t* positions, int64_t tokens, const RopeParams& rope) override;
   void rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32_t* positions, const RopeParams& rope,
                      const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) override;
   void copy_kv_block(const KvLayer& kv, const KvGeometry& geom, int64_t src, int64_t dst) override;
@@ -302,6 +305,15 @@ class CudaBackend : public Backend {
   std::unique_ptr<DeviceWeight> unit_norm_;  // ones, for settle
   int64_t elided_norms_ = 0;
   DeviceBuffer stacked_qkv_;       // qkv_rope_kv_write's stacked q/k/v product
+  // prepare_rope_angles' table [tokens, rope_dim / 2] of (cos, sin), and what it was made for.
+  DeviceBuffer rope_angles_;
+  struct RopeAnglesFor {
+    const int32_t* positions = nullptr;
+    const float* inv_freq = nullptr;
+    int64_t tokens = 0;
+    int rope_dim = 0;
+    bool operator==(const RopeAnglesFor&) const = default;
+  } rope_angles_for_;
   int64_t stacked_qkv_calls_ = 0;
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   DeviceBuffer attn_piece_ready_;  // stream decode: per-warp flags, zero between launches

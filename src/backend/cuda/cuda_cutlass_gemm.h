@@ -23,15 +23,15 @@ bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cud
 // Where the stacked q/k/v product's rows go (cutlass_qkv_rope_kv_write): its
 // first q_cols W rows are q, the next kv_cols k, the last kv_cols v. Rope of
 // the interleaved style (pairs 2i, 2i + 1 of each head, the first rope_dim
-// dimensions) at positions[t] with inv_freq; k and v rows to slot slots[t]
-// of the pools ([slots, kv_cols]).
+// dimensions) with token t's angles angles[t * rope_dim / 2 + i] = (cos, sin)
+// (CudaBackend::prepare_rope_angles); k and v rows to slot slots[t] of the
+// pools ([slots, kv_cols]).
 struct CutlassQkvRopeKv {
   __nv_bfloat16* q;  // [tokens, q_cols], rotated
   __nv_bfloat16* k_pool;
   __nv_bfloat16* v_pool;
-  const int32_t* positions;
+  const float2* angles;  // [tokens, rope_dim / 2]
   const int64_t* slots;
-  const float* inv_freq;
   int q_cols, kv_cols, head_dim, rope_dim;
 };
 // x @ W^T for the stacked [q; k; v] weight W (s.m = q_cols + 2 kv_cols rows,

@@ -10,7 +10,10 @@
 // fragment index: one shuffle brings each lane its partner. A 64-row tile lies
 // inside one of q, k and v (their widths are multiples of 64), so the
 // destination is the same for the whole tile. The pairs are rotated in f32
-// before rounding (the rope kernel rotates the product rounded to bf16).
+// before rounding (the rope kernel rotates the product rounded to bf16). The
+// angles' cos/sin come from the step's table, computed once for all layers
+// (a 64-row tile would otherwise compute about 8 times the rope kernel's
+// sincosf, in every layer).
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
 #ifdef SERVAL_WITH_CUTLASS
@@ -34,9 +37,9 @@ struct QkvRopeKvOp {
   }
 
   // Values i and i + 1 (i even) are one W row at x rows t and t + 1, so each
-  // lane computes the sine and cosine for one of the two (the pair's first
-  // lane for t, its partner for t + 1) and they swap: one sincosf per lane
-  // for two values, not two.
+  // lane loads the cosine and sine for one of the two (the pair's first lane
+  // for t, its partner for t + 1) and they swap: one load per lane for two
+  // values, not two.
   template <class Acc, class Coords>
   CUTLASS_DEVICE static void apply(const Params& p, const Acc& acc, const Coords& coords, int tokens) {
     const int tile_row = cute::get<0>(coords(0));  // the tile's segment (q, k or v) is the same for every element
@@ -54,7 +57,9 @@ struct QkvRopeKvOp {
       float sn = 0.0f, cs = 1.0f;
       if (rotate) {
         const int mine = min(first ? t[0] : t[1], tokens - 1);
-        sincosf(float(p.positions[mine]) * p.inv_freq[d / 2], &sn, &cs);
+        const float2 angle = p.angles[mine * (p.rope_dim / 2) + d / 2];
+        cs = angle.x;
+        sn = angle.y;
       }
       const float sn_x = __shfl_xor_sync(0xffffffffu, sn, 4), cs_x = __shfl_xor_sync(0xffffffffu, cs, 4);
       CUTLASS_PRAGMA_UNROLL

@@ -328,15 +328,16 @@ const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, cons
 bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
                                             const int32_t* positions, const RopeParams& rope,
                                             const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
-  // (The epilogue's can_implement checks the widths and rope_dim.)
-  if (!cutlass_rope_epilogue_ || !cutlass_rows(x.rows) || rope.style != RopeStyle::Interleaved || q.cols != wq.rows())
+  // (The epilogue's can_implement checks the widths and rope_dim.) Only
+  // with the step's angles (prepare_rope_angles) for these positions.
+  if (!cutlass_rope_epilogue_ || !cutlass_rows(x.rows) || rope.style != RopeStyle::Interleaved ||
+      q.cols != wq.rows() || rope_angles_for_ != RopeAnglesFor{positions, rope.inv_freq, x.rows, rope.rope_dim})
     return false;
   const CutlassQkvRopeKv e{bf(q),
                            static_cast<bf16*>(kv.k.data()),
                            static_cast<bf16*>(kv.v.data()),
-                           positions,
+                           static_cast<const float2*>(rope_angles_.data()),
                            slot_mapping,
-                           rope.inv_freq,
                            int(wq.rows()),
                            int(wk.rows()),
                            int(geom.head_dim),

@@ -4,6 +4,7 @@
 // backend) compute it. T is the activation dtype (bf16, or f32 with
 // --dtype float32), which is also the KV cache's.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_cutlass_gemm.h"
 #include "backend/cuda/cuda_elem.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 
@@ -154,6 +155,17 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
   }
 }
 
+// One block per token: (cos, sin) of positions[t] * inv_freq[i], as the rope
+// kernels compute them.
+__global__ void rope_angles_kernel(const int32_t* positions, const float* inv_freq, int half, float2* angles) {
+  const float pos = float(positions[blockIdx.x]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float sn, cs;
+    sincosf(pos * inv_freq[i], &sn, &cs);
+    angles[int64_t(blockIdx.x) * half + i] = make_float2(cs, sn);
+  }
+}
+
 // q_out: where rotated q goes ([T, q_heads * head_dim]); `in` may point into it.
 template <typename T>
 void launch_rope_kv_write(const RopeKvInput<T>& in, const Tensor& q_out, int k_heads, const int32_t* positions,
@@ -210,6 +222,20 @@ void CudaBackend::rope_kv_write_from_stacked(const void* qkv, int64_t row, int64
   const bf16* base = static_cast<const bf16*>(qkv);
   launch_rope_kv_write<bf16>({base, base + k_col, base + v_col, row, row}, q, int(kv_cols / p.head_dim), positions, p,
                              slot_mapping, kv, stream_);
+}
+
+void CudaBackend::prepare_rope_angles(const int32_t* positions, int64_t tokens, const RopeParams& p) {
+  rope_angles_for_ = {};
+  if (!cutlass_rope_epilogue_ || !cutlass_rows(tokens) || p.style != RopeStyle::Interleaved ||
+      act_dtype_ != DType::BF16 || p.inv_freq == nullptr || p.rope_dim <= 0 || p.rope_dim % 2 != 0)
+    return;
+  const int half = p.rope_dim / 2;
+  // Sized for the most rows at once: growing scratch drops recorded graphs.
+  auto* angles = static_cast<float2*>(scratch(rope_angles_, kCutlassMaxRows * half * int64_t(sizeof(float2))));
+  rope_angles_kernel<<<unsigned(tokens), std::min(256, (half + 31) / 32 * 32), 0, stream_>>>(positions, p.inv_freq,
+                                                                                              half, angles);
+  SERVAL_CUDA_LAUNCH_CHECK();
+  rope_angles_for_ = {positions, p.inv_freq, tokens, p.rope_dim};
 }
 
 void CudaBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& p) {
