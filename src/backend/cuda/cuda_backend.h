@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_cutlass_gemm.h"
 #include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_gemm_shape.h"
 #include "backend/cuda/cuda_gemm_search_cache.h"
@@ -58,6 +59,7 @@ class CudaWeight : public DeviceWeight {
 const CudaWeight& as_cuda(const DeviceWeight& w);
 bool skinny_gemm_from_env();  // cuda_matmul.cu
 bool cutlass_gemm_from_env();  // cuda_matmul.cu
+int64_t cutlass_rope_max_rows_from_env();  // cuda_matmul.cu
 AttentionStream attention_stream_from_env();  // cuda_attention.cu
 // The backend's A/B switches: whether environment variable `name` is "1".
 bool env_is_one(const char* name);  // cuda_matmul.cu
@@ -170,7 +172,7 @@ class CudaBackend : public Backend {
   void set_cutlass_gemm(bool on) { cutlass_gemm_ = on; }
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
-  void set_cutlass_rope_epilogue(bool on) { cutlass_rope_epilogue_ = on; }
+  void set_cutlass_rope_epilogue(bool on) { cutlass_rope_max_rows_ = on ? kCutlassMaxRows : 0; }
   void set_interleaved_gate_up(bool on) { interleaved_gate_up_ = on; }
   // CUTLASS products that finished their outputs in the epilogue (cuda_cutlass_qkv_rope.cu).
   int64_t cutlass_epilogue_calls() const { return cutlass_epilogue_calls_; }
@@ -199,6 +201,9 @@ class CudaBackend : public Backend {
   // else cuBLASLt (cuda_matmul.cu).
   void gemm(const GemmShape& s, const void* w, const void* x, void* y);
   bool cutlass_rows(int64_t rows) const;
+  // Whether the q/k/v product of `rows` rows takes rope and the KV write in
+  // CUTLASS's epilogue (cuda_matmul.cu).
+  bool cutlass_rope_rows(int64_t rows) const { return cutlass_rows(rows) && rows <= cutlass_rope_max_rows_; }
   void flush_l2();  // tune_matmul times candidates with a cold L2
   class LtRunTimer;  // runs and times one plan's candidates (cuda_lt_matmul.cu)
   bool searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
@@ -291,7 +296,7 @@ class CudaBackend : public Backend {
   bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   bool cutlass_gemm_ = cutlass_gemm_from_env();  // 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
-  bool cutlass_rope_epilogue_ = env_is_one("SERVAL_CUTLASS_ROPE_EPILOGUE");  // rope + KV write in the q/k/v product
+  int64_t cutlass_rope_max_rows_ = cutlass_rope_max_rows_from_env();  // cutlass_rope_rows
   bool interleaved_gate_up_ = !env_is_zero("SERVAL_GATE_UP_INTERLEAVED");  // upload_gated_pair interleaves
   DeviceBuffer gated_product_;  // gated_mlp_up's [T, 2I] product of an interleaved pair, up to 256 rows
   int64_t cutlass_epilogue_calls_ = 0;

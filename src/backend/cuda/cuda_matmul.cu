@@ -155,6 +155,18 @@ int64_t cutlass_epilogue_calls(const Backend& be) {
 // So all of 17..64. SERVAL_CUTLASS_GEMM=0: none.
 bool cutlass_gemm_from_env() { return cutlass_gemm_built() && !env_is_zero("SERVAL_CUTLASS_GEMM"); }
 
+// Rope and the KV write in the q/k/v product's epilogue (cuda_cutlass_qkv_rope.cu),
+// against the product then the rope kernel, 7B decode tok/s on H100s:
+// - 17..32 rows (the 32-row tile): 20 sequences +0.6% / +1.2%, 32 +1.1% /
+//   +0.5% (sessions 36 / 37), 8B 32 +1.3% (session 37);
+// - 33..64 rows (the 48- and 64-row tiles): 40 -0.3%, 48 -0.8 to -1.2%, 64
+//   -1.2 to -1.4%; 8B 64 -0.2%, with sincosf or with the step's table.
+// So 17..32 rows. SERVAL_CUTLASS_ROPE_EPILOGUE=1: all of CUTLASS's rows; 0: none.
+int64_t cutlass_rope_max_rows_from_env() {
+  if (env_is_one("SERVAL_CUTLASS_ROPE_EPILOGUE")) return kCutlassMaxRows;
+  return env_is_zero("SERVAL_CUTLASS_ROPE_EPILOGUE") ? 0 : 32;
+}
+
 bool CudaBackend::cutlass_rows(int64_t rows) const {
   return cutlass_gemm_ && !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= 17 && rows <= kCutlassMaxRows;
 }
@@ -320,17 +332,15 @@ const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, cons
   return static_cast<const bf16*>(qkv);
 }
 
-// Where CUTLASS takes the rows (cutlass_rows), rope of the interleaved style
-// and the KV write happen in the product's epilogue: no stacked product in
-// memory and no rope kernel. Only with SERVAL_CUTLASS_ROPE_EPILOGUE=1 (or
-// use_cutlass_rope_epilogue): 7B at 64 sequences on an H100, 8,298-8,301
-// tok/s against 8,417-8,420 with the product and the rope kernel (session 36).
+// Where CUTLASS takes the rows with its 32-row tile (cutlass_rope_rows), rope
+// of the interleaved style and the KV write happen in the product's
+// epilogue: no stacked product in memory and no rope kernel.
 bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
                                             const int32_t* positions, const RopeParams& rope,
                                             const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
   // (The epilogue's can_implement checks the widths and rope_dim.) Only
   // with the step's angles (prepare_rope_angles) for these positions.
-  if (!cutlass_rope_epilogue_ || !cutlass_rows(x.rows) || rope.style != RopeStyle::Interleaved ||
+  if (!cutlass_rope_rows(x.rows) || rope.style != RopeStyle::Interleaved ||
       q.cols != wq.rows() || rope_angles_for_ != RopeAnglesFor{positions, rope.inv_freq, x.rows, rope.rope_dim})
     return false;
   const CutlassQkvRopeKv e{bf(q),

@@ -32,8 +32,8 @@ bool use_cutlass_gemm(Backend& be, bool on);
 // Products that CUTLASS's decode GEMM computed.
 int64_t cutlass_gemm_calls(const Backend& be);
 // Whether CUTLASS's q/k/v product rotates q and k and writes the KV cache in
-// its epilogue: on, or off (the default unless SERVAL_CUTLASS_ROPE_EPILOGUE=1:
-// 1.4% slower at 64 sequences on an H100, session 36).
+// its epilogue: at all of its rows (on), or at none (off). By default only
+// at the 32-row tile's 17..32 rows (CudaBackend::cutlass_rope_rows).
 void use_cutlass_rope_epilogue(Backend& be, bool on);
 // CUTLASS products that finished their outputs in the epilogue (the q/k/v
 // product's rope, an interleaved gate/up pair's silu * up).
