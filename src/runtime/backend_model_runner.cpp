@@ -520,7 +520,8 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
   const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
 
   be.embedding(*tok_embd_, bv.token_ids, bv.feed, x);
-  be.prepare_rope_angles(bv.positions, T, rope_);
+  // Only the fused q/k/v path (qkv_attention) may use the step's angles.
+  if (!layers_.empty() && !layers_[0].bq && !cfg_.qk_norm) be.prepare_rope_angles(bv.positions, T, rope_);
   be.rmsnorm(x, attn_norm(0), eps, xn);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& L = layers_[l];
