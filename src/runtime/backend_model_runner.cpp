@@ -519,13 +519,17 @@ void BackendModelRunner::enqueue_forward(const BatchView& bv) {
   const float eps = cfg_.rms_eps;
   const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
 
+  // A bias or a per-head norm comes between the projection and rope, so the
+  // layer cannot take the fused q/k/v path (qkv_attention).
+  auto unfused_qkv = [&](const LayerWeights& L) { return L.bq || cfg_.qk_norm; };
+
   be.embedding(*tok_embd_, bv.token_ids, bv.feed, x);
-  // Only the fused q/k/v path (qkv_attention) may use the step's angles.
-  if (!layers_.empty() && !layers_[0].bq && !cfg_.qk_norm) be.prepare_rope_angles(bv.positions, T, rope_);
+  // Only the fused path may use the step's angles.
+  if (!layers_.empty() && !unfused_qkv(layers_[0])) be.prepare_rope_angles(bv.positions, T, rope_);
   be.rmsnorm(x, attn_norm(0), eps, xn);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& L = layers_[l];
-    if (L.bq || cfg_.qk_norm) {  // a bias or a per-head norm comes between the projection and rope
+    if (unfused_qkv(L)) {
       if (L.bq) {
         be.matmul(xn, *L.wq, L.bq.get(), q);
         be.matmul(xn, *L.wk, L.bk.get(), k);

@@ -226,8 +226,8 @@ void CudaBackend::rope_kv_write_from_stacked(const void* qkv, int64_t row, int64
 
 void CudaBackend::prepare_rope_angles(const int32_t* positions, int64_t tokens, const RopeParams& p) {
   rope_angles_for_ = {};
-  if (!cutlass_rope_rows(tokens) || p.style != RopeStyle::Interleaved ||
-      act_dtype_ != DType::BF16 || p.inv_freq == nullptr || p.rope_dim <= 0 || p.rope_dim % 2 != 0)
+  // (cutlass_rope_rows implies bf16; the epilogue's can_implement checks rope_dim.)
+  if (!cutlass_rope_rows(tokens) || p.style != RopeStyle::Interleaved || p.inv_freq == nullptr || p.rope_dim <= 0)
     return;
   const int half = p.rope_dim / 2;
   // Sized for the most rows at once: growing scratch drops recorded graphs.

@@ -224,10 +224,10 @@ TEST(CudaFusedOps, StackedQkvRopeKvWriteMatchesSeparateProducts) {
           // for one token fewer (a stale table), it must leave them alone.
           gpu->prepare_rope_angles(pp, T - (T == 20 ? 1 : 0), rope.params);
           gpu->qkv_rope_kv_write(xt.t, *group[0], *group[1], *group[2], qt.t, kt.t, vt.t, pp, rope.params, sp, kv, g);
-        }
-        else
+        } else {
           gpu->Backend::qkv_rope_kv_write(xt.t, *group[0], *group[1], *group[2], qt.t, kt.t, vt.t, pp, rope.params,
                                           sp, kv, g);
+        }
 #ifdef SERVAL_WITH_CUDA
         if (mine) stacked = cuda::stacked_qkv_calls(*gpu) - before;
         if (mine) fused = cuda::cutlass_epilogue_calls(*gpu) - fused_before;
