@@ -32,13 +32,13 @@ struct DecodeGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile<kRowsOfX>, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutY, kAlignY, ElementY, LayoutY,
       kAlignY, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
-  using Kernel = DecodeKernel<kRowsOfX, Epilogue>;
 
   static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
     typename Epilogue::StrideD sy{};  // (m, n, batch)
     cute::get<1>(sy) = s.m;
     cute::get<2>(sy) = s.stride_y;
-    return Kernel::launch(s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}, stream);
+    return launch_tile<kRowsOfX, Epilogue>(s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy},
+                                           stream);
   }
 };
 

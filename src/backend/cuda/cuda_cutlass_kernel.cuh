@@ -22,6 +22,9 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_launch.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
@@ -35,15 +38,22 @@ using LayoutW = cutlass::layout::RowMajor;
 using LayoutX = cutlass::layout::ColumnMajor;
 using LayoutY = cutlass::layout::ColumnMajor;
 
-// The kernel of tile kRowsOfX with the collective epilogue `Epilogue`.
-template <int kRowsOfX, class Epilogue>
+// Shared memory an SM gives each of k CTAs (228 KB, 1 KB of it reserved per CTA).
+constexpr int smem_per_cta(int k) { return 233472 / k - 1024; }
+
+// The kernel of tile kRowsOfX with the collective epilogue `Epilogue`, as
+// many stages as shared memory holds for kCtasPerSm CTAs per SM.
+template <int kRowsOfX, class Epilogue, int kCtasPerSm = 1>
 struct DecodeKernel {
+  static constexpr int kCarveout =
+      int(sizeof(typename Epilogue::SharedStorage)) + (kCtasPerSm == 1 ? 0 : 232448 - smem_per_cta(kCtasPerSm) + 1024);
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutW, 8, Bf16, LayoutX, 8, float,
-      Tile<kRowsOfX>, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
+      Tile<kRowsOfX>, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  static_assert(kCtasPerSm == 1 || int(Kernel::SharedStorageSize) <= smem_per_cta(kCtasPerSm),
+                "the stages must leave room for kCtasPerSm CTAs per SM");
 
   // The mainloop's arguments for `s` (strides of W and x, their L mode the batch).
   static typename Mainloop::Arguments mainloop_args(const GemmShape& s, const void* w, const void* x) {
@@ -73,6 +83,10 @@ struct DecodeKernel {
       SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              int(Kernel::SharedStorageSize)));
+      if (kCtasPerSm > 1)  // all of the SM's memory as shared, for the CTAs' stages
+        SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               int(cudaSharedmemCarveoutMaxShared)));
       return true;
     }();
     (void)configured;
@@ -163,6 +177,28 @@ class RegisterEpilogueOp {
   Params params_;
 };
 
+// The 32-row tile (17..32 rows) runs two CTAs per SM, each with the stages
+// of half an SM (4 instead of 9 for the register epilogues): q/k/v's 192 tiles and gate/up's 344 need
+// fewer waves, and one CTA's epilogue runs beside the other's mainloop.
+// The 48- and 64-row tiles lost with it (3 stages, not 6: 6-10%, H100, session
+// 39). SERVAL_CUTLASS_TWO_CTAS=0 launches the one-CTA form, for A/B runs.
+inline bool two_ctas_for_32_rows() {
+  static const bool on = [] {
+    const char* v = std::getenv("SERVAL_CUTLASS_TWO_CTAS");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// Launches the kernel of tile kRowsOfX (DecodeKernel::launch).
+template <int kRowsOfX, class Epilogue>
+bool launch_tile(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
+                 cudaStream_t stream) {
+  if constexpr (kRowsOfX == 32)
+    if (two_ctas_for_32_rows()) return DecodeKernel<32, Epilogue, 2>::launch(s, w, x, epi, stream);
+  return DecodeKernel<kRowsOfX, Epilogue>::launch(s, w, x, epi, stream);
+}
+
 template <class Op>
 using RegisterEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<RegisterEpilogueOp<Op>>;
 
@@ -173,9 +209,9 @@ template <class Op>
 bool launch_with_op(const GemmShape& s, const void* w, const void* x, const typename Op::Params& p,
                     cudaStream_t stream) {
   if (s.n < 1 || s.n > kCutlassMaxRows || s.batch != 1 || s.y_f32) return false;
-  if (s.n <= 32) return DecodeKernel<32, RegisterEpilogue<Op>>::launch(s, w, x, p, stream);
-  if (s.n < 48) return DecodeKernel<48, RegisterEpilogue<Op>>::launch(s, w, x, p, stream);
-  return DecodeKernel<64, RegisterEpilogue<Op>>::launch(s, w, x, p, stream);
+  if (s.n <= 32) return launch_tile<32, RegisterEpilogue<Op>>(s, w, x, p, stream);
+  if (s.n < 48) return launch_tile<48, RegisterEpilogue<Op>>(s, w, x, p, stream);
+  return launch_tile<64, RegisterEpilogue<Op>>(s, w, x, p, stream);
 }
 
 }  // namespace serval::cuda::cutlass_decode
