@@ -45,6 +45,8 @@ constexpr int smem_per_cta(int k) { return 233472 / k - 1024; }
 // many stages as shared memory holds for kCtasPerSm CTAs per SM.
 template <int kRowsOfX, class Epilogue, int kCtasPerSm = 1>
 struct DecodeKernel {
+  // What the stages must leave of the 227 KB one CTA may have: the epilogue's storage, and with
+  // more CTAs per SM the others' share plus 1 KB for the pipeline's barriers.
   static constexpr int kCarveout =
       int(sizeof(typename Epilogue::SharedStorage)) + (kCtasPerSm == 1 ? 0 : 232448 - smem_per_cta(kCtasPerSm) + 1024);
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -178,10 +180,11 @@ class RegisterEpilogueOp {
 };
 
 // The 32-row tile (17..32 rows) runs two CTAs per SM, each with the stages
-// of half an SM (4 instead of 9 for the register epilogues): q/k/v's 192 tiles and gate/up's 344 need
-// fewer waves, and one CTA's epilogue runs beside the other's mainloop.
-// The 48- and 64-row tiles lost with it (3 stages, not 6: 6-10%, H100, session
-// 39). SERVAL_CUTLASS_TWO_CTAS=0 launches the one-CTA form, for A/B runs.
+// of half an SM (4 instead of 9 with the register epilogues; 42 registers a
+// thread): q/k/v's 192 tiles and gate/up's 344 take fewer waves, and one
+// CTA's epilogue runs beside the other's mainloop (+0.2-2.3%, H100, session
+// 39). The 64-row tile lost 6-10% that way (3 stages instead of 6-7).
+// SERVAL_CUTLASS_TWO_CTAS=0 launches the one-CTA form, for A/B runs.
 inline bool two_ctas_for_32_rows() {
   static const bool on = [] {
     const char* v = std::getenv("SERVAL_CUTLASS_TWO_CTAS");
