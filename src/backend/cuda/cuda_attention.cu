@@ -143,11 +143,16 @@ void CudaBackend::launch_attention(const AttnParams& p, const BatchView& b) {
 }
 
 // Steps of decodes only (graphs record them) whose projection leaves the rope
-// to a kernel after it: 17 rows and up, or NeoX rope below.
+// to a kernel after it: 17 rows and up, or NeoX rope below; by default only
+// CUTLASS's rows past its rope epilogue's (rope_in_attention_).
 bool CudaBackend::rope_in_attention_fits(const Tensor& x, const Tensor& q, const RopeParams& rope,
                                          const KvGeometry& geom, const BatchView& b) const {
   const int D = geom.head_dim;
-  return rope_in_attention_ && act_dtype_ == DType::BF16 && !batch_invariant_ && x.dtype == DType::BF16 &&
+  const bool wanted =
+      rope_in_attention_ == RopeInAttention::kWhereItFits ||
+      (rope_in_attention_ == RopeInAttention::kCutlassRowsAfterTheEpilogue && cutlass_rows(x.rows) &&
+       !cutlass_rope_rows(x.rows));
+  return wanted && act_dtype_ == DType::BF16 && !batch_invariant_ && x.dtype == DType::BF16 &&
          b.max_query_len == 1 && b.num_tokens == b.num_seqs && x.rows == b.num_tokens && b.num_tokens > 0 &&
          b.slot_mapping != nullptr && q.dtype == DType::BF16 && rope.inv_freq != nullptr && rope.head_dim == D &&
          D % 8 == 0 && rope.rope_dim > 0 && rope.rope_dim <= D &&

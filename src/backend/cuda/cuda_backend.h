@@ -140,9 +140,12 @@ class CudaBackend : public Backend {
   // In a step of decodes only whose projection leaves the rope to a kernel
   // after it (17 rows and up, or NeoX rope): the projection, then the split
   // decode kernel rotates q and k and writes the new K/V itself
-  // (AttnRopeFold), one kernel fewer per layer. Off by default: on an H100 it
-  // was no faster than the rope kernel it removes (docs/BENCHMARKS.md, session
-  // 32). SERVAL_ROPE_IN_ATTN=1 or set_rope_in_attention(true) turns it on.
+  // (AttnRopeFold), one kernel fewer per layer, the same bits. By default at
+  // CUTLASS's rows that its rope epilogue does not take (33-64): +0.3-0.6%
+  // at 40-56 sequences, even at 64 (H100, session 39); at 17-32 rows the
+  // epilogue is faster, and at 256 rows it lost 0.5% (session 35).
+  // SERVAL_ROPE_IN_ATTN=1 (or set_rope_in_attention(true)): wherever it fits;
+  // =0 (or false): nowhere.
   void qkv_attention(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
                      Tensor q, Tensor k, Tensor v, const RopeParams& rope, const KvLayer& kv, const KvGeometry& geom,
                      const BatchView& batch, int32_t num_heads, float scale, Tensor out) override;
@@ -177,7 +180,10 @@ class CudaBackend : public Backend {
   // CUTLASS products that finished their outputs in the epilogue (cuda_cutlass_qkv_rope.cu).
   int64_t cutlass_epilogue_calls() const { return cutlass_epilogue_calls_; }
   void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
-  void set_rope_in_attention(bool on) { rope_in_attention_ = on; }
+  enum class RopeInAttention { kNowhere, kCutlassRowsAfterTheEpilogue, kWhereItFits };
+  void set_rope_in_attention(bool on) {
+    rope_in_attention_ = on ? RopeInAttention::kWhereItFits : RopeInAttention::kNowhere;
+  }
   // Decode attention launches that rotated q and wrote the new K/V themselves.
   int64_t rope_folded_attention_calls() const { return rope_folded_attention_calls_; }
   // Decode attention launches that the stream kernel served.
@@ -325,7 +331,9 @@ class CudaBackend : public Backend {
   DeviceBuffer attn_merge_count_;  // split-KV decode: arrival counters, zero between launches
   AttentionStream attention_stream_ = attention_stream_from_env();
   int64_t stream_attention_calls_ = 0;
-  bool rope_in_attention_ = env_is_one("SERVAL_ROPE_IN_ATTN");
+  RopeInAttention rope_in_attention_ = env_is_one("SERVAL_ROPE_IN_ATTN")    ? RopeInAttention::kWhereItFits
+                                       : env_is_zero("SERVAL_ROPE_IN_ATTN") ? RopeInAttention::kNowhere
+                                                                            : RopeInAttention::kCutlassRowsAfterTheEpilogue;
   int64_t rope_folded_attention_calls_ = 0;
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)
