@@ -184,6 +184,11 @@ class CudaBackend : public Backend {
   void set_rope_in_attention(bool on) {
     rope_in_attention_ = on ? RopeInAttention::kWhereItFits : RopeInAttention::kNowhere;
   }
+  static RopeInAttention rope_in_attention_from_env() {
+    if (env_is_one("SERVAL_ROPE_IN_ATTN")) return RopeInAttention::kWhereItFits;
+    if (env_is_zero("SERVAL_ROPE_IN_ATTN")) return RopeInAttention::kNowhere;
+    return RopeInAttention::kCutlassRowsAfterTheEpilogue;
+  }
   // Decode attention launches that rotated q and wrote the new K/V themselves.
   int64_t rope_folded_attention_calls() const { return rope_folded_attention_calls_; }
   // Decode attention launches that the stream kernel served.
@@ -331,9 +336,7 @@ class CudaBackend : public Backend {
   DeviceBuffer attn_merge_count_;  // split-KV decode: arrival counters, zero between launches
   AttentionStream attention_stream_ = attention_stream_from_env();
   int64_t stream_attention_calls_ = 0;
-  RopeInAttention rope_in_attention_ = env_is_one("SERVAL_ROPE_IN_ATTN")    ? RopeInAttention::kWhereItFits
-                                       : env_is_zero("SERVAL_ROPE_IN_ATTN") ? RopeInAttention::kNowhere
-                                                                            : RopeInAttention::kCutlassRowsAfterTheEpilogue;
+  RopeInAttention rope_in_attention_ = rope_in_attention_from_env();
   int64_t rope_folded_attention_calls_ = 0;
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)
