@@ -61,9 +61,6 @@ bool skinny_gemm_from_env();  // cuda_matmul.cu
 bool cutlass_gemm_from_env();  // cuda_matmul.cu
 int64_t cutlass_rope_max_rows_from_env();  // cuda_matmul.cu
 AttentionStream attention_stream_from_env();  // cuda_attention.cu
-// The backend's A/B switches: whether environment variable `name` is "1".
-bool env_is_one(const char* name);  // cuda_matmul.cu
-bool env_is_zero(const char* name);  // cuda_matmul.cu
 
 class CudaBackend : public Backend {
  public:

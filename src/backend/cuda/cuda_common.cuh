@@ -1,6 +1,6 @@
 #pragma once
 // Helpers shared by the CUDA backend's kernels: error checks, bf16 vector
-// loads, block-wide reductions.
+// loads, block-wide reductions, the A/B switches' environment reads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -12,6 +12,10 @@
 namespace serval::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// The backend's A/B switches: whether environment variable `name` is "1" / "0".
+bool env_is_one(const char* name);   // cuda_matmul.cu
+bool env_is_zero(const char* name);  // cuda_matmul.cu
 
 #define SERVAL_CUDA_CHECK(expr)                                                                       \
   do {                                                                                                \

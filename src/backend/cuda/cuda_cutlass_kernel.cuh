@@ -22,9 +22,6 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_launch.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
@@ -186,10 +183,7 @@ class RegisterEpilogueOp {
 // 39). The 64-row tile lost 6-10% that way (3 stages instead of 6-7).
 // SERVAL_CUTLASS_TWO_CTAS=0 launches the one-CTA form, for A/B runs.
 inline bool two_ctas_for_32_rows() {
-  static const bool on = [] {
-    const char* v = std::getenv("SERVAL_CUTLASS_TWO_CTAS");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool on = !env_is_zero("SERVAL_CUTLASS_TWO_CTAS");
   return on;
 }
 
