@@ -42,12 +42,55 @@ struct DecodeGemm {
   }
 };
 
+// The swapped kernel (SwappedDecodeKernel) with the same TMA epilogue, y
+// row-major as its D, W tiles of kWRows.
+template <class ElementY, int kWRows>
+struct SwappedGemm {
+  static constexpr int kAlignY = 16 / int(sizeof(ElementY));
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::Shape<cute::_64, cute::Int<kWRows>, cute::_128>,
+      Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+      kAlignY, ElementY, cutlass::layout::RowMajor, kAlignY, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+
+  static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+    typename Epilogue::StrideD sy{};  // (x row, W row, batch)
+    cute::get<0>(sy) = s.m;
+    cute::get<2>(sy) = s.stride_y;
+    return SwappedDecodeKernel<kWRows, Epilogue>::launch(
+        s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}, stream);
+  }
+};
+
+// bf16 products take W tiles of 48, 64 or 96 rows, whichever fills the waves
+// best (7B q/k/v: 96; 8B q/k/v: 48; o and down, split in two: 64); f32 ones
+// (split halves, logits) 64.
+bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+  using cutlass::bfloat16_t;
+  if (s.y_f32) return SwappedGemm<float, 64>::run(s, w, x, y, stream);
+  switch (best_w_tile<64, 96, 48>(s.m, s.batch)) {
+    case 96: return SwappedGemm<bfloat16_t, 96>::run(s, w, x, y, stream);
+    case 48: return SwappedGemm<bfloat16_t, 48>::run(s, w, x, y, stream);
+    default: return SwappedGemm<bfloat16_t, 64>::run(s, w, x, y, stream);
+  }
+}
+
 }  // namespace
+
+double cutlass_decode::wave_fill(int64_t tiles) {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    SERVAL_CUDA_CHECK(cudaGetDevice(&device));
+    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return tiles < 1 ? 0.0 : double(tiles) / double((tiles + sms - 1) / sms * sms);
+}
 
 bool cutlass_gemm_built() { return true; }
 
 bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
   if (s.n < 1 || s.n > kCutlassMaxRows) return false;
+  if (swapped_rows(s.n)) return swapped_gemm(s, w, x, y, stream);
   if (s.n <= 32)
     return s.y_f32 ? DecodeGemm<float, 32>::run(s, w, x, y, stream)
                    : DecodeGemm<cutlass::bfloat16_t, 32>::run(s, w, x, y, stream);

@@ -38,6 +38,32 @@ using LayoutY = cutlass::layout::ColumnMajor;
 // Shared memory an SM gives each of k CTAs (228 KB, 1 KB of it reserved per CTA).
 constexpr int smem_per_cta(int k) { return 233472 / k - 1024; }
 
+// Launches CUTLASS's `Kernel` with `args` as a programmatic dependent, kCtasPerSm
+// CTAs per SM; false, having launched nothing, where it cannot take them.
+template <class Kernel, int kCtasPerSm = 1>
+bool launch_kernel(const typename Kernel::Arguments& args, cudaStream_t stream) {
+  // No workspace (no split-K of its own: no memset node between it and the
+  // kernel before).
+  if (!Kernel::can_implement(args) || Kernel::get_workspace_size(args) != 0) return false;
+  // The shared-memory size once per kernel, not at every launch (prefill
+  // and eager steps launch outside graphs).
+  static const bool configured = [] {
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(Kernel::SharedStorageSize)));
+    if (kCtasPerSm > 1)  // all of the SM's memory as shared, for the CTAs' stages
+      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             int(cudaSharedmemCarveoutMaxShared)));
+    return true;
+  }();
+  (void)configured;
+  const typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+  return cutlass::kernel_launch<Kernel>(Kernel::get_grid_shape(params), Kernel::get_block_shape(),
+                                        Kernel::SharedStorageSize, stream, params,
+                                        /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
+}
+
 // The kernel of tile kRowsOfX with the collective epilogue `Epilogue`, as
 // many stages as shared memory holds for kCtasPerSm CTAs per SM.
 template <int kRowsOfX, class Epilogue, int kCtasPerSm = 1>
@@ -69,32 +95,69 @@ struct DecodeKernel {
   // launched nothing, where the kernel cannot take the operands.
   static bool launch(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
                      cudaStream_t stream) {
-    typename Kernel::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                    {int(s.m), int(s.n), int(s.k), int(s.batch)},
-                                    mainloop_args(s, w, x),
-                                    epi};
-    // No workspace (no split-K of its own: no memset node between it and the
-    // kernel before).
-    if (!Kernel::can_implement(args) || Kernel::get_workspace_size(args) != 0) return false;
-    // The shared-memory size once per kernel, not at every launch (prefill
-    // and eager steps launch outside graphs).
-    static const bool configured = [] {
-      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(Kernel::SharedStorageSize)));
-      if (kCtasPerSm > 1)  // all of the SM's memory as shared, for the CTAs' stages
-        SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               int(cudaSharedmemCarveoutMaxShared)));
-      return true;
-    }();
-    (void)configured;
-    const typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
-    return cutlass::kernel_launch<Kernel>(Kernel::get_grid_shape(params), Kernel::get_block_shape(),
-                                          Kernel::SharedStorageSize, stream, params,
-                                          /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
+    return launch_kernel<Kernel, kCtasPerSm>({cutlass::gemm::GemmUniversalMode::kGemm,
+                                              {int(s.m), int(s.n), int(s.k), int(s.batch)},
+                                              mainloop_args(s, w, x),
+                                              epi},
+                                             stream);
   }
 };
+
+// The same kernel with the operands' roles swapped: x is CUTLASS's A (the
+// tile's 64 rows, wgmma's M), W is B in tiles of kWRows rows (wgmma's N, any
+// multiple of 16 up to 256), so the W tile can take the width whose tile
+// count fills the SMs' last wave best (q/k/v's 12288 rows: 128 tiles of 96
+// where tiles of 64 take 1.45 waves). kK: the k of a stage. The output D is
+// y itself (x rows by W rows, row-major).
+template <int kWRows, class Epilogue, int kK = 128>
+struct SwappedDecodeKernel {
+  using Tile = cute::Shape<cute::_64, cute::Int<kWRows>, cute::Int<kK>>;  // x rows, W rows, k
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
+      cutlass::layout::ColumnMajor, 8, float, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+
+  static bool launch(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
+                     cudaStream_t stream) {
+    typename Kernel::StrideA sx{};  // (x row, k, batch)
+    cute::get<0>(sx) = s.ld();
+    cute::get<2>(sx) = s.stride_x;
+    typename Kernel::StrideB sw{};  // (W row, k, batch)
+    cute::get<0>(sw) = s.ld();
+    cute::get<2>(sw) = s.stride_w;
+    return launch_kernel<Kernel>({cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {int(s.n), int(s.m), int(s.k), int(s.batch)},
+                                  {static_cast<const Bf16*>(x), sx, static_cast<const Bf16*>(w), sw},
+                                  epi},
+                                 stream);
+  }
+};
+
+// The fraction of the SMs that a launch of `tiles` CTAs (one per SM) keeps
+// busy over all its waves: tiles / (waves x SMs) (cuda_cutlass_gemm.cu).
+double wave_fill(int64_t tiles);
+
+// Of the W tile widths kWidths, the one whose tiles of m W rows (times
+// `batch`) fill the waves best; the first listed among equals.
+template <int... kWidths>
+int best_w_tile(int64_t m, int64_t batch) {
+  int best = 0;
+  double best_fill = -1.0;
+  for (int w : {kWidths...}) {
+    const double fill = wave_fill((m + w - 1) / w * batch);
+    if (fill > best_fill + 1e-9) best = w, best_fill = fill;
+  }
+  return best;
+}
+
+// Whether products of `rows` of x take the swapped kernels: at 48-64 rows
+// (the 64-row tile) by default; SERVAL_CUTLASS_SWAP=0 nowhere, =1 from 33.
+inline bool swapped_rows(int64_t rows) {
+  static const int from = env_is_zero("SERVAL_CUTLASS_SWAP") ? 65 : env_is_one("SERVAL_CUTLASS_SWAP") ? 33 : 48;
+  return rows >= from && rows <= 64;
+}
 
 // Whether a TiledMma's accumulators (its (thread, value) -> W row + 64 x row
 // of x layout) are wgmma's for one warpgroup as the register epilogues' ops
