@@ -152,11 +152,12 @@ int best_w_tile(int64_t m, int64_t batch) {
   return best;
 }
 
-// Whether products of `rows` of x take the swapped kernels: at 48-64 rows
-// (the 64-row tile) by default; SERVAL_CUTLASS_SWAP=0 nowhere, =1 from 33.
+// Whether products of `rows` of x take the swapped kernel: at 33-64 rows
+// (the tile's 64 rows of x as wgmma's M; rows past x's are TMA's zeros, not
+// read). SERVAL_CUTLASS_SWAP=0: nowhere, for A/B runs.
 inline bool swapped_rows(int64_t rows) {
-  static const int from = env_is_zero("SERVAL_CUTLASS_SWAP") ? 65 : env_is_one("SERVAL_CUTLASS_SWAP") ? 33 : 48;
-  return rows >= from && rows <= 64;
+  static const bool on = !env_is_zero("SERVAL_CUTLASS_SWAP");
+  return on && rows >= 33 && rows <= 64;
 }
 
 // Whether a TiledMma's accumulators (its (thread, value) -> W row + 64 x row
