@@ -3,6 +3,10 @@
 // of 64 rows of x; of 32 up to 32 rows, where the 64-row tile was 2.5-5%
 // slower than cuBLASLt on an H100 and the 32-row one 4.5-5% faster; of 48 at
 // 33..47 rows (1.5-2.2% faster than cuBLASLt whole-step on an H100).
+// At 33..64 rows the swapped kernel takes them instead (x as A, W as B in W
+// tiles that fill the SMs' waves: 7B decode steps +1.4-1.8% at 36-44 rows,
+// +0.3-0.6% at 48-64, the 8B's even, H100, session 40); SERVAL_CUTLASS_SWAP=0
+// keeps the tiles above.
 //
 // Why not cuBLASLt for them: its kernels cannot be programmatic dependents
 // (they do not wait on the kernel before them), so every product pays a

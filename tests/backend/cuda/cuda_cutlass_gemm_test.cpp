@@ -39,7 +39,7 @@ TEST(CudaCutlassGemm, ProductsMatchReferenceFrom17To64Rows) {
   // Llama-2-7B's o and down; an output that is no multiple of the 64-row
   // tile; an input that is no multiple of the 128-wide k tile; outputs of
   // the 7B's and the 8B's q/k/v (the swapped kernel's W tiles of 96 and 48 at
-  // 48-64 rows).
+  // 33-64 rows).
   for (const Shape& s : {Shape{4096, 4096}, Shape{11008, 4096}, Shape{1024, 1000}, Shape{1000, 512},
                          Shape{512, 12288}, Shape{512, 6144}}) {
     const int64_t T_max = 64;
