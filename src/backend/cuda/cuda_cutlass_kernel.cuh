@@ -10,7 +10,8 @@
 //
 // W is M x K row-major, x is N x K row-major (k contiguous in both: the "TN"
 // GEMM): in CUTLASS's terms A = W, B = x^T (column-major), and the output is
-// D = y^T (column-major, y N x M row-major). The kernel waits
+// D = y^T (column-major, y N x M row-major); SwappedDecodeKernel takes them
+// the other way round (A = x, B = W^T, D = y). The kernel waits
 // (griddepcontrol.wait, with CUTLASS_ENABLE_GDC_FOR_SM90) before its first
 // load and stores only after it.
 #define CUTLASS_ENABLE_GDC_FOR_SM90 1
