@@ -152,7 +152,9 @@ int64_t cutlass_epilogue_calls(const Backend& be) {
 // - 33..47 rows, its tile of 48 (the 64-row one, half empty at 32 rows, lost
 //   10.6% there on an H200): 36-44 sequences +1.5-2.2% on an H100 (session
 //   36; not yet run on an H200).
-// So all of 17..64. SERVAL_CUTLASS_GEMM=0: none.
+// So all of 17..64. SERVAL_CUTLASS_GEMM=0: none. (At 33..64 rows the plain
+// products take the swapped kernel instead of the 48- and 64-row tiles:
+// cuda_cutlass_gemm.cu, session 40.)
 bool cutlass_gemm_from_env() { return cutlass_gemm_built() && !env_is_zero("SERVAL_CUTLASS_GEMM"); }
 
 // Rope and the KV write in the q/k/v product's epilogue (cuda_cutlass_qkv_rope.cu),
