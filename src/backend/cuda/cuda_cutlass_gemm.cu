@@ -21,6 +21,7 @@
 #ifdef SERVAL_WITH_CUTLASS
 
 #include "backend/cuda/cuda_cutlass_kernel.cuh"
+#include "backend/cuda/cuda_waves.h"
 
 namespace serval::cuda {
 
@@ -65,13 +66,24 @@ struct SwappedGemm {
   }
 };
 
+// The current device's SM count, read once.
+int device_sms() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    SERVAL_CUDA_CHECK(cudaGetDevice(&device));
+    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return sms;
+}
+
 // bf16 products take W tiles of 48, 64 or 96 rows, whichever fills the waves
 // best (7B q/k/v: 96; 8B q/k/v: 48; o and down, split in two: 64); f32 ones
 // (split halves, logits) 64.
 bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
   using cutlass::bfloat16_t;
   if (s.y_f32) return SwappedGemm<float, 64>::run(s, w, x, y, stream);
-  switch (best_w_tile<64, 96, 48>(s.m, s.batch)) {
+  switch (best_w_tile(s.m, s.batch, device_sms(), {64, 96, 48})) {
     case 96: return SwappedGemm<bfloat16_t, 96>::run(s, w, x, y, stream);
     case 48: return SwappedGemm<bfloat16_t, 48>::run(s, w, x, y, stream);
     default: return SwappedGemm<bfloat16_t, 64>::run(s, w, x, y, stream);
@@ -79,16 +91,6 @@ bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, cud
 }
 
 }  // namespace
-
-double cutlass_decode::wave_fill(int64_t tiles) {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    SERVAL_CUDA_CHECK(cudaGetDevice(&device));
-    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  return tiles < 1 ? 0.0 : double(tiles) / double((tiles + sms - 1) / sms * sms);
-}
 
 bool cutlass_gemm_built() { return true; }
 

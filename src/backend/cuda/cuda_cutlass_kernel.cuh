@@ -136,23 +136,6 @@ struct SwappedDecodeKernel {
   }
 };
 
-// The fraction of the SMs that a launch of `tiles` CTAs (one per SM) keeps
-// busy over all its waves: tiles / (waves x SMs) (cuda_cutlass_gemm.cu).
-double wave_fill(int64_t tiles);
-
-// Of the W tile widths kWidths, the one whose tiles of m W rows (times
-// `batch`) fill the waves best; the first listed among equals.
-template <int... kWidths>
-int best_w_tile(int64_t m, int64_t batch) {
-  int best = 0;
-  double best_fill = -1.0;
-  for (int w : {kWidths...}) {
-    const double fill = wave_fill((m + w - 1) / w * batch);
-    if (fill > best_fill + 1e-9) best = w, best_fill = fill;
-  }
-  return best;
-}
-
 // Whether products of `rows` of x take the swapped kernel: at 33-64 rows
 // (the tile's 64 rows of x as wgmma's M; rows past x's are TMA's zeros, not
 // read). SERVAL_CUTLASS_SWAP=0: nowhere, for A/B runs.
