@@ -29,14 +29,18 @@ namespace {
 
 using namespace cutlass_decode;
 
-// CUTLASS's TMA epilogue: y (bf16 or f32) stored as computed.
+// CUTLASS's TMA epilogue for tile shape TileShape: y (bf16 or f32) stored as
+// computed, in layout LayoutD.
+template <class ElementY, class TileShape, class LayoutD>
+using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, 16 / int(sizeof(ElementY)),
+    ElementY, LayoutD, 16 / int(sizeof(ElementY)), cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+
+// The kernel of tile kRowsOfX with it, y^T column-major as its D.
 template <class ElementY, int kRowsOfX>
 struct DecodeGemm {
-  static constexpr int kAlignY = 16 / int(sizeof(ElementY));
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile<kRowsOfX>, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutY, kAlignY, ElementY, LayoutY,
-      kAlignY, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+  using Epilogue = TmaEpilogue<ElementY, Tile<kRowsOfX>, LayoutY>;
 
   static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
     typename Epilogue::StrideD sy{};  // (m, n, batch)
@@ -47,15 +51,11 @@ struct DecodeGemm {
   }
 };
 
-// The swapped kernel (SwappedDecodeKernel) with the same TMA epilogue, y
-// row-major as its D, W tiles of kWRows.
+// The swapped kernel (SwappedDecodeKernel) with it, y row-major as its D, W
+// tiles of kWRows.
 template <class ElementY, int kWRows>
 struct SwappedGemm {
-  static constexpr int kAlignY = 16 / int(sizeof(ElementY));
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::Shape<cute::_64, cute::Int<kWRows>, cute::_128>,
-      Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
-      kAlignY, ElementY, cutlass::layout::RowMajor, kAlignY, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+  using Epilogue = TmaEpilogue<ElementY, Tile<kWRows>, cutlass::layout::RowMajor>;
 
   static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
     typename Epilogue::StrideD sy{};  // (x row, W row, batch)
@@ -66,24 +66,13 @@ struct SwappedGemm {
   }
 };
 
-// The current device's SM count, read once.
-int device_sms() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    SERVAL_CUDA_CHECK(cudaGetDevice(&device));
-    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  return sms;
-}
-
 // bf16 products take W tiles of 48, 64 or 96 rows, whichever fills the waves
 // best (7B q/k/v: 96; 8B q/k/v: 48; o and down, split in two: 64); f32 ones
 // (split halves, logits) 64.
-bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, int sms, cudaStream_t stream) {
   using cutlass::bfloat16_t;
   if (s.y_f32) return SwappedGemm<float, 64>::run(s, w, x, y, stream);
-  switch (best_w_tile(s.m, s.batch, device_sms(), {64, 96, 48})) {
+  switch (best_w_tile(s.m, s.batch, sms, {64, 96, 48})) {
     case 96: return SwappedGemm<bfloat16_t, 96>::run(s, w, x, y, stream);
     case 48: return SwappedGemm<bfloat16_t, 48>::run(s, w, x, y, stream);
     default: return SwappedGemm<bfloat16_t, 64>::run(s, w, x, y, stream);
@@ -94,9 +83,9 @@ bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, cud
 
 bool cutlass_gemm_built() { return true; }
 
-bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, int sms, cudaStream_t stream) {
   if (s.n < 1 || s.n > kCutlassMaxRows) return false;
-  if (swapped_rows(s.n)) return swapped_gemm(s, w, x, y, stream);
+  if (swapped_rows(s.n)) return swapped_gemm(s, w, x, y, sms, stream);
   if (s.n <= 32)
     return s.y_f32 ? DecodeGemm<float, 32>::run(s, w, x, y, stream)
                    : DecodeGemm<cutlass::bfloat16_t, 32>::run(s, w, x, y, stream);
@@ -114,7 +103,7 @@ bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cud
 namespace serval::cuda {
 
 bool cutlass_gemm_built() { return false; }
-bool cutlass_gemm(const GemmShape&, const void*, const void*, void*, cudaStream_t) { return false; }
+bool cutlass_gemm(const GemmShape&, const void*, const void*, void*, int, cudaStream_t) { return false; }
 
 }  // namespace serval::cuda
 

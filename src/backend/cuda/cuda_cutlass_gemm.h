@@ -15,10 +15,11 @@ namespace serval::cuda {
 bool cutlass_gemm_built();
 // y = x @ W^T as `s` says (bf16 W and x; y bf16, or f32 when s.y_f32), at
 // most kCutlassMaxRows rows, launched as a programmatic dependent of the
-// kernel before it. Returns false, having launched nothing, where CUTLASS
-// cannot take the operands (alignment) or the build has no CUTLASS.
+// kernel before it; `sms`, the device's SM count, sizes its tiles to the
+// waves. Returns false, having launched nothing, where CUTLASS cannot take
+// the operands (alignment) or the build has no CUTLASS.
 constexpr int64_t kCutlassMaxRows = 64;  // one tile of 64 rows of x
-bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream);
+bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, int sms, cudaStream_t stream);
 
 // Where the stacked q/k/v product's rows go (cutlass_qkv_rope_kv_write): its
 // first q_cols W rows are q, the next kv_cols k, the last kv_cols v. Rope of

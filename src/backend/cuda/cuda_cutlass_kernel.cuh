@@ -29,8 +29,10 @@
 namespace serval::cuda::cutlass_decode {
 
 using Bf16 = cutlass::bfloat16_t;
-template <int kRowsOfX>
-using Tile = cute::Shape<cute::_64, cute::Int<kRowsOfX>, cute::_128>;  // W rows, x rows, k
+// 64 rows of A x kN rows of B x 128 of k: W rows, x rows, k (DecodeKernel);
+// x rows, W rows, k (SwappedDecodeKernel).
+template <int kN>
+using Tile = cute::Shape<cute::_64, cute::Int<kN>, cute::_128>;
 using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using LayoutW = cutlass::layout::RowMajor;
 using LayoutX = cutlass::layout::ColumnMajor;
@@ -108,14 +110,13 @@ struct DecodeKernel {
 // tile's 64 rows, wgmma's M), W is B in tiles of kWRows rows (wgmma's N, any
 // multiple of 16 up to 256), so the W tile can take the width whose tile
 // count fills the SMs' last wave best (q/k/v's 12288 rows: 128 tiles of 96
-// where tiles of 64 take 1.45 waves). kK: the k of a stage. The output D is
-// y itself (x rows by W rows, row-major).
-template <int kWRows, class Epilogue, int kK = 128>
+// where tiles of 64 take 1.45 waves). The output D is y itself (x rows by W
+// rows, row-major).
+template <int kWRows, class Epilogue>
 struct SwappedDecodeKernel {
-  using Tile = cute::Shape<cute::_64, cute::Int<kWRows>, cute::Int<kK>>;  // x rows, W rows, k
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
-      cutlass::layout::ColumnMajor, 8, float, Tile, Cluster,
+      cutlass::layout::ColumnMajor, 8, float, Tile<kWRows>, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;

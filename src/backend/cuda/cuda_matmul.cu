@@ -174,7 +174,7 @@ bool CudaBackend::cutlass_rows(int64_t rows) const {
 }
 
 void CudaBackend::gemm(const GemmShape& s, const void* w, const void* x, void* y) {
-  if (cutlass_rows(s.n) && cutlass_gemm(s, w, x, y, stream_)) {
+  if (cutlass_rows(s.n) && cutlass_gemm(s, w, x, y, num_sms_, stream_)) {
     ++cutlass_gemm_calls_;
     return;
   }
