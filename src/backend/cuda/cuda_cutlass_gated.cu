@@ -10,12 +10,18 @@
 // each thread has gate and up of its outputs without exchanging anything.
 // The outputs need an even count per row (4-byte stores): I is a multiple
 // of 32 wherever the pair's 2I rows are whole tiles of 64.
+//
+// At 33-64 rows (swapped_rows) the product runs on the swapped kernel (x rows
+// as wgmma's M) in W tiles of 64 or 96 pair rows, whichever fills the SMs'
+// waves best (7B: 96; 8B: 64). SERVAL_CUTLASS_SWAP_GATED=0 keeps W as A
+// there, for A/B runs. Tiles of 176 (one wave) lose (session 41).
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
 #ifdef SERVAL_WITH_CUTLASS
 
 #include "backend/cuda/cuda_cutlass_kernel.cuh"
 #include "backend/cuda/cuda_gate_up_layout.cuh"
+#include "backend/cuda/cuda_waves.h"
 
 namespace serval::cuda {
 
@@ -50,10 +56,53 @@ struct SiluMulOp {
   }
 };
 
+// The same for the swapped kernel, whose coordinates are (x row, W row): a
+// thread holds pair rows c and c + 1 (c even) at values i and i + 1, and the
+// rows 8 on at i + 4 (RegisterEpilogueOp checks it): gate's rows of a group
+// of 16 at values i with i % 8 < 4, up's at i + 4. Outputs c and c + 1 are
+// adjacent, one 4-byte store, with no exchange between lanes.
+struct SwappedSiluMulOp {
+  static constexpr bool kSwapped = true;
+  using Params = SiluMulOp::Params;
+
+  // The unswapped op's shapes, so the same products fuse wherever x's rows go.
+  static bool can_implement(int m, int n, const Params& p) { return SiluMulOp::can_implement(m, n, p); }
+
+  template <class Acc, class Coords>
+  CUTLASS_DEVICE static void apply(const Params& p, const Acc& acc, const Coords& coords, int tokens) {
+    static_assert(kGateUpGroupRows == 8, "gate row r and up row r + 8 are fragment values i and i + 4");
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < cute::size(acc); i += 2) {
+      if (i % 8 >= 4) continue;  // values i + 4: the up rows, read with their gate rows
+      const int t = cute::get<0>(coords(i)), row = cute::get<1>(coords(i));
+      // Rows past the pair: the last W tile's zeros where 96 does not divide 2I.
+      if (t >= tokens || row >= 2 * p.outputs) continue;
+      const float g0 = acc(i), u0 = acc(i + 4), g1 = acc(i + 1), u1 = acc(i + 5);
+      const float h0 = g0 / (1.0f + __expf(-g0)) * u0, h1 = g1 / (1.0f + __expf(-g1)) * u1;
+      const int out_col = row / 16 * 8 + row % 8;
+      *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(t) * p.outputs + out_col) = __floats2bfloat162_rn(h0, h1);
+    }
+  }
+};
+
+template <int kWRows>
+bool swapped_silu_mul(const GemmShape& s, const void* w, const void* x, const SiluMulOp::Params& p,
+                      cudaStream_t stream) {
+  return SwappedDecodeKernel<kWRows, RegisterEpilogue<SwappedSiluMulOp>>::launch(s, w, x, p, stream);
+}
+
 }  // namespace
 
-bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, cudaStream_t stream) {
-  return s.m % 2 == 0 && cutlass_decode::launch_with_op<SiluMulOp>(s, w, x, {out, int(s.m / 2)}, stream);
+bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, int sms,
+                      cudaStream_t stream) {
+  if (s.m % 2 != 0) return false;
+  const SiluMulOp::Params p{out, int(s.m / 2)};
+  static const bool swap_gated = !env_is_zero("SERVAL_CUTLASS_SWAP_GATED");
+  if (swap_gated && swapped_rows(s.n) && s.batch == 1 && !s.y_f32) {
+    return best_w_tile(s.m, 1, sms, {64, 96}) == 96 ? swapped_silu_mul<96>(s, w, x, p, stream)
+                                                    : swapped_silu_mul<64>(s, w, x, p, stream);
+  }
+  return launch_with_op<SiluMulOp>(s, w, x, p, stream);
 }
 
 }  // namespace serval::cuda
@@ -62,7 +111,9 @@ bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfl
 
 namespace serval::cuda {
 
-bool cutlass_silu_mul(const GemmShape&, const void*, const void*, __nv_bfloat16*, cudaStream_t) { return false; }
+bool cutlass_silu_mul(const GemmShape&, const void*, const void*, __nv_bfloat16*, int, cudaStream_t) {
+  return false;
+}
 
 }  // namespace serval::cuda
 

@@ -44,8 +44,9 @@ bool cutlass_qkv_rope_kv_write(const GemmShape& s, const void* w, const void* x,
 
 // out [s.n, s.m / 2] = silu(x @ gate^T) * (x @ up^T) for an interleaved
 // gate/up pair W of s.m rows (cuda_gate_up_layout.cuh; s.m a multiple of
-// 64), finished in the epilogue. Returns false, having launched nothing,
-// where it cannot take the operands.
-bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, cudaStream_t stream);
+// 64), finished in the epilogue; `sms` as cutlass_gemm's. Returns false,
+// having launched nothing, where it cannot take the operands.
+bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, int sms,
+                      cudaStream_t stream);
 
 }  // namespace serval::cuda

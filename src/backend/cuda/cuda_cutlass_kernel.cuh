@@ -151,12 +151,29 @@ inline bool swapped_rows(int64_t rows) {
 // W row lane / 4 + 16 warp; value (x row + 1, W row + 8, then more x rows).
 // So lanes l and l ^ 4 hold W rows 2i and 2i + 1 at the same value, and
 // values v and v + 2 (v % 4 < 2) W rows r and r + 8 of one thread.
-template <class TV>
+// In the swapped kernel (W rows as N) the ops also rely on value v + 4 being
+// 8 W rows on from v (kSwapped).
+template <class TV, bool kSwapped = false>
 constexpr bool wgmma_accumulators() {
   using namespace cute;
-  return std::is_same_v<decltype(layout<0>(TV{})), Layout<Shape<_4, _8, _4>, Stride<_128, _1, _16>>> &&
-         size<1, 0, 0>(TV{}) == 2 && size<1, 0, 1>(TV{}) == 2 && stride<1, 0, 0>(TV{}) == 64 &&
-         stride<1, 0, 1>(TV{}) == 8;
+  constexpr bool base = std::is_same_v<decltype(layout<0>(TV{})), Layout<Shape<_4, _8, _4>, Stride<_128, _1, _16>>> &&
+                        size<1, 0, 0>(TV{}) == 2 && size<1, 0, 1>(TV{}) == 2 && stride<1, 0, 0>(TV{}) == 64 &&
+                        stride<1, 0, 1>(TV{}) == 8;
+  if constexpr (kSwapped)
+    return base && stride<1, 0, 2>(TV{}) == 512;
+  else
+    return base;
+}
+
+// Whether a register epilogue's Op is for the swapped kernel (its
+// `kSwapped`): its coordinates are then (x row, W row), and its product's
+// first mode the tokens.
+template <class Op>
+constexpr bool swapped_op() {
+  if constexpr (requires { Op::kSwapped; })
+    return Op::kSwapped;
+  else
+    return false;
 }
 
 // An epilogue that works on the accumulators in registers (no shared memory,
@@ -167,6 +184,8 @@ constexpr bool wgmma_accumulators() {
 // CUTLASS's adapter, as its own register epilogue is.
 template <class Op>
 class RegisterEpilogueOp {
+  static constexpr bool kSwapped = swapped_op<Op>();
+
  public:
   using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
   using DispatchPolicy = EpilogueSchedule;
@@ -194,8 +213,8 @@ class RegisterEpilogueOp {
     return cutlass::Status::kSuccess;
   }
   template <class ProblemShape>
-  static bool can_implement(ProblemShape const& shape, Arguments const& args) {
-    return Op::can_implement(cute::get<0>(shape), cute::get<1>(shape), args);
+  static bool can_implement(ProblemShape const& shape, Arguments const& args) {  // (W rows, tokens)
+    return Op::can_implement(cute::get<kSwapped ? 1 : 0>(shape), cute::get<kSwapped ? 0 : 1>(shape), args);
   }
 
   CUTLASS_HOST_DEVICE RegisterEpilogueOp(Params const& params, SharedStorage const& = SharedStorage())
@@ -216,9 +235,9 @@ class RegisterEpilogueOp {
                                take<0, 2>(blk_shape_mnk), make_coord(m_coord, n_coord));
     Tensor thread_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
-    static_assert(wgmma_accumulators<decltype(tiled_mma.get_layoutC_TV())>(),
+    static_assert(wgmma_accumulators<decltype(tiled_mma.get_layoutC_TV()), kSwapped>(),
                   "the ops rely on wgmma's accumulator layout (wgmma_accumulators)");
-    Op::apply(params_, accumulators, thread_coords, int(get<1>(problem_shape_mnkl)));
+    Op::apply(params_, accumulators, thread_coords, int(get<kSwapped ? 0 : 1>(problem_shape_mnkl)));
   }
 
  private:

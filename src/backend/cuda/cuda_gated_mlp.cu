@@ -60,7 +60,8 @@ void CudaBackend::interleaved_gated_mlp_up(const Tensor& x, const CudaWeight& g,
   }
   settle(x);
   overwritten(out);
-  if (cutlass_rows(T) && cutlass_silu_mul({.m = 2 * I, .n = T, .k = x.cols}, gp, x.data, bf(out), stream_)) {
+  if (cutlass_rows(T) &&
+      cutlass_silu_mul({.m = 2 * I, .n = T, .k = x.cols}, gp, x.data, bf(out), num_sms_, stream_)) {
     ++cutlass_gemm_calls_;
     ++cutlass_epilogue_calls_;
     return;

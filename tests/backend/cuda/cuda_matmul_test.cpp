@@ -340,15 +340,17 @@ TEST(CudaMatmul, GatedMlpUpMatchesReferenceFusedAndFallback) {
 // them: gated_mlp_up against the double reference of the folded (bf16)
 // matrices on every path: the GEMV reading the pair in place (1..16 rows),
 // CUTLASS's product with silu(gate) * up in its epilogue (17..64 rows,
-// counted; not for an ffn of 1000, not a multiple of 32), the pair's product
-// then silu_mul_interleaved (17..64 rows with CUTLASS off, 65..256 in scratch,
-// 300 in pieces through up_buf). matmul refuses half a pair.
+// counted; at 33-64 rows on the swapped kernel, in W tiles of 96 for an ffn
+// of 11008, whose last tile is part zeros, and of 64 for 1024; not for an
+// ffn of 1000, not a multiple of 32), the pair's product then
+// silu_mul_interleaved (17..64 rows with CUTLASS off, 65..256 in scratch, 300
+// in pieces through up_buf). matmul refuses half a pair.
 TEST(CudaMatmul, GatedMlpUpOfAnInterleavedPairMatchesReference) {
   SERVAL_CUDA_OR_SKIP(gpu);
   cuda::use_interleaved_gate_up(*gpu, true);
   struct Case { int64_t hidden, ffn; std::vector<int64_t> rows; };
   for (const Case& c : {Case{4096, 11008, {1, 5, 16, 17, 20, 32, 33, 40, 48, 64, 65, 100, 256, 300}},
-                        Case{512, 1000, {3, 24, 64, 130}}}) {
+                        Case{512, 1000, {3, 24, 64, 130}}, Case{512, 1024, {24, 40, 64}}}) {
     const int64_t T_max = c.rows.back();
     const auto x = random_bf16(size_t(T_max * c.hidden), 41);
     auto wgate = random_bf16(size_t(c.ffn * c.hidden), 42, 0.05f), wup = random_bf16(size_t(c.ffn * c.hidden), 43, 0.05f);
