@@ -18,6 +18,9 @@
 // headers this file builds the stub at its end.
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #ifdef SERVAL_WITH_CUTLASS
 
 #include "backend/cuda/cuda_cutlass_kernel.cuh"
@@ -82,6 +85,18 @@ bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, int
 }  // namespace
 
 bool cutlass_gemm_built() { return true; }
+
+namespace cutlass_decode {
+
+int w_prefetch_k_blocks() {
+  static const int blocks = [] {
+    const char* v = std::getenv("SERVAL_CUTLASS_W_PREFETCH");
+    return v ? std::max(0, std::atoi(v)) : 4;
+  }();
+  return blocks;
+}
+
+}  // namespace cutlass_decode
 
 bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, int sms, cudaStream_t stream) {
   if (s.n < 1 || s.n > kCutlassMaxRows) return false;

@@ -4,9 +4,10 @@
 // write in its epilogue; cuda_cutlass_gated.cu, gate/up with silu * up in
 // its epilogue): the mainloop (TMA loads by a producer warp, wgmma by
 // one consumer warpgroup, a tile of 64 W rows x 128 of k x kRowsOfX rows of x,
-// as many pipeline stages as shared memory holds beside the epilogue's), and
-// the launch as a programmatic dependent. Only for .cu files compiled with
-// CUTLASS's headers (SERVAL_WITH_CUTLASS).
+// as many pipeline stages as shared memory holds beside the epilogue's, W's
+// first k blocks asked of L2 early: PrefetchingMainloop), and the launch as a
+// programmatic dependent. Only for .cu files compiled with CUTLASS's headers
+// (SERVAL_WITH_CUTLASS).
 //
 // W is M x K row-major, x is N x K row-major (k contiguous in both: the "TN"
 // GEMM): in CUTLASS's terms A = W, B = x^T (column-major), and the output is
@@ -37,6 +38,55 @@ using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using LayoutW = cutlass::layout::RowMajor;
 using LayoutX = cutlass::layout::ColumnMajor;
 using LayoutY = cutlass::layout::ColumnMajor;
+
+// How many k blocks of its W rows each CTA asks L2 for before it waits for
+// the kernel before it (griddepcontrol.wait): a CTA made resident early (the
+// norm kernels let the next kernel in at once, a product once its mainloop
+// is done) streams weights while DRAM would idle in that kernel's end. 4 (512
+// of k): 7B steps +0.4-0.7% at 20-64 rows on an H100, 2 even, 8 +0.3-0.5%,
+// 16 -3.5% (session 41). SERVAL_CUTLASS_W_PREFETCH=P sets it (0: none).
+int w_prefetch_k_blocks();  // cuda_cutlass_gemm.cu
+
+// CUTLASS's mainloop `Base` with that prefetch in load_init, which the kernel
+// calls in every thread before it waits (one warp issues it, a bulk L2
+// prefetch a row). kWIsB: W is the product's B (SwappedDecodeKernel), its rows
+// the N tiles (blockIdx.y); else its A (blockIdx.x). The batch (split k) is
+// blockIdx.z.
+template <class Base, bool kWIsB>
+struct PrefetchingMainloop : Base {
+  struct Params : Base::Params {
+    const Bf16* w = nullptr;
+    int64_t ld = 0, stride_l = 0;
+    int prefetch_k = 0;  // elements of k per row
+  };
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& shape, typename Base::Arguments const& args,
+                                        void* workspace) {
+    Params p{Base::to_underlying_arguments(shape, args, workspace)};
+    const auto& stride = kWIsB ? args.dB : args.dA;
+    p.w = kWIsB ? args.ptr_B : args.ptr_A;
+    p.ld = cute::get<0>(stride);
+    p.stride_l = cute::get<2>(stride);
+    p.prefetch_k = w_prefetch_k_blocks() * int(cute::size<2>(typename Base::TileShape{}));
+    return p;
+  }
+
+  template <class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& shape, Params const& p) const {
+    if (p.prefetch_k > 0 && threadIdx.x < 32) {
+      constexpr int kRows = int(cute::size<kWIsB ? 1 : 0>(typename Base::TileShape{}));
+      const int rows = int(cute::get<kWIsB ? 1 : 0>(shape)), k = int(cute::get<2>(shape));
+      const int first = int(kWIsB ? blockIdx.y : blockIdx.x) * kRows;
+      const uint32_t bytes = uint32_t(min(p.prefetch_k, k)) * 2u;  // k a multiple of 8: 16-byte multiples
+      const Bf16* base = p.w + int64_t(blockIdx.z) * p.stride_l;
+      for (int r = first + int(threadIdx.x); r < min(first + kRows, rows); r += 32)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + int64_t(r) * p.ld), "r"(bytes)
+                     : "memory");
+    }
+    return Base::load_init(shape, p);
+  }
+};
 
 // Shared memory an SM gives each of k CTAs (228 KB, 1 KB of it reserved per CTA).
 constexpr int smem_per_cta(int k) { return 233472 / k - 1024; }
@@ -75,10 +125,12 @@ struct DecodeKernel {
   // more CTAs per SM the others' share plus 1 KB for the pipeline's barriers.
   static constexpr int kCarveout =
       int(sizeof(typename Epilogue::SharedStorage)) + (kCtasPerSm == 1 ? 0 : 232448 - smem_per_cta(kCtasPerSm) + 1024);
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutW, 8, Bf16, LayoutX, 8, float,
-      Tile<kRowsOfX>, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
-      cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+  using Mainloop = PrefetchingMainloop<
+      typename cutlass::gemm::collective::CollectiveBuilder<
+          cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutW, 8, Bf16, LayoutX, 8, float,
+          Tile<kRowsOfX>, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
+          cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp,
+      false>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   static_assert(kCtasPerSm == 1 || int(Kernel::SharedStorageSize) <= smem_per_cta(kCtasPerSm),
                 "the stages must leave room for kCtasPerSm CTAs per SM");
@@ -114,11 +166,13 @@ struct DecodeKernel {
 // rows, row-major).
 template <int kWRows, class Epilogue>
 struct SwappedDecodeKernel {
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
-      cutlass::layout::ColumnMajor, 8, float, Tile<kWRows>, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+  using Mainloop = PrefetchingMainloop<
+      typename cutlass::gemm::collective::CollectiveBuilder<
+          cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
+          cutlass::layout::ColumnMajor, 8, float, Tile<kWRows>, Cluster,
+          cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
+          cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp,
+      true>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
 
   static bool launch(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
