@@ -2,7 +2,8 @@
 // threads): for each shape of text, encoding 4x the bytes may take at most 8x
 // as long (linear: 4x; a quadratic merge loop: 16x, and minutes at 400 KB).
 // A ratio, not a time bound, so a slow machine or a sanitizer build passes
-// alike; each time is the best of three runs, to shed scheduling noise.
+// alike; each time is the best of five runs, the two sizes' runs interleaved
+// so that a stretch of load on a shared machine slows both, not one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,19 +39,17 @@ std::vector<std::pair<std::string, std::string>> long_inputs(size_t n) {
   return v;
 }
 
-// Best of three encodes of `text`, in seconds; checks the ids decode back.
-double encode_seconds(const Tokenizer& tok, const char* rel, const std::string& name, const std::string& text) {
-  double best = 1e9;
-  for (int run = 0; run < 3; ++run) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int32_t> ids = tok.encode(text, false);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    EXPECT_FALSE(ids.empty());
-    if (run == 0 && name != "mixed words") {
-      EXPECT_EQ(tok.decode(ids, false), text) << rel << " " << name;
-    }
+// One encode of `text`, in seconds; on the first run, checks the ids decode back.
+double encode_seconds(const Tokenizer& tok, const char* rel, const std::string& name, const std::string& text,
+                      int run) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int32_t> ids = tok.encode(text, false);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(ids.empty());
+  if (run == 0 && name != "mixed words") {
+    EXPECT_EQ(tok.decode(ids, false), text) << rel << " " << name;
   }
-  return best;
+  return seconds;
 }
 
 void check_speed(const char* rel) {
@@ -60,8 +59,11 @@ void check_speed(const char* rel) {
   const auto small = long_inputs(n), large = long_inputs(4 * n);
   for (size_t i = 0; i < small.size(); ++i) {
     const std::string& name = small[i].first;
-    const double s = encode_seconds(*tok, rel, name, small[i].second);
-    const double l = encode_seconds(*tok, rel, name, large[i].second);
+    double s = 1e9, l = 1e9;
+    for (int run = 0; run < 5; ++run) {
+      s = std::min(s, encode_seconds(*tok, rel, name, small[i].second, run));
+      l = std::min(l, encode_seconds(*tok, rel, name, large[i].second, run));
+    }
     // Below a millisecond the clock's noise could dominate: compare from 1 ms up.
     EXPECT_LT(l, 8 * std::max(s, 1e-3)) << rel << " " << name << ": " << s << " s for " << n
                                         << " bytes, " << l << " s for 4x";
