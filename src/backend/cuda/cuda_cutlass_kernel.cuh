@@ -35,8 +35,6 @@ using Bf16 = cutlass::bfloat16_t;
 template <int kN>
 using Tile = cute::Shape<cute::_64, cute::Int<kN>, cute::_128>;
 using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-using LayoutW = cutlass::layout::RowMajor;
-using LayoutX = cutlass::layout::ColumnMajor;
 using LayoutY = cutlass::layout::ColumnMajor;
 
 // How many k blocks of its W rows each CTA asks L2 for before it waits for
@@ -80,13 +78,36 @@ struct PrefetchingMainloop : Base {
       const int first = int(kWIsB ? blockIdx.y : blockIdx.x) * kRows;
       const uint32_t bytes = uint32_t(min(p.prefetch_k, k)) * 2u;  // k a multiple of 8: 16-byte multiples
       const Bf16* base = p.w + int64_t(blockIdx.z) * p.stride_l;
-      for (int r = first + int(threadIdx.x); r < min(first + kRows, rows); r += 32)
+      const int end = min(first + kRows, rows);
+      for (int r = first + int(threadIdx.x); r < end; r += 32)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + int64_t(r) * p.ld), "r"(bytes)
                      : "memory");
     }
     return Base::load_init(shape, p);
   }
 };
+
+// The mainloop both kernels run: A row-major and B column-major (k
+// contiguous in both), tiles of TileShape, as many stages as shared memory
+// holds beside kCarveout bytes; W is B where kWIsB.
+template <class TileShape, int kCarveout, bool kWIsB>
+using DecodeMainloop = PrefetchingMainloop<
+    typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
+        cutlass::layout::ColumnMajor, 8, float, TileShape, Cluster,
+        cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
+        cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp,
+    kWIsB>;
+
+// An operand's (row, k, batch) stride for `s`: rows ld() apart, batches
+// `batch_stride` apart.
+template <class Stride>
+Stride operand_stride(const GemmShape& s, int64_t batch_stride) {
+  Stride st{};
+  cute::get<0>(st) = s.ld();
+  cute::get<2>(st) = batch_stride;
+  return st;
+}
 
 // Shared memory an SM gives each of k CTAs (228 KB, 1 KB of it reserved per CTA).
 constexpr int smem_per_cta(int k) { return 233472 / k - 1024; }
@@ -125,25 +146,15 @@ struct DecodeKernel {
   // more CTAs per SM the others' share plus 1 KB for the pipeline's barriers.
   static constexpr int kCarveout =
       int(sizeof(typename Epilogue::SharedStorage)) + (kCtasPerSm == 1 ? 0 : 232448 - smem_per_cta(kCtasPerSm) + 1024);
-  using Mainloop = PrefetchingMainloop<
-      typename cutlass::gemm::collective::CollectiveBuilder<
-          cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutW, 8, Bf16, LayoutX, 8, float,
-          Tile<kRowsOfX>, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
-          cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp,
-      false>;
+  using Mainloop = DecodeMainloop<Tile<kRowsOfX>, kCarveout, /*kWIsB=*/false>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   static_assert(kCtasPerSm == 1 || int(Kernel::SharedStorageSize) <= smem_per_cta(kCtasPerSm),
                 "the stages must leave room for kCtasPerSm CTAs per SM");
 
   // The mainloop's arguments for `s` (strides of W and x, their L mode the batch).
   static typename Mainloop::Arguments mainloop_args(const GemmShape& s, const void* w, const void* x) {
-    typename Kernel::StrideA sw{};  // (m, k, batch)
-    cute::get<0>(sw) = s.ld();
-    cute::get<2>(sw) = s.stride_w;
-    typename Kernel::StrideB sx{};  // (n, k, batch)
-    cute::get<0>(sx) = s.ld();
-    cute::get<2>(sx) = s.stride_x;
-    return {static_cast<const Bf16*>(w), sw, static_cast<const Bf16*>(x), sx};
+    return {static_cast<const Bf16*>(w), operand_stride<typename Kernel::StrideA>(s, s.stride_w),
+            static_cast<const Bf16*>(x), operand_stride<typename Kernel::StrideB>(s, s.stride_x)};
   }
 
   // Launches the product of `s` with epilogue arguments `epi`; false, having
@@ -166,26 +177,17 @@ struct DecodeKernel {
 // rows, row-major).
 template <int kWRows, class Epilogue>
 struct SwappedDecodeKernel {
-  using Mainloop = PrefetchingMainloop<
-      typename cutlass::gemm::collective::CollectiveBuilder<
-          cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
-          cutlass::layout::ColumnMajor, 8, float, Tile<kWRows>, Cluster,
-          cutlass::gemm::collective::StageCountAutoCarveout<int(sizeof(typename Epilogue::SharedStorage))>,
-          cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp,
-      true>;
+  using Mainloop = DecodeMainloop<Tile<kWRows>, int(sizeof(typename Epilogue::SharedStorage)), /*kWIsB=*/true>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
 
   static bool launch(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
                      cudaStream_t stream) {
-    typename Kernel::StrideA sx{};  // (x row, k, batch)
-    cute::get<0>(sx) = s.ld();
-    cute::get<2>(sx) = s.stride_x;
-    typename Kernel::StrideB sw{};  // (W row, k, batch)
-    cute::get<0>(sw) = s.ld();
-    cute::get<2>(sw) = s.stride_w;
     return launch_kernel<Kernel>({cutlass::gemm::GemmUniversalMode::kGemm,
                                   {int(s.n), int(s.m), int(s.k), int(s.batch)},
-                                  {static_cast<const Bf16*>(x), sx, static_cast<const Bf16*>(w), sw},
+                                  {static_cast<const Bf16*>(x),
+                                   operand_stride<typename Kernel::StrideA>(s, s.stride_x),
+                                   static_cast<const Bf16*>(w),
+                                   operand_stride<typename Kernel::StrideB>(s, s.stride_w)},
                                   epi},
                                  stream);
   }
