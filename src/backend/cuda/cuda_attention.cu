@@ -130,6 +130,8 @@ void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
   }
   if (p.stream_blocks == 0) {
     p.early_kv = attention_decode_early_kv(p, num_sms_);
+    static const bool trigger = !env_is_zero("SERVAL_ATTN_TRIGGER");
+    p.launch_dependents_early = trigger;
     if (counters > 0) p.merge_count = static_cast<int*>(scratch(attn_merge_count_, count_bytes));
   }
 }

@@ -65,6 +65,13 @@ struct AttnParamsT {
   // step's new key) before waiting for the kernel before it: when the whole
   // grid is resident (attention_decode_early_kv).
   bool early_kv = false;
+  // Each decode block lets the next kernel in (griddepcontrol.launch_dependents)
+  // once it has waited, so the next one (the merge or the o product) is
+  // launched when the last wave has started: its CTAs take the SMs the tail
+  // frees and prefetch their weights while it drains. Its own griddepcontrol.wait
+  // still waits for this whole grid. Set by plan_attention for split decode;
+  // SERVAL_ATTN_TRIGGER=0: at exit.
+  bool launch_dependents_early = false;
   // A sequence whose context the first split holds whole gets its output from
   // that split, and the merge skips it (SERVAL_NO_DIRECT_SPLIT=1: merged too).
   bool whole_split_direct = true;

@@ -243,6 +243,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   float* rope_cs = reinterpret_cast<float*>(smem + Sm::ROPE_OFF);
   const float freq = fold && tid < p.fold.rope_dim / 2 ? p.fold.inv_freq[tid] : 0.0f;
   pdl_wait();
+  if (p.launch_dependents_early) pdl_launch_dependents();
   if (!is_decode) return;
   // The first split holds the whole context (a short one, under a split
   // count planned for the longest): it writes the output itself.
