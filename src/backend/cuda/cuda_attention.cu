@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_attention_decode_tile.cuh"
 #include "backend/cuda/cuda_attention_prefill_simt.cuh"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_decode_matmul.h"
 
 namespace serval::cuda {
 
@@ -130,8 +131,10 @@ void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
   }
   if (p.stream_blocks == 0) {
     p.early_kv = attention_decode_early_kv(p, num_sms_);
+    // Not before the GEMV (1..16 rows): batch 1 lost 13% with it (H100,
+    // session 42), where 20-256 rows gain or break even.
     static const bool trigger = !env_is_zero("SERVAL_ATTN_TRIGGER");
-    p.launch_dependents_early = trigger;
+    p.launch_dependents_early = trigger && !gemv_takes_rows(b.num_tokens);
     if (counters > 0) p.merge_count = static_cast<int*>(scratch(attn_merge_count_, count_bytes));
   }
 }

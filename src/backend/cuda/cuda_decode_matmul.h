@@ -13,6 +13,8 @@ namespace serval::cuda {
 
 // x fits the GEMV: bf16, 1..16 rows, a multiple of 8 columns, 16-byte aligned.
 bool gemv_fits(const Tensor& x);
+// Whether products of `rows` rows are the GEMV's (1..16) outside batch-invariant mode.
+bool gemv_takes_rows(int64_t rows);
 // The same with any number of rows: gemv() and gemv_gated() take more than
 // 16 in groups of 16, each row getting the bits it gets alone (for
 // batch-invariant mode; slower than cuBLASLt for many rows).
