@@ -16,6 +16,8 @@ using bf16 = __nv_bfloat16;
 // The backend's A/B switches: whether environment variable `name` is "1" / "0".
 bool env_is_one(const char* name);   // cuda_matmul.cu
 bool env_is_zero(const char* name);  // cuda_matmul.cu
+// Its value as an integer (atoi), or `fallback` where it is unset.
+int env_int(const char* name, int fallback);  // cuda_matmul.cu
 
 #define SERVAL_CUDA_CHECK(expr)                                                                       \
   do {                                                                                                \

@@ -19,7 +19,6 @@
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #ifdef SERVAL_WITH_CUTLASS
 
@@ -89,10 +88,7 @@ bool cutlass_gemm_built() { return true; }
 namespace cutlass_decode {
 
 int w_prefetch_k_blocks() {
-  static const int blocks = [] {
-    const char* v = std::getenv("SERVAL_CUTLASS_W_PREFETCH");
-    return v ? std::max(0, std::atoi(v)) : 4;
-  }();
+  static const int blocks = std::max(0, env_int("SERVAL_CUTLASS_W_PREFETCH", 4));
   return blocks;
 }
 

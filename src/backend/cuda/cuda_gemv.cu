@@ -39,7 +39,6 @@
 // scales its sums by the rows' 1 / rms before its own epilogue. Both keep the
 // units, k split and sums above, so batch invariance holds.
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_gemv_unit.cuh"
@@ -305,8 +304,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
 // H200 whether bytes in flight limit the stream. The balanced grid (launch_as)
 // rounds the block count down further, by shape: docs/BENCHMARKS.md, session 33.
 int gemv_sms(int device_sms) {
-  const char* v = std::getenv("SERVAL_GEMV_SMS");
-  const int n = v != nullptr ? std::atoi(v) : 0;
+  const int n = env_int("SERVAL_GEMV_SMS", 0);
   return n > 0 ? std::min(n, device_sms) : device_sms;
 }
 

@@ -48,6 +48,11 @@ bool env_is_one(const char* name) {
   return v != nullptr && std::string(v) == "1";
 }
 
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+}
+
 namespace {
 
 // Whether ws[j] / ys[j] continue the strided batch that starts at i: the same
