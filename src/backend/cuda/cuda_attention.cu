@@ -18,6 +18,9 @@ namespace serval::cuda {
 
 namespace {
 
+// Decode attention triggers its dependents early from this many rows (plan_attention).
+constexpr int64_t kAttnTriggerMinRows = 24;
+
 template <typename T>
 AttnParamsT<T> attn_params(const Tensor& q, const KvLayer& kv, const KvGeometry& g, const BatchView& b,
                            int32_t num_heads, float scale, const Tensor& out) {
@@ -131,10 +134,11 @@ void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
   }
   if (p.stream_blocks == 0) {
     p.early_kv = attention_decode_early_kv(p, num_sms_);
-    // Not before the GEMV (1..16 rows): batch 1 lost 13% with it (H100,
-    // session 42), where 20-256 rows gain or break even.
+    // From 24 rows (H100, sessions 42-43): 7B 24-64 rows +0.2-1.1%, 8B 24-64
+    // +0.3-0.9%, 256 even. Below, the 7B lost: 17-23 rows 0.6-1.3%, and
+    // batch 1 13% (why was not measured); 8B 17-20 even.
     static const bool trigger = !env_is_zero("SERVAL_ATTN_TRIGGER");
-    p.launch_dependents_early = trigger && !gemv_takes_rows(b.num_tokens);
+    p.launch_dependents_early = trigger && b.num_tokens >= kAttnTriggerMinRows;
     if (counters > 0) p.merge_count = static_cast<int*>(scratch(attn_merge_count_, count_bytes));
   }
 }

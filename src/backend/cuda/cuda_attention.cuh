@@ -69,8 +69,8 @@ struct AttnParamsT {
   // once it has waited, so the next one (the merge or the o product) is
   // launched when the last wave has started: its CTAs take the SMs the tail
   // frees and prefetch their weights while it drains. Its own griddepcontrol.wait
-  // still waits for this whole grid. Set by plan_attention for split decode
-  // whose o product is not the GEMV's; SERVAL_ATTN_TRIGGER=0: at exit.
+  // still waits for this whole grid. Set by plan_attention for split decode steps
+  // of 24 rows and more (kAttnTriggerMinRows); SERVAL_ATTN_TRIGGER=0: at exit.
   bool launch_dependents_early = false;
   // A sequence whose context the first split holds whole gets its output from
   // that split, and the merge skips it (SERVAL_NO_DIRECT_SPLIT=1: merged too).

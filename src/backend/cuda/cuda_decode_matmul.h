@@ -17,8 +17,6 @@ bool gemv_fits(const Tensor& x);
 // 16 in groups of 16, each row getting the bits it gets alone (for
 // batch-invariant mode; slower than cuBLASLt for many rows).
 bool gemv_any_rows_fits(const Tensor& x);
-// Whether products of `rows` rows are the GEMV's (1..16) outside batch-invariant mode.
-bool gemv_takes_rows(int64_t rows);
 // The q/k/v GEMV's epilogue for qkv_rope_kv_write: q (output 0) and k
 // (output 1) rotated at positions[t] (interleaved pairs: dims 2i and 2i + 1 of
 // a head turn by positions[t] * inv_freq[i], for dims below rope_dim), then q

@@ -413,9 +413,7 @@ void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t str
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
-bool gemv_takes_rows(int64_t rows) { return rows >= 1 && rows <= kMaxTokens; }
-
-bool gemv_fits(const Tensor& x) { return gemv_takes_rows(x.rows) && gemv_any_rows_fits(x); }
+bool gemv_fits(const Tensor& x) { return x.rows <= kMaxTokens && gemv_any_rows_fits(x); }
 
 bool gemv_any_rows_fits(const Tensor& x) {
   return x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= (int64_t(1) << 30) && x.cols >= 8 && x.cols % 8 == 0 &&
