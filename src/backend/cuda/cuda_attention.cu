@@ -12,7 +12,6 @@
 #include "backend/cuda/cuda_attention_decode_tile.cuh"
 #include "backend/cuda/cuda_attention_prefill_simt.cuh"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_decode_matmul.h"
 
 namespace serval::cuda {
 
