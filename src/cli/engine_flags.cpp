@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/dtype.h"
+#include "model/model_def.h"
 
 namespace serval::cli {
 
@@ -74,18 +75,18 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   DType kv_dtype = compute_dtype(device, f.dtype);
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
-  if (f.device == "auto" && device != "cpu" && !device_supports_head_dim(device, c.head_dim)) {
-    std::fprintf(stderr,
-                 "--device auto: the %s backend has no attention kernel for head_dim %lld; running on the CPU\n",
-                 device.c_str(), (long long)c.head_dim);
+  const ModelDef def = ModelDef::of(c);
+  if (const std::string why = device_cannot_run(device, def); f.device == "auto" && !why.empty()) {
+    std::fprintf(stderr, "--device auto: the %s backend cannot run this model (%s); running on the CPU\n",
+                 device.c_str(), why.c_str());
     device = "cpu";
     kv_dtype = compute_dtype(device, f.dtype);
   }
   SERVAL_CHECK(f.scheduler.max_model_len >= 0 && f.scheduler.max_model_len <= c.max_position,
                "--max-model-len must be in [1, ", c.max_position, "] (the model's context), got ",
                f.scheduler.max_model_len);
-  const int64_t kv_elem_bytes = dtype_bytes(kv_dtype, 1);
-  const int64_t bytes_per_token = 2 * c.num_layers * c.kv_dim() * kv_elem_bytes;
+  int64_t bytes_per_token = 0;
+  for (int64_t l = 0; l < def.num_layers(); ++l) bytes_per_token += def.kv_spec(l, kv_dtype).bytes_per_token();
   SERVAL_CHECK(f.gpu_memory_fraction > 0 && f.gpu_memory_fraction <= 1,
                "--gpu-memory-fraction must be in (0, 1], got ", f.gpu_memory_fraction);
   RunnerOptions ro;

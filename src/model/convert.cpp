@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "model/gguf_model.h"
 #include "model/hf_model.h"
-#include "model/model_shapes.h"
+#include "model/model_def.h"
 #include "model/qk_permute.h"
 #include "model/rope_factors.h"
 #include "tokenizer/tokenizer_gguf.h"
@@ -150,7 +150,7 @@ void convert_hf_to_gguf(const std::string& dir, const std::string& out_path) {
   // llama: Hugging Face rows are in rotate_half order; llama.cpp's "llama" GGUF
   // has them interleaved, so q/k (and their biases) are permuted per head.
   const bool permute = c.architecture == "llama";
-  for (const ExpectedTensor& e : expected_tensors(c)) {
+  for (const TensorSpec& e : ModelDef::of(c).tensors()) {
     const TensorView& t = m.weights.get(e.name);
     int64_t n_head = 0;
     if (permute && (e.name.find(".attn_q.") != std::string::npos)) n_head = c.num_heads;

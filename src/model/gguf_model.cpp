@@ -1,7 +1,7 @@
 #include "model/gguf_model.h"
 
 #include "core/error.h"
-#include "model/model_shapes.h"
+#include "model/model_def.h"
 
 namespace serval {
 
@@ -100,7 +100,7 @@ LoadedModel load_gguf_model(std::shared_ptr<GgufFile> file) {
   try {
     // Tensors the model needs must have a supported type; others are kept when we
     // can describe them and skipped otherwise.
-    for_each_expected_tensor(m.config, [&](const ExpectedTensor& e) {
+    ModelDef::of(m.config).for_each_tensor([&](const TensorSpec& e) {
       const GgufTensorInfo* t = file->find_tensor(e.name);
       if (!t) fail("missing tensor \"", e.name, "\"");
       add(*t);
@@ -119,7 +119,7 @@ LoadedModel load_gguf_model(std::shared_ptr<GgufFile> file) {
           break;
       }
     }
-    check_weight_shapes(m.config, m.weights);
+    ModelDef::of(m.config).check_weights(m.weights);
   } catch (const Error& e) {
     fail("GGUF \"", file->path(), "\": ", e.what());
   }

@@ -16,14 +16,14 @@ std::string architecture_from_hf(const json& j) {
     const json& a = j["architectures"][0];
     if (!a.is_string()) fail("\"architectures\" must hold strings");
     const std::string name = a.get<std::string>();
-    if (name == "LlamaForCausalLM" || name == "MistralForCausalLM") return "llama";
+    if (name == "LlamaForCausalLM") return "llama";
+    if (name == "MistralForCausalLM") return "mistral";
     if (name == "Qwen2ForCausalLM") return "qwen2";
     if (name == "Qwen3ForCausalLM") return "qwen3";
     check_architecture_supported(name);  // throws naming it
   }
   if (j.contains("model_type") && j["model_type"].is_string()) {
     const std::string t = j["model_type"].get<std::string>();
-    if (t == "llama" || t == "mistral") return "llama";
     check_architecture_supported(t);
     return t;
   }
@@ -52,6 +52,34 @@ bool get_bool(const json& j, const char* key, bool dflt) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
   if (!j[key].is_boolean()) fail("\"", key, "\" must be true or false");
   return j[key].get<bool>();
+}
+
+// Mistral: a window on every layer unless sliding_window is null. Qwen2/Qwen3:
+// only with use_sliding_window, on the layers from max_window_layers on, or
+// as layer_types lists them ("sliding_attention" / "full_attention").
+void read_sliding_window(const json& j, ModelConfig& c) {
+  if (!j.contains("sliding_window") || j["sliding_window"].is_null()) return;
+  const bool qwen = c.architecture == "qwen2" || c.architecture == "qwen3";
+  if (c.architecture == "llama") return;  // LlamaForCausalLM has no window, whatever the file says
+  if (qwen && !get_bool(j, "use_sliding_window", false)) return;
+  c.sliding_window = get_int(j, "sliding_window");
+  if (qwen && j.contains("max_window_layers") && !j["max_window_layers"].is_null()) {
+    const json& m = j["max_window_layers"];
+    if (!m.is_number_integer() || m.get<int64_t>() < 0) fail("\"max_window_layers\" must be a non-negative integer");
+    c.sliding_window_from_layer = m.get<int64_t>();
+  } else if (qwen) {
+    c.sliding_window_from_layer = 28;  // transformers' default
+  }
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& types = j["layer_types"];
+    if (!types.is_array() || int64_t(types.size()) != c.num_layers)
+      fail("\"layer_types\" must list one type for each of the ", c.num_layers, " layers");
+    for (const json& t : types) {
+      if (t == "sliding_attention") c.sliding_layers.push_back(1);
+      else if (t == "full_attention") c.sliding_layers.push_back(0);
+      else fail("\"layer_types\" holds ", t.dump(), " (supported: sliding_attention, full_attention)");
+    }
+  }
 }
 
 // transformers 4 writes "rope_theta" and "rope_scaling"; transformers 5 writes both
@@ -125,13 +153,7 @@ ModelConfig config_from_hf_json(const std::string& text, const std::string& labe
     // Qwen2 always has q/k/v biases; llama and qwen3 say so in attention_bias.
     c.attention_bias = get_bool(j, "attention_bias", c.architecture == "qwen2");
     c.qk_norm = c.architecture == "qwen3";
-    if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
-        !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() && !j["use_sliding_window"].get<bool>())) {
-      const int64_t window = get_int(j, "sliding_window");
-      if (window < c.max_position)
-        fail("sliding window attention (sliding_window ", window, " < max_position_embeddings ", c.max_position,
-             ") is not supported");
-    }
+    read_sliding_window(j, c);
     c.validate();
     return c;
   } catch (const nlohmann::json::exception& e) {

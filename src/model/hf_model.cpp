@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "model/hf_model.h"
 #include "model/mapped_file.h"
-#include "model/model_shapes.h"
+#include "model/model_def.h"
 #include "model/rope_factors.h"
 #include "model/safetensors.h"
 
@@ -131,7 +131,7 @@ LoadedModel load_hf_model(const std::string& dir) {
     m.weights.add_owned(kRopeFreqsTensor, DType::F32, {int64_t(f.size())}, std::move(bytes));
   }
   try {
-    check_weight_shapes(m.config, m.weights);
+    ModelDef::of(m.config).check_weights(m.weights);
   } catch (const Error& e) {
     fail("model folder \"", dir, "\": ", e.what());
   }

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "model/mapped_file.h"
-#include "model/model_shapes.h"
+#include "model/model_def.h"
 
 namespace serval {
 
@@ -82,7 +82,7 @@ LoadedModel load_llama2c_model(const std::string& path) {
   take(seq_len * head_size / 2);  // freq_cis_imag
   if (!shared_classifier) add("output.weight", {vocab, dim}, take(vocab * dim));
   m.weights.keep_alive(file);
-  check_weight_shapes(c, m.weights);
+  ModelDef::of(c).check_weights(m.weights);
   return m;
 }
 

@@ -5,7 +5,7 @@
 namespace serval {
 
 void check_architecture_supported(const std::string& name) {
-  if (name == "llama" || name == "qwen2" || name == "qwen3") return;
+  if (name == "llama" || name == "mistral" || name == "qwen2" || name == "qwen3") return;
   fail("architecture \"", name, "\" is not supported (supported: ", kSupportedArchitectures, ")");
 }
 
@@ -28,6 +28,10 @@ void ModelConfig::validate() const {
                "model config: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim);
   SERVAL_CHECK(rms_eps > 0, "model config: rms_eps must be positive");
   SERVAL_CHECK(rope_theta > 0, "model config: rope_theta must be positive");
+  SERVAL_CHECK(sliding_window >= 0 && sliding_window_from_layer >= 0, "model config: sliding_window (",
+               sliding_window, ") and its first layer (", sliding_window_from_layer, ") must not be negative");
+  SERVAL_CHECK(sliding_layers.empty() || int64_t(sliding_layers.size()) == num_layers, "model config: ",
+               sliding_layers.size(), " layer types for ", num_layers, " layers");
 }
 
 }  // namespace serval

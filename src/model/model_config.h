@@ -4,6 +4,7 @@
 // know about the architecture is here; the forward pass has no per-model code.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -24,7 +25,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2", "qwen3"
+  std::string architecture;  // "llama", "mistral", "qwen2", "qwen3" (model_def.h's families)
   std::string name;          // human-readable, may be empty
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -42,6 +43,13 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have a bias (qwen2)
   bool qk_norm = false;         // per-head RMSNorm on q and k before RoPE (qwen3)
+  // Sliding-window attention (mistral; qwen2/qwen3 with use_sliding_window):
+  // a query attends to the `sliding_window` latest positions; 0: no window.
+  int64_t sliding_window = 0;
+  // Which layers slide: those from this index on (qwen2's max_window_layers),
+  // unless `sliding_layers` lists every layer (config.json's layer_types; 1: sliding).
+  int64_t sliding_window_from_layer = 0;
+  std::vector<uint8_t> sliding_layers;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -50,8 +58,8 @@ struct ModelConfig {
 };
 
 // The architectures the forward pass implements.
-inline constexpr const char* kSupportedArchitectures = "llama, qwen2, qwen3";
-// Throws `architecture "NAME" is not supported (supported: llama, qwen2, qwen3)`.
+inline constexpr const char* kSupportedArchitectures = "llama, mistral, qwen2, qwen3";
+// Throws `architecture "NAME" is not supported (supported: llama, mistral, qwen2, qwen3)`.
 void check_architecture_supported(const std::string& name);
 
 }  // namespace serval

@@ -10,7 +10,7 @@
 #include "model/gguf.h"
 #include "model/hf_model.h"
 #include "model/mapped_file.h"
-#include "model/model_shapes.h"
+#include "model/model_def.h"
 #include "model/rope_factors.h"
 
 namespace serval {
@@ -217,7 +217,7 @@ void write_random_model(const ModelConfig& c, DType dtype, const std::string& ou
   GgufWriter w;
   set_gguf_model_metadata(w, c);
   set_synthetic_tokenizer(w, c);
-  for (const ExpectedTensor& e : expected_tensors(c)) {
+  for (const TensorSpec& e : ModelDef::of(c).tensors()) {
     const bool vector = e.shape.size() == 1;
     const bool norm = e.name.find("norm") != std::string::npos;
     const float mean = norm ? 1.0f : 0.0f;

@@ -28,11 +28,15 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/kv_spec.h"
+#include "model/linear.h"
 #include "model/model_config.h"
 #include "model/weights.h"
 #include "sampling/sampler.h"
 
 namespace serval {
+
+class ModelDef;
 
 // Device memory owned by a backend; freed when the last copy goes away.
 class DeviceBuffer {
@@ -67,6 +71,8 @@ struct Tensor {
 
 // A weight prepared for one backend. Shape is outermost first: {out, in} for a
 // linear layer, {n} for a norm or bias vector, {vocab, hidden} for embeddings.
+// A matrix is a Linear on the device: it also says the format the backend
+// holds it in and which part of the full matrix it is.
 class DeviceWeight {
  public:
   virtual ~DeviceWeight() = default;
@@ -74,10 +80,18 @@ class DeviceWeight {
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t rows() const { return shape_.size() == 2 ? shape_[0] : 1; }
   int64_t cols() const { return shape_.back(); }
+  const LinearFormat& format() const { return format_; }
+  const ShardSpec& shard() const { return shard_; }
+  void set_linear_layout(const LinearFormat& format, const ShardSpec& shard) {
+    format_ = format;
+    shard_ = shard;
+  }
 
  protected:
   std::string name_;
   std::vector<int64_t> shape_;
+  LinearFormat format_;
+  ShardSpec shard_;
 };
 
 // One layer's paged KV cache: K and V pools of [num_blocks, block_size,
@@ -87,11 +101,19 @@ struct KvLayer {
   DeviceBuffer v;
 };
 
+// Where one layer's K/V live: the pool's size and its KvLayerSpec. Every op
+// that writes or reads the cache takes the layout from here.
 struct KvGeometry {
   int64_t num_blocks = 0;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  DType dtype = DType::F32;  // the pools' elements (Backend::kv_dtype())
+  int64_t window = 0;        // sliding window (KvLayerSpec::window); 0: none
+
+  static KvGeometry of(const KvLayerSpec& spec, int64_t num_blocks, int32_t block_size) {
+    return {num_blocks, block_size, spec.num_kv_heads, spec.head_dim, spec.dtype, spec.window};
+  }
 };
 
 // Token ids that a step takes from the sample of the step before it, on the
@@ -256,9 +278,23 @@ class Backend {
   virtual void begin_capture();
   virtual std::unique_ptr<DeviceGraph> end_capture();
 
+  // Whether the backend's memory is a device's own (a GPU's), which the
+  // memory plan must budget; false: host memory (the CPU).
+  virtual bool has_device_memory() const { return false; }
+
   // ---- weights ----
   // Converts `view` (any DType of core/dtype.h) into the backend's format.
   virtual std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) = 0;
+  // Whether the matmul ops run weights of `format` as they are stored. A
+  // format they do not run goes through the reference composition: the
+  // matrix is dequantized once at load (dequantize_linear) and multiplied as
+  // a dense one (Backend::upload_linear). Default: dense f32/f16/bf16 and
+  // GGUF blocks, which upload_weight converts to the backend's dtype.
+  virtual bool runs_linear_format(const LinearFormat& format) const {
+    return format.kind == LinearFormat::Kind::Dense || format.kind == LinearFormat::Kind::GgufBlock;
+  }
+  // Bytes `w` takes once uploaded. Default: dense in the activation dtype.
+  virtual int64_t linear_device_bytes(const Linear& w) const { return dtype_bytes(act_dtype(), w.out * w.in); }
   // Weights that ops read together (q/k/v, gate/up): a backend may place them
   // back to back in one allocation, in order, so that one batched matrix
   // product reads several of them. Default: upload_weight for each.
@@ -424,10 +460,11 @@ class Backend {
 // GPU, "cpu" for "auto" otherwise; any other name unchanged.
 std::string resolve_device(const std::string& device);
 
-// Whether `device` ("cpu" or "cuda", resolved) has attention kernels for
-// heads of `head_dim` values (the CPU: any; CUDA: those compiled). Checked
-// when a runner is made, so a model a device cannot run fails at start-up.
-bool device_supports_head_dim(const std::string& device, int64_t head_dim);
+// Why `device` ("cpu" or "cuda", resolved) cannot run `def`'s model ("" when
+// it can): an attention kernel it lacks (a head_dim CUDA has not compiled, a
+// sliding window). Checked when a runner is made, so a model a device cannot
+// run fails at start-up, and by --device auto to fall back to the CPU.
+std::string device_cannot_run(const std::string& device, const ModelDef& def);
 
 // The activation (and KV cache) dtype that `dtype` gives on `device` (as
 // create_backend takes them): "auto" is bf16 on a GPU and f32 on the CPU,

@@ -1,41 +1,22 @@
-// The Llama-family forward pass, written once against the Backend interface.
-// Architecture differences are config flags only: attention_bias (qwen2),
-// qk_norm (qwen3), tie_word_embeddings.
+// The runner of every backend: it holds what is per device — the uploaded
+// model, the workspace, the KV pool, batch upload and the CUDA graphs — and
+// runs the forward pass (runtime/forward_pass.h) over each step's Batch.
 #include "runtime/backend_model_runner.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
-#include "model/qk_permute.h"
 #include "runtime/backend.h"
-#include "runtime/rope.h"
+#include "runtime/device_model.h"
+#include "runtime/forward_pass.h"
+#include "runtime/memory_plan.h"
 #include "runtime/step_graphs.h"
+#include "runtime/workspace.h"
 
 namespace serval {
 
 namespace {
-
-struct LayerWeights {
-  std::unique_ptr<DeviceWeight> attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;
-  std::unique_ptr<DeviceWeight> ffn_norm, gate, up, down;
-};
-
-// Activation buffers for up to `capacity` tokens and `row_capacity` logits
-// rows per step, reused across steps. x (the residual stream) and rows are f32.
-struct Workspace {
-  int64_t capacity = 0, row_capacity = 0;
-  DeviceBuffer x, xn, q, k, v, attn, proj, gate, up, rows, logits;
-  int64_t bytes = 0;
-};
-
-constexpr double kGiB = double(int64_t(1) << 30);
-
-// Device memory kept out of the KV pool for what grows at run time: attention
-// partials, sampling scratch, cuBLASLt's workspace, graphs.
-constexpr int64_t kGpuReserveBytes = int64_t(1) << 30;
 
 class BackendModelRunner : public ModelRunner {
  public:
@@ -48,11 +29,11 @@ class BackendModelRunner : public ModelRunner {
   bool sample_ready() const override { return backend_->sample_ready(); }
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   const ModelConfig& config() const override { return cfg_; }
-  int32_t block_size() const override { return geom_.block_size; }
+  int32_t block_size() const override { return block_size_; }
   int64_t num_blocks() const override { return num_blocks_; }
   std::string device() const override { return backend_->name(); }
-  RopeStyle rope_style() const override { return rope_.style; }
-  int64_t weight_bytes() const override { return weight_bytes_; }
+  RopeStyle rope_style() const override { return model_->rope().style; }
+  int64_t weight_bytes() const override { return model_->bytes(); }
   int64_t activation_bytes() const override { return ws_.bytes; }
   int64_t graph_replays() const override { return graph_replays_; }
   int64_t graphs_captured() const override { return graphs_captured_; }
@@ -61,54 +42,21 @@ class BackendModelRunner : public ModelRunner {
   bool counts_fed_tokens() const override { return backend_->counts_fed_tokens(); }
 
  private:
-  std::unique_ptr<DeviceWeight> upload(const WeightStore& ws, const std::string& name,
-                                       const std::vector<int64_t>& shape);
-  std::vector<std::unique_ptr<DeviceWeight>> upload_group(
-      const WeightStore& ws, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors);
-  // ws.get(name, shape), or its rope-permuted copy (permute_rope_; kept in permuted_).
-  TensorView weight_view(const WeightStore& ws, const std::string& name, const std::vector<int64_t>& shape);
-  std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const WeightStore& ws, const std::string& gate,
-                                                               const std::string& up,
-                                                               const std::vector<int64_t>& shape);
-  void load_weights(const WeightStore& ws);
-  void setup_rope(const WeightStore& ws);
-  void plan_kv_cache(const RunnerOptions& opts);
-  // Bytes a weight takes once uploaded: matrices in the activation dtype,
-  // vectors (norms, biases) in f32, on every backend.
-  int64_t device_bytes(const TensorView& t) const;
-  void check_weights_fit(const WeightStore& ws, double fraction);
+  void allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts);
   void ensure_workspace(int64_t tokens, int64_t rows);
   BatchView upload_batch(const Batch& batch);
   void validate(const Batch& batch) const;
   // Runs the step (from a graph when it can); returns the f32 logits [R, vocab]
   // in device memory.
   Tensor run(const Batch& batch);
-  // Enqueues the forward pass over `bv`; logits land in ws_.logits.
-  void enqueue_forward(const BatchView& bv);
-  Tensor act(const DeviceBuffer& buf, int64_t rows, int64_t cols) const {
-    return Tensor{buf.data(), backend_->act_dtype(), rows, cols};
-  }
+  void enqueue(const BatchView& bv) { enqueue_forward(*backend_, *model_, ws_, kv_, bv); }
 
   ModelConfig cfg_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<DeviceWeight> tok_embd_, output_norm_, output_;  // output_ null when tied
-  std::vector<LayerWeights> layers_;
-  // Ones: the layers' norms run with it when the backend folded their
-  // weights into q/k/v and gate/up (Backend::folds_norm_weights); else null.
-  std::unique_ptr<DeviceWeight> unit_norm_;
-  const DeviceWeight& attn_norm(size_t l) const { return unit_norm_ ? *unit_norm_ : *layers_[l].attn_norm; }
-  const DeviceWeight& ffn_norm(size_t l) const { return unit_norm_ ? *unit_norm_ : *layers_[l].ffn_norm; }
-  DeviceBuffer inv_freq_;
-  RopeParams rope_;
-  KvGeometry geom_;
-  std::vector<KvLayer> kv_;
+  std::unique_ptr<DeviceModel> model_;
+  KvPool kv_;
+  int32_t block_size_ = 0;
   int64_t num_blocks_ = 0;  // blocks the engine may use; the pool may hold one spare (graph padding)
-  int64_t weight_bytes_ = 0;
-  // q/k rows loaded in adjacent-pair order from a Neox model (permute_rope_),
-  // and the host copies of the weights being uploaded (backends copy a view
-  // before upload_weight returns).
-  bool permute_rope_ = false;
-  std::vector<std::vector<uint8_t>> permuted_;
   Workspace ws_;
   std::unique_ptr<StepGraphs> graphs_;  // null: eager only
   int64_t graphs_epoch_ = 0;            // backend graph_epoch() the graphs were recorded at
@@ -130,248 +78,51 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
                "--gpu-memory-fraction must be in (0, 1], got ", opts.gpu_memory_fraction);
   SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
                "max_num_seqs must be positive");
+  const ModelDef def = ModelDef::of(cfg_);
   backend_ = create_backend(opts.device, opts.threads, opts.dtype);
-  SERVAL_CHECK(device_supports_head_dim(backend_->name(), cfg_.head_dim), "the ", backend_->name(),
-               " backend has no attention kernel for this model's head_dim of ", cfg_.head_dim,
+  const std::string refusal = device_cannot_run(backend_->name(), def);
+  SERVAL_CHECK(refusal.empty(), "the ", backend_->name(), " backend cannot run this model: ", refusal,
                "; run it with --device cpu");
   backend_->set_batch_invariant(opts.batch_invariant);
   backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
-  const bool gpu = backend_->name() != "cpu";
-  if (gpu) check_weights_fit(weights, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
-  load_weights(weights);
-  setup_rope(weights);
+  check_weights_fit(planned_weight_bytes(def, weights, *backend_),
+                    *backend_, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
+  model_ = std::make_unique<DeviceModel>(def, weights, *backend_, opts.rope_permute);
   // Activations for the largest step first: the KV pool gets what is left.
   ensure_workspace(std::max<int64_t>(opts.max_num_batched_tokens, opts.max_num_seqs), opts.max_num_seqs);
-  plan_kv_cache(opts);
+  allocate_kv_pool(def, opts);
   if (backend_->supports_graphs() && !opts.enforce_eager) {
     const int32_t max_len = opts.max_model_len > 0 ? opts.max_model_len : int32_t(cfg_.max_position);
     graphs_ = std::make_unique<StepGraphs>(*backend_, std::min<int32_t>(opts.max_num_seqs, 512), max_len,
-                                           geom_.block_size, int32_t(num_blocks_));
+                                           block_size_, int32_t(num_blocks_));
   }
 }
 
-int64_t BackendModelRunner::device_bytes(const TensorView& t) const {
-  return dtype_bytes(t.shape.size() == 2 ? backend_->act_dtype() : DType::F32, t.numel());
-}
-
-void BackendModelRunner::check_weights_fit(const WeightStore& ws, double fraction) {
-  int64_t bytes = 0;
-  for (const auto& [name, t] : ws.all()) bytes += device_bytes(t);
-  int64_t free_b = 0, total_b = 0;
-  backend_->memory_info(free_b, total_b);
-  SERVAL_CHECK(bytes <= free_b && double(bytes) <= fraction * double(total_b), "the model's weights need ",
-               double(bytes) / kGiB, " GiB of GPU memory, but the GPU has ", double(free_b) / kGiB, " GiB free of ",
-               double(total_b) / kGiB, " GiB (--gpu-memory-fraction ", fraction,
-               "): use a smaller or quantized model, or another GPU");
-}
-
-void BackendModelRunner::setup_rope(const WeightStore& weights) {
-  std::vector<float> divisors;
-  if (const TensorView* rf = weights.find("rope_freqs.weight")) {
-    SERVAL_CHECK(rf->shape.size() == 1 && rf->shape[0] == cfg_.rope_dim / 2, "tensor \"rope_freqs.weight\" has shape ",
-                 rf->shape_str(), ", expected [", cfg_.rope_dim / 2, "]");
-    divisors.resize(size_t(cfg_.rope_dim / 2));
-    to_f32(rf->dtype, rf->data, divisors.data(), int64_t(divisors.size()));
-  }
-  const RopeScaling& sc = cfg_.rope_scaling;
-  if (sc.type != RopeScaling::Type::None) {
-    SERVAL_CHECK(sc.factor > 0, "model config: rope scaling factor must be positive, got ", sc.factor);
-  }
-  if (sc.type == RopeScaling::Type::Llama3) {
-    SERVAL_CHECK(sc.high_freq_factor != sc.low_freq_factor && sc.low_freq_factor > 0 &&
-                     sc.original_max_position > 0,
-                 "model config: llama3 rope scaling needs low_freq_factor (", sc.low_freq_factor,
-                 ") != high_freq_factor (", sc.high_freq_factor, ") and original_max_position > 0");
-  }
-  const std::vector<float> inv_freq = rope_inv_freq(cfg_, divisors);
-  inv_freq_ = backend_->alloc(int64_t(inv_freq.size() * sizeof(float)));
-  backend_->copy_to_device(inv_freq_.data(), inv_freq.data(), int64_t(inv_freq.size() * sizeof(float)));
-  rope_ = RopeParams{permute_rope_ ? RopeStyle::Interleaved : cfg_.rope_style, int32_t(cfg_.head_dim),
-                     int32_t(cfg_.rope_dim),
-                     static_cast<const float*>(inv_freq_.data())};
-
-}
-
-// A Neox model's q/k rows (weights, biases, q/k norms) in adjacent-pair order
-// where the backend prefers it (Backend::prefers_interleaved_rope), so that
-// its fused rope kernels take the model: every q and k head permuted alike
-// leaves attention's scores as they were. SERVAL_ROPE_PERMUTE=1 permutes on
-// any backend, =0 on none (to compare, and to test the permuted load on the CPU).
-static bool rope_permute_wanted(const ModelConfig& cfg, const Backend& be) {
-  if (cfg.rope_style != RopeStyle::Neox) return false;
-  const char* v = std::getenv("SERVAL_ROPE_PERMUTE");
-  if (v != nullptr && (std::string(v) == "0" || std::string(v) == "1")) return std::string(v) == "1";
-  return be.prefers_interleaved_rope();
-}
-
-TensorView BackendModelRunner::weight_view(const WeightStore& ws, const std::string& name,
-                                           const std::vector<int64_t>& shape) {
-  const TensorView& view = ws.get(name, shape);
-  const bool qk = name.find(".attn_q.") != std::string::npos || name.find(".attn_k.") != std::string::npos ||
-                  name.find(".attn_q_norm.") != std::string::npos || name.find(".attn_k_norm.") != std::string::npos;
-  if (!permute_rope_ || !qk) return view;
-  const int64_t rows = view.shape[0];
-  SERVAL_CHECK(rows % cfg_.head_dim == 0 && view.nbytes % rows == 0, "tensor \"", name, "\": ", rows,
-               " rows are not whole heads of ", cfg_.head_dim);
-  std::vector<uint8_t>& copy = permuted_.emplace_back(size_t(view.nbytes));
-  permute_qk_rows(view.data, copy.data(), rows / cfg_.head_dim, cfg_.head_dim, view.nbytes / rows, cfg_.rope_dim);
-  TensorView out = view;
-  out.data = copy.data();
-  return out;
-}
-
-std::unique_ptr<DeviceWeight> BackendModelRunner::upload(const WeightStore& ws, const std::string& name,
-                                                         const std::vector<int64_t>& shape) {
-  const TensorView view = weight_view(ws, name, shape);
-  weight_bytes_ += device_bytes(view);
-  auto w = backend_->upload_weight(view);
-  permuted_.clear();  // uploaded: a permuted host copy goes
-  return w;
-}
-
-std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_group(
-    const WeightStore& ws, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
-  std::vector<TensorView> views;
-  for (const auto& [name, shape] : tensors) {
-    views.push_back(weight_view(ws, name, shape));
-    weight_bytes_ += device_bytes(views.back());
-  }
-  auto group = backend_->upload_weight_group(views);
-  permuted_.clear();
-  return group;
-}
-
-std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_gated_pair(const WeightStore& ws,
-                                                                                  const std::string& gate,
-                                                                                  const std::string& up,
-                                                                                  const std::vector<int64_t>& shape) {
-  const TensorView &g = ws.get(gate, shape), &u = ws.get(up, shape);
-  weight_bytes_ += device_bytes(g) + device_bytes(u);
-  return backend_->upload_gated_pair(g, u);
-}
-
-void BackendModelRunner::load_weights(const WeightStore& ws) {
-  permute_rope_ = rope_permute_wanted(cfg_, *backend_);
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Q = cfg_.q_dim(), KV = cfg_.kv_dim();
-  tok_embd_ = upload(ws, "token_embd.weight", {cfg_.vocab_size, H});
-  output_norm_ = upload(ws, "output_norm.weight", {H});
-  if (!cfg_.tie_word_embeddings) output_ = upload(ws, "output.weight", {cfg_.vocab_size, H});
-  layers_.resize(size_t(cfg_.num_layers));
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    LayerWeights& L = layers_[size_t(l)];
-    const std::string p = str_cat("blk.", l, ".");
-    L.attn_norm = upload(ws, p + "attn_norm.weight", {H});
-    auto qkv = upload_group(ws, {{p + "attn_q.weight", {Q, H}}, {p + "attn_k.weight", {KV, H}},
-                                 {p + "attn_v.weight", {KV, H}}});
-    L.wq = std::move(qkv[0]);
-    L.wk = std::move(qkv[1]);
-    L.wv = std::move(qkv[2]);
-    L.wo = upload(ws, p + "attn_output.weight", {H, Q});
-    if (cfg_.attention_bias) {
-      L.bq = upload(ws, p + "attn_q.bias", {Q});
-      L.bk = upload(ws, p + "attn_k.bias", {KV});
-      L.bv = upload(ws, p + "attn_v.bias", {KV});
-    }
-    if (cfg_.qk_norm) {
-      L.q_norm = upload(ws, p + "attn_q_norm.weight", {cfg_.head_dim});
-      L.k_norm = upload(ws, p + "attn_k_norm.weight", {cfg_.head_dim});
-    }
-    L.ffn_norm = upload(ws, p + "ffn_norm.weight", {H});
-    auto gate_up = upload_gated_pair(ws, p + "ffn_gate.weight", p + "ffn_up.weight", {I, H});
-    L.gate = std::move(gate_up[0]);
-    L.up = std::move(gate_up[1]);
-    L.down = upload(ws, p + "ffn_down.weight", {H, I});
-  }
-  if (backend_->folds_norm_weights()) {
-    for (LayerWeights& L : layers_) {
-      backend_->fold_norm_weight(*L.attn_norm, {L.wq.get(), L.wk.get(), L.wv.get()});
-      backend_->fold_norm_weight(*L.ffn_norm, {L.gate.get(), L.up.get()});
-    }
-    const std::vector<float> ones(size_t(H), 1.0f);
-    unit_norm_ = backend_->upload_weight(TensorView{"unit_norm.weight", DType::F32, {H}, ones.data(), H * 4});
-  }
-}
-
-void BackendModelRunner::plan_kv_cache(const RunnerOptions& opts) {
-  geom_.block_size = opts.block_size;
-  geom_.num_kv_heads = int32_t(cfg_.num_kv_heads);
-  geom_.head_dim = int32_t(cfg_.head_dim);
-  // K and V of one token in every layer.
-  const int64_t bytes_per_token = 2 * cfg_.num_layers * dtype_bytes(backend_->kv_dtype(), cfg_.kv_dim());
-  SERVAL_CHECK(opts.kv_cache_tokens >= 0 && opts.kv_memory_bytes >= 0,
-               "runner: kv_cache_tokens and kv_memory_bytes must not be negative");
-  const bool gpu = backend_->name() != "cpu";
-  int64_t tokens = 0;
-  if (opts.kv_cache_tokens > 0) {
-    tokens = opts.kv_cache_tokens;
-  } else if (opts.kv_memory_bytes > 0) {
-    tokens = opts.kv_memory_bytes / bytes_per_token;
-    SERVAL_CHECK(tokens >= opts.block_size, "runner: kv_memory_bytes ", opts.kv_memory_bytes,
-                 " holds less than one block of ", opts.block_size, " tokens (", bytes_per_token,
-                 " bytes per token)");
-  } else if (gpu && opts.gpu_memory_fraction > 0) {
-    // Everything this process holds on the device (weights, activations, the
-    // CUDA context) is already allocated: the pool gets the rest of the fraction.
-    int64_t free_b = 0, total_b = 0;
-    backend_->memory_info(free_b, total_b);
-    const int64_t used = total_b - free_b;
-    const int64_t budget = int64_t(opts.gpu_memory_fraction * double(total_b)) - used - kGpuReserveBytes;
-    const int64_t min_bytes = bytes_per_token * opts.block_size;
-    SERVAL_CHECK(budget >= min_bytes && budget <= free_b, "GPU memory plan: --gpu-memory-fraction ",
-                 opts.gpu_memory_fraction, " of ", double(total_b) / kGiB, " GiB leaves no room for a KV cache: ",
-                 double(used) / kGiB, " GiB are in use (weights ", double(weight_bytes_) / kGiB, " GiB, activations ",
-                 double(ws_.bytes) / kGiB, " GiB for ", ws_.capacity, " tokens per step), ",
-                 double(kGpuReserveBytes) / kGiB, " GiB is reserved for scratch; raise the fraction or lower ",
-                 "--max-num-batched-tokens / --max-num-seqs");
-    tokens = budget / bytes_per_token;
-  } else {
-    tokens = 4 * std::min<int64_t>(cfg_.max_position, 4096);
-  }
+// One pool per layer, each as its KvLayerSpec says, all of the same number of
+// blocks (a sequence has one block table for every layer).
+void BackendModelRunner::allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts) {
+  block_size_ = opts.block_size;
+  KvPoolBudget budget;
+  for (int64_t l = 0; l < def.num_layers(); ++l) budget.bytes_per_token += def.kv_spec(l, backend_->kv_dtype()).bytes_per_token();
+  budget.weight_bytes = model_->bytes();
+  budget.activation_bytes = ws_.bytes;
+  budget.activation_tokens = ws_.capacity;
+  budget.max_position = cfg_.max_position;
+  const int64_t tokens = plan_kv_tokens(opts, *backend_, budget);
   num_blocks_ = (tokens + opts.block_size - 1) / opts.block_size;
   SERVAL_CHECK(num_blocks_ < (int64_t(1) << 31) - 1, "runner: ", num_blocks_, " KV blocks are more than a block id holds");
   // One spare block that no request owns: graph-padding rows write there.
-  geom_.num_blocks = num_blocks_ + (backend_->supports_graphs() ? 1 : 0);
-  kv_.clear();
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) kv_.push_back(backend_->alloc_kv_layer(geom_));
+  const int64_t pool_blocks = num_blocks_ + (backend_->supports_graphs() ? 1 : 0);
+  kv_ = KvPool{};
+  for (int64_t l = 0; l < def.num_layers(); ++l) {
+    kv_.geoms.push_back(KvGeometry::of(def.kv_spec(l, backend_->kv_dtype()), pool_blocks, block_size_));
+    kv_.layers.push_back(backend_->alloc_kv_layer(kv_.geoms.back()));
+  }
 }
 
 void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {
-  if (tokens <= ws_.capacity && rows <= ws_.row_capacity) return;
-  const int64_t T = std::max(tokens, ws_.capacity * 3 / 2);
-  const int64_t R = std::max({rows, ws_.row_capacity * 3 / 2, int64_t(1)});
-  const DType a = backend_->act_dtype();
-  ws_ = Workspace{};  // free the old buffers first
-  int64_t bytes = 0;
-  auto buf_bytes = [&](int64_t b) {
-    bytes += b;
-    return backend_->alloc(b);
-  };
-  auto buf = [&](int64_t n, DType dt) { return buf_bytes(dtype_bytes(dt, n)); };
-  ws_.x = buf(T * cfg_.hidden_size, DType::F32);
-  ws_.xn = buf(T * cfg_.hidden_size, a);
-  // q, k, v back to back, and gate, up: with weights laid out alike
-  // (upload_weight_group) a backend may write several in one batched product.
-  // Each part starts at a 256-byte boundary, as an allocation of its own would
-  // (cuBLASLt assumes that alignment).
-  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t q_bytes = dtype_bytes(a, T * cfg_.q_dim()), kv_bytes = dtype_bytes(a, T * cfg_.kv_dim());
-  const DeviceBuffer qkv = buf_bytes(aligned(q_bytes) + 2 * aligned(kv_bytes));
-  ws_.q = qkv.slice(0, q_bytes);
-  ws_.k = qkv.slice(aligned(q_bytes), kv_bytes);
-  ws_.v = qkv.slice(aligned(q_bytes) + aligned(kv_bytes), kv_bytes);
-  ws_.attn = buf(T * cfg_.q_dim(), a);
-  ws_.proj = buf(T * cfg_.hidden_size, a);
-  const int64_t ffn_bytes = dtype_bytes(a, T * cfg_.intermediate_size);
-  const DeviceBuffer gate_up = buf_bytes(2 * aligned(ffn_bytes));
-  ws_.gate = gate_up.slice(0, ffn_bytes);
-  ws_.up = gate_up.slice(aligned(ffn_bytes), ffn_bytes);
-  ws_.rows = buf(R * cfg_.hidden_size, DType::F32);
-  // Logits are f32 on every backend: the LM head accumulates in f32 and
-  // rounding them to a bf16 activation would only lose precision.
-  ws_.logits = buf(R * cfg_.vocab_size, DType::F32);
-  ws_.capacity = T;
-  ws_.row_capacity = R;
-  ws_.bytes = bytes;
+  if (ws_.fits(tokens, rows)) return;
+  ws_.grow(cfg_, *backend_, tokens, rows);
   if (graphs_) graphs_->clear();  // they hold the old addresses
 }
 
@@ -428,7 +179,7 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
 }
 
 void BackendModelRunner::validate(const Batch& batch) const {
-  batch.validate(geom_.block_size, num_blocks_);
+  batch.validate(block_size_, num_blocks_);
   for (int32_t t = 0; t < batch.num_tokens(); ++t) {
     const int32_t source = batch.token_source.empty() ? -1 : batch.token_source[t];
     SERVAL_CHECK(source < sampled_specs_, "batch: token_source[", t, "] = ", source, " names no spec of the sample ",
@@ -460,12 +211,12 @@ Tensor BackendModelRunner::run(const Batch& batch) {
     }
     // First step of this size: run it eagerly (which also sizes every scratch
     // buffer and matmul plan the graph will use), then record it.
-    enqueue_forward(bv);
+    enqueue(bv);
     if (backend_->graph_epoch() != graphs_epoch_) graphs_->clear();  // the warm-up grew a scratch buffer
     graphs_epoch_ = backend_->graph_epoch();
     backend_->begin_capture();
     try {
-      enqueue_forward(bv);
+      enqueue(bv);
     } catch (...) {
       try { backend_->end_capture(); } catch (...) {}
       throw;
@@ -475,7 +226,7 @@ Tensor BackendModelRunner::run(const Batch& batch) {
     return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
   }
   ensure_workspace(batch.num_tokens(), R);
-  enqueue_forward(upload_batch(batch));
+  enqueue(upload_batch(batch));
   return Tensor{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
 }
 
@@ -508,79 +259,14 @@ void BackendModelRunner::start_sample(const Batch& batch, std::span<const Sample
   sampled_specs_ = int64_t(specs.size());
 }
 
-void BackendModelRunner::enqueue_forward(const BatchView& bv) {
-  Backend& be = *backend_;
-  const int64_t T = bv.num_tokens, R = bv.num_logits_rows;
-  const int64_t Hd = cfg_.hidden_size, Qd = cfg_.q_dim(), KVd = cfg_.kv_dim(), I = cfg_.intermediate_size;
-  const Tensor x{ws_.x.data(), DType::F32, T, Hd};
-  const Tensor xn = act(ws_.xn, T, Hd), proj = act(ws_.proj, T, Hd);
-  const Tensor q = act(ws_.q, T, Qd), k = act(ws_.k, T, KVd), v = act(ws_.v, T, KVd);
-  const Tensor attn = act(ws_.attn, T, Qd), gate = act(ws_.gate, T, I), up = act(ws_.up, T, I);
-  const float eps = cfg_.rms_eps;
-  const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
-
-  // A bias or a per-head norm comes between the projection and rope, so the
-  // layer cannot take the fused q/k/v path (qkv_attention).
-  auto unfused_qkv = [&](const LayerWeights& L) { return L.bq || cfg_.qk_norm; };
-
-  be.embedding(*tok_embd_, bv.token_ids, bv.feed, x);
-  // Only the fused path may use the step's angles.
-  if (!layers_.empty() && !unfused_qkv(layers_[0])) be.prepare_rope_angles(bv.positions, T, rope_);
-  be.rmsnorm(x, attn_norm(0), eps, xn);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const LayerWeights& L = layers_[l];
-    if (unfused_qkv(L)) {
-      if (L.bq) {
-        be.matmul(xn, *L.wq, L.bq.get(), q);
-        be.matmul(xn, *L.wk, L.bk.get(), k);
-        be.matmul(xn, *L.wv, L.bv.get(), v);
-      } else {
-        be.matmul_multi(xn, {L.wq.get(), L.wk.get(), L.wv.get()}, {q, k, v});
-      }
-      if (cfg_.qk_norm) {
-        be.rmsnorm(q.reshaped(cfg_.head_dim), *L.q_norm, eps, q.reshaped(cfg_.head_dim));
-        be.rmsnorm(k.reshaped(cfg_.head_dim), *L.k_norm, eps, k.reshaped(cfg_.head_dim));
-      }
-      be.rope_kv_write(q, k, v, bv.positions, rope_, bv.slot_mapping, kv_[l], geom_);
-      be.paged_attention(q, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale, attn);
-    } else {
-      be.qkv_attention(xn, *L.wq, *L.wk, *L.wv, q, k, v, rope_, kv_[l], geom_, bv, int32_t(cfg_.num_heads), scale,
-                       attn);
-    }
-    be.matmul_add_rmsnorm(attn, *L.wo, proj, x, ffn_norm(l), eps, xn);
-
-    be.gated_mlp_up(xn, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate
-    if (l + 1 < layers_.size()) {
-      be.matmul_add_rmsnorm(gate, *L.down, proj, x, attn_norm(l + 1), eps, xn);
-    } else if (R > 0 && bv.logits_rows_all) {
-      // Every row needs logits (a decode step): the final norm follows the
-      // last projection as the other norms do, with no gather between.
-      be.matmul_add_rmsnorm(gate, *L.down, proj, x, *output_norm_, eps, xn);
-    } else {
-      be.matmul(gate, *L.down, nullptr, proj);
-      be.add(x, proj);
-    }
-  }
-  if (R == 0) return;
-  // Only the rows that need logits go through the final norm and the LM head.
-  const Tensor rows_n = act(ws_.xn, R, Hd);
-  const Tensor out{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
-  if (!bv.logits_rows_all) {
-    const Tensor rows{ws_.rows.data(), DType::F32, R, Hd};
-    be.gather_rows(x, bv.logits_rows, rows);
-    be.rmsnorm(rows, *output_norm_, eps, rows_n);
-  }
-  be.matmul(rows_n, output_ ? *output_ : *tok_embd_, nullptr, out);
-}
-
 void BackendModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
   for (const auto& [src, dst] : src_dst) {
-    SERVAL_CHECK(src >= 0 && src < geom_.num_blocks && dst >= 0 && dst < geom_.num_blocks, "copy_blocks: ", src,
-                 " -> ", dst, " is outside the pool of ", geom_.num_blocks, " blocks");
+    SERVAL_CHECK(src >= 0 && src < num_blocks_ && dst >= 0 && dst < num_blocks_, "copy_blocks: ", src, " -> ", dst,
+                 " is outside the pool of ", num_blocks_, " blocks");
   }
-  for (const KvLayer& layer : kv_)
+  for (size_t l = 0; l < kv_.layers.size(); ++l)
     for (const auto& [src, dst] : src_dst)
-      if (src != dst) backend_->copy_kv_block(layer, geom_, src, dst);
+      if (src != dst) backend_->copy_kv_block(kv_.layers[l], kv_.geoms[l], src, dst);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Maps a device name to its backend. Device backends live in src/backend/.
 #include "core/error.h"
+#include "model/model_def.h"
 #include "runtime/backend.h"
 
 namespace serval {
@@ -19,12 +20,18 @@ std::string resolve_device(const std::string& device) {
   return "cpu";
 }
 
-bool device_supports_head_dim(const std::string& device, int64_t head_dim) {
+std::string device_cannot_run(const std::string& device, const ModelDef& def) {
+  if (device != "cuda") return "";  // the CPU's attention takes any
+  const int64_t head_dim = def.config().head_dim;
 #ifdef SERVAL_WITH_CUDA
-  if (device == "cuda") return cuda_attention_supports_head_dim(head_dim);
+  if (!cuda_attention_supports_head_dim(head_dim))
+    return str_cat("no attention kernel for its head_dim of ", head_dim);
 #endif
-  (void)head_dim;  // the CPU's attention takes any
-  return true;
+  for (int64_t l = 0; l < def.num_layers(); ++l) {
+    const int64_t window = def.layer(l).attention.window;
+    if (window > 0) return str_cat("no sliding-window attention (layer ", l, " attends to ", window, " positions)");
+  }
+  return "";
 }
 
 DType compute_dtype(const std::string& requested, const std::string& dtype) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model_config.h"
+#include "model/model_def.h"
 #include "model/weights.h"
 #include "runtime/backend.h"
 #include "runtime/batch.h"
@@ -40,6 +41,9 @@ struct RunnerOptions {
   bool batch_invariant = false;
   bool gemm_search = false;       // Backend::set_gemm_search
   std::string gemm_search_cache;  // its cache file ("": none)
+  // A Neox model's q/k rows in adjacent-pair order: where the backend's fused
+  // rope kernels want it (Auto), always (On: to test that load on the CPU) or never.
+  RopePermute rope_permute = RopePermute::Auto;
 };
 
 class ModelRunner {

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "model/hf_model.h"
-#include "model/model_shapes.h"
+#include "model/model_def.h"
 #include "model/safetensors.h"
 
 namespace {
@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const serval::ModelConfig config = serval::config_from_hf_json(config_text, "fuzz config");
     serval::WeightStore weights;
     serval::add_safetensors_weights(*file, config, weights);
-    serval::check_weight_shapes(config, weights);
+    serval::ModelDef::of(config).check_weights(weights);
   } catch (const serval::Error&) {
   }
   return 0;

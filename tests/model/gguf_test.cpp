@@ -427,7 +427,7 @@ TEST(GgufBadFiles, UnsupportedTensorTypeFailsAtLoadNamingTheType) {
     g2.writer.set_u32(a + ".attention.head_count", 4);
     g2.writer.set_u32(a + ".attention.head_count_kv", 2);
     uint32_t seed = 1;
-    for (const ExpectedTensor& e : expected_tensors(c)) {
+    for (const TensorSpec& e : ModelDef::of(c).tensors()) {
       if (e.name == "blk.1.attn_q.weight") {
         g2.buffers.emplace_back(size_t(e.shape[0] * 144), 0);
         g2.writer.add_tensor_raw(e.name, uint32_t(GgmlType::Q4_K), e.shape, g2.buffers.back().data(),
@@ -480,7 +480,7 @@ TEST(GgufBadFiles, UnknownArchitecture) {
   g.writer.set_string("general.architecture", "gpt2");
   g.writer.write(dir.file("gpt2.gguf"));
   expect_error([&] { load_model(dir.file("gpt2.gguf")); },
-               {"architecture \"gpt2\" is not supported (supported: llama, qwen2, qwen3)"});
+               {"architecture \"gpt2\" is not supported (supported: llama, mistral, qwen2, qwen3)"});
 }
 
 // Hand-built headers for cases the writer refuses to produce.

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "model/hf_model.h"
+#include "model/model_def.h"
 #include "model/rope_factors.h"
 #include "test_models.h"
 
@@ -100,24 +101,55 @@ TEST(HfConfig, Qwen3HeadDimAndQkNorm) {
   EXPECT_TRUE(c.tie_word_embeddings);
 }
 
+// Mistral slides on every layer; Qwen2 only with use_sliding_window, from
+// max_window_layers on, or where layer_types says so; Llama never.
+TEST(HfConfig, SlidingWindows) {
+  const std::string dims = R"("vocab_size": 32000, "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "max_position_embeddings": 32768)";
+  ModelConfig m = config_from_hf_json(R"({"architectures": ["MistralForCausalLM"], "sliding_window": 4096, )" + dims + "}");
+  EXPECT_EQ(m.architecture, "mistral");
+  EXPECT_EQ(m.sliding_window, 4096);
+  const ModelDef md = ModelDef::of(m);
+  for (int64_t l = 0; l < 4; ++l) EXPECT_EQ(md.layer(l).attention.window, 4096);
+  EXPECT_EQ(md.widest_window(), 4096);
+  EXPECT_EQ(md.kv_spec(1, DType::BF16), (KvLayerSpec{DType::BF16, 4, 16, 4096}));
+
+  ModelConfig off = config_from_hf_json(R"({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096,
+      "use_sliding_window": false, )" + dims + "}");
+  EXPECT_EQ(off.sliding_window, 0);
+  ModelConfig q = config_from_hf_json(R"({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096,
+      "use_sliding_window": true, "max_window_layers": 2, )" + dims + "}");
+  const ModelDef qd = ModelDef::of(q);
+  EXPECT_EQ(qd.layer(1).attention.window, 0);
+  EXPECT_EQ(qd.layer(2).attention.window, 4096);
+  EXPECT_EQ(qd.widest_window(), 0);  // layers 0-1 read everything
+  ModelConfig t = config_from_hf_json(R"({"architectures": ["Qwen3ForCausalLM"], "sliding_window": 8,
+      "use_sliding_window": true, "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+      "full_attention"], )" + dims + "}");
+  EXPECT_EQ(ModelDef::of(t).layer(0).attention.window, 8);
+  EXPECT_EQ(ModelDef::of(t).layer(1).attention.window, 0);
+  ModelConfig l = config_from_hf_json(R"({"architectures": ["LlamaForCausalLM"], "sliding_window": 8, )" + dims + "}");
+  EXPECT_EQ(l.sliding_window, 0);
+  expect_error([&] {
+    config_from_hf_json(R"({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 8, "use_sliding_window": true,
+        "layer_types": ["sliding_attention"], )" + dims + "}");
+  }, {"layer_types", "4 layers"});
+}
+
 TEST(HfConfig, ModelTypeFallbackLinearScalingAndErrors) {
   ModelConfig c = config_from_hf_json(R"({"model_type": "mistral", "vocab_size": 32000, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "sliding_window": null,
       "rope_scaling": {"type": "linear", "factor": 2.0}})");
-  EXPECT_EQ(c.architecture, "llama");
+  EXPECT_EQ(c.architecture, "mistral");
+  EXPECT_EQ(c.sliding_window, 0);
   EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::Linear);
   EXPECT_EQ(c.rope_scaling.factor, 2.0f);
   EXPECT_EQ(c.num_kv_heads, 4);
 
   expect_error([] { config_from_hf_json(R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 5})", "cfg.json"); },
-               {"cfg.json", "architecture \"GPT2LMHeadModel\" is not supported (supported: llama, qwen2, qwen3)"});
+               {"cfg.json", "architecture \"GPT2LMHeadModel\" is not supported (supported: llama, mistral, qwen2, qwen3)"});
   expect_error([] { config_from_hf_json(R"({"model_type": "gemma"})"); },
-               {"architecture \"gemma\" is not supported (supported: llama, qwen2, qwen3)"});
-  expect_error([] {
-    config_from_hf_json(R"({"architectures": ["MistralForCausalLM"], "vocab_size": 32000, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "max_position_embeddings": 32768, "sliding_window": 4096})");
-  }, {"sliding window", "4096", "not supported"});
+               {"architecture \"gemma\" is not supported (supported: llama, mistral, qwen2, qwen3)"});
   expect_error([] {
     config_from_hf_json(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

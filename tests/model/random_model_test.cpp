@@ -15,7 +15,7 @@ using testing::ScratchDir;
 
 int64_t parameter_count(const ModelConfig& c) {
   int64_t n = 0;
-  for (const ExpectedTensor& e : expected_tensors(c)) {
+  for (const TensorSpec& e : ModelDef::of(c).tensors()) {
     int64_t k = 1;
     for (int64_t d : e.shape) k *= d;
     n += k;

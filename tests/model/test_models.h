@@ -17,7 +17,7 @@
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
-#include "model/model_shapes.h"
+#include "model/model_def.h"
 #include "model/safetensors.h"
 
 namespace serval::testing {
@@ -110,7 +110,7 @@ inline void fill_tiny_gguf(TinyGguf& g, const ModelConfig& c, DType dtype = DTyp
   g.writer.set_string("tokenizer.ggml.model", "gpt2");
   g.writer.set_string_array("tokenizer.ggml.tokens", tokens);
   uint32_t seed = 1;
-  for (const ExpectedTensor& e : expected_tensors(c)) {
+  for (const TensorSpec& e : ModelDef::of(c).tensors()) {
     const bool is_vector = e.shape.size() == 1;
     g.add(e.name, is_vector ? DType::F32 : dtype, e.shape, seed++);
   }
@@ -163,7 +163,7 @@ inline std::vector<SafetensorsWriteTensor> hf_tensors(const ModelConfig& c, cons
   std::vector<SafetensorsWriteTensor> ts;
   uint32_t seed = 1;
   const DType dt = dtype == "F32" ? DType::F32 : dtype == "F16" ? DType::F16 : DType::BF16;
-  for (const ExpectedTensor& e : expected_tensors(c))
+  for (const TensorSpec& e : ModelDef::of(c).tensors())
     ts.push_back({hf_name_from_gguf(e.name), dtype, e.shape, random_tensor_bytes(dt, e.shape, seed++)});
   return ts;
 }

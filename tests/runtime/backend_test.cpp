@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/model_def.h"
 
 namespace serval {
 namespace {
@@ -63,11 +64,30 @@ TEST(Backend, UploadWeightGroupKeepsOrderNamesAndValues) {
 // A model whose heads no attention kernel of a device takes must fail when
 // its runner is made (or, with --device auto, run on the CPU), not at every
 // request's first step. No GPU is needed to ask.
-TEST(Backend, DeviceSupportsHeadDimListsEachDevicesKernels) {
-  for (int64_t d : {4, 8, 12, 64, 128, 200, 256}) EXPECT_TRUE(device_supports_head_dim("cpu", d)) << d;
+ModelDef def_with(int64_t head_dim, int64_t window) {
+  ModelConfig c;
+  c.architecture = window > 0 ? "mistral" : "llama";
+  c.vocab_size = 32;
+  c.num_heads = 2;
+  c.hidden_size = 2 * head_dim;
+  c.intermediate_size = 8;
+  c.num_layers = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = c.rope_dim = head_dim;
+  c.max_position = 4096;
+  c.sliding_window = window;
+  return ModelDef::of(c);
+}
+
+TEST(Backend, DeviceCannotRunNamesTheKernelADeviceLacks) {
+  for (int64_t d : {4, 8, 12, 64, 128, 200, 256}) EXPECT_EQ(device_cannot_run("cpu", def_with(d, 0)), "") << d;
+  EXPECT_EQ(device_cannot_run("cpu", def_with(64, 128)), "");
 #ifdef SERVAL_WITH_CUDA
-  for (int64_t d : {8, 16, 32, 64, 80, 96, 128, 256}) EXPECT_TRUE(device_supports_head_dim("cuda", d)) << d;
-  for (int64_t d : {4, 12, 48, 112, 192, 512}) EXPECT_FALSE(device_supports_head_dim("cuda", d)) << d;
+  for (int64_t d : {8, 16, 32, 64, 80, 96, 128, 256}) EXPECT_EQ(device_cannot_run("cuda", def_with(d, 0)), "") << d;
+  for (int64_t d : {4, 12, 48, 112, 192, 512})
+    EXPECT_EQ(device_cannot_run("cuda", def_with(d, 0)), str_cat("no attention kernel for its head_dim of ", d));
+  EXPECT_EQ(device_cannot_run("cuda", def_with(64, 128)),
+            "no sliding-window attention (layer 0 attends to 128 positions)");
 #endif
 }
 

@@ -58,12 +58,16 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
     const int32_t* qs_end = b.query_start + b.num_seqs + 1;
     const int64_t s = (std::upper_bound(b.query_start, qs_end, int32_t(t)) - b.query_start) - 1;
     const int32_t* table = b.block_table + s * b.max_blocks_per_seq;
-    const int64_t n_ctx = int64_t(b.positions[t]) + 1;  // causal: positions 0..p
+    // Causal: positions first..p, where a sliding window starts `first` at p + 1 - window.
+    const int64_t end = int64_t(b.positions[t]) + 1;
+    const int64_t first = g.window > 0 ? std::max<int64_t>(0, end - g.window) : 0;
+    const int64_t n_ctx = end - first;
     float* scores = scores_[omp_get_thread_num()].data();
 
-    // scores[h][j] = q_h . k_j * scale
+    // scores[h][j] = q_h . k_(first + j) * scale
     for (int64_t j = 0; j < n_ctx; ++j) {
-      const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
+      const int64_t pos = first + j;
+      const int64_t slot = int64_t(table[pos / bs]) * bs + pos % bs;
       const float* kj = K + slot * slot_stride + kvh * D;
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = Q + t * num_heads * D + (kvh * group + h) * D;
@@ -86,7 +90,8 @@ void CpuBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGeo
       std::fill(oh, oh + D, 0.0f);
     }
     for (int64_t j = 0; j < n_ctx; ++j) {
-      const int64_t slot = int64_t(table[j / bs]) * bs + j % bs;
+      const int64_t pos = first + j;
+      const int64_t slot = int64_t(table[pos / bs]) * bs + pos % bs;
       const float* vj = V + slot * slot_stride + kvh * D;
       for (int64_t h = 0; h < group; ++h) {
         const float p = scores[h * n_ctx + j];

@@ -90,6 +90,7 @@ class CudaBackend : public Backend {
   void synchronize() override;
   void copy_to_device_async(void* dst, const void* src, int64_t bytes) override;
   void memory_info(int64_t& free_bytes, int64_t& total_bytes) override;
+  bool has_device_memory() const override { return true; }
 
   bool supports_graphs() const override { return true; }
   int64_t graph_epoch() const override { return scratch_epoch_; }

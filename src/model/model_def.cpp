@@ -1,0 +1,169 @@
+// The families' definitions. They differ only in their attention: llama
+// (q/k/v bias when the checkpoint has one), mistral (llama with a sliding
+// window on every layer), qwen2 (q/k/v bias, a window on the layers from
+// max_window_layers on when use_sliding_window), qwen3 (per-head q/k norms,
+// windows as qwen2).
+#include "model/model_def.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/qk_permute.h"
+
+namespace serval {
+
+namespace {
+
+std::string layer_prefix(int64_t l) { return str_cat("blk.", l, "."); }
+
+bool is_sliding(const ModelConfig& c, int64_t l) {
+  if (c.sliding_window == 0) return false;
+  if (!c.sliding_layers.empty()) return c.sliding_layers[size_t(l)] != 0;
+  if (c.architecture == "mistral") return true;
+  if (c.architecture == "qwen2" || c.architecture == "qwen3") return l >= c.sliding_window_from_layer;
+  return false;
+}
+
+Linear linear(const WeightStore& store, const std::string& name, int64_t out, int64_t in) {
+  return linear_of(store.get(name, {out, in}));
+}
+
+}  // namespace
+
+ModelDef ModelDef::of(const ModelConfig& config) {
+  check_architecture_supported(config.architecture);
+  SERVAL_CHECK(config.sliding_window == 0 || config.architecture != "llama", "model config: the llama family has ",
+               "no sliding window (sliding_window ", config.sliding_window, "); load the model as mistral");
+  return ModelDef(config);
+}
+
+LayerDef ModelDef::layer(int64_t l) const {
+  SERVAL_CHECK(l >= 0 && l < cfg_.num_layers, "layer ", l, " is outside the model's ", cfg_.num_layers);
+  LayerDef d;
+  d.attention.num_heads = cfg_.num_heads;
+  d.attention.num_kv_heads = cfg_.num_kv_heads;
+  d.attention.head_dim = cfg_.head_dim;
+  d.attention.window = is_sliding(cfg_, l) && cfg_.sliding_window < cfg_.max_position ? cfg_.sliding_window : 0;
+  d.attention.qkv_bias = cfg_.attention_bias;
+  d.attention.qk_norm = cfg_.qk_norm;
+  d.mlp.intermediate = cfg_.intermediate_size;
+  return d;
+}
+
+void ModelDef::for_each_tensor(const std::function<void(const TensorSpec&)>& fn) const {
+  const int64_t h = cfg_.hidden_size;
+  fn({"token_embd.weight", {cfg_.vocab_size, h}});
+  fn({"output_norm.weight", {h}});
+  if (!cfg_.tie_word_embeddings) fn({"output.weight", {cfg_.vocab_size, h}});
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const LayerDef d = layer(l);
+    const AttentionDef& a = d.attention;
+    const int64_t q = a.num_heads * a.head_dim, kv = a.num_kv_heads * a.head_dim, i = d.mlp.intermediate;
+    const std::string p = layer_prefix(l);
+    fn({p + "attn_norm.weight", {h}});
+    fn({p + "attn_q.weight", {q, h}});
+    fn({p + "attn_k.weight", {kv, h}});
+    fn({p + "attn_v.weight", {kv, h}});
+    fn({p + "attn_output.weight", {h, q}});
+    if (a.qkv_bias) {
+      fn({p + "attn_q.bias", {q}});
+      fn({p + "attn_k.bias", {kv}});
+      fn({p + "attn_v.bias", {kv}});
+    }
+    if (a.qk_norm) {
+      fn({p + "attn_q_norm.weight", {a.head_dim}});
+      fn({p + "attn_k_norm.weight", {a.head_dim}});
+    }
+    fn({p + "ffn_norm.weight", {h}});
+    fn({p + "ffn_gate.weight", {i, h}});
+    fn({p + "ffn_up.weight", {i, h}});
+    fn({p + "ffn_down.weight", {h, i}});
+  }
+}
+
+std::vector<TensorSpec> ModelDef::tensors() const {
+  std::vector<TensorSpec> out;
+  for_each_tensor([&](const TensorSpec& t) { out.push_back(t); });
+  return out;
+}
+
+void ModelDef::check_weights(const WeightStore& weights) const {
+  for_each_tensor([&](const TensorSpec& t) { weights.get(t.name, t.shape); });
+  if (const TensorView* f = weights.find(kRopeFreqsTensor)) {
+    if (f->numel() != cfg_.rope_dim / 2)
+      fail("tensor \"", kRopeFreqsTensor, "\" has shape ", f->shape_str(), ", expected [", cfg_.rope_dim / 2,
+           "] (rope_dim / 2)");
+  }
+}
+
+KvLayerSpec ModelDef::kv_spec(int64_t l, DType dtype) const {
+  const AttentionDef a = layer(l).attention;
+  return KvLayerSpec{dtype, int32_t(a.num_kv_heads), int32_t(a.head_dim), a.window};
+}
+
+int64_t ModelDef::widest_window() const {
+  int64_t widest = 0;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const int64_t w = layer(l).attention.window;
+    if (w == 0) return 0;
+    widest = std::max(widest, w);
+  }
+  return widest;
+}
+
+LayerWeights ModelDef::load_layer(const WeightStore& store, int64_t l, const WeightTransforms& tf) const {
+  const LayerDef d = layer(l);
+  const AttentionDef& a = d.attention;
+  const int64_t h = cfg_.hidden_size, q = a.num_heads * a.head_dim, kv = a.num_kv_heads * a.head_dim;
+  const int64_t i = d.mlp.intermediate;
+  const std::string p = layer_prefix(l);
+  LayerWeights w;
+  // Rows of q/k tensors permuted into a copy that `w` owns.
+  const bool permute = tf.permute_rope && cfg_.rope_style == RopeStyle::Neox;
+  auto qk_rows = [&](TensorView view) {
+    if (!permute) return view;
+    const int64_t rows = view.shape[0];
+    SERVAL_CHECK(rows % a.head_dim == 0 && view.nbytes % rows == 0, "tensor \"", view.name, "\": ", rows,
+                 " rows are not whole heads of ", a.head_dim);
+    std::vector<uint8_t>& copy = w.owned.emplace_back(size_t(view.nbytes));
+    permute_qk_rows(view.data, copy.data(), rows / a.head_dim, a.head_dim, view.nbytes / rows, cfg_.rope_dim);
+    view.data = copy.data();
+    return view;
+  };
+  w.attn_norm = store.get(p + "attn_norm.weight", {h});
+  w.q = linear(store, p + "attn_q.weight", q, h);
+  w.k = linear(store, p + "attn_k.weight", kv, h);
+  w.q.weight = qk_rows(w.q.weight);
+  w.k.weight = qk_rows(w.k.weight);
+  w.v = linear(store, p + "attn_v.weight", kv, h);
+  w.o = linear(store, p + "attn_output.weight", h, q);
+  if (a.qkv_bias) {
+    w.q_bias = qk_rows(store.get(p + "attn_q.bias", {q}));
+    w.k_bias = qk_rows(store.get(p + "attn_k.bias", {kv}));
+    w.v_bias = store.get(p + "attn_v.bias", {kv});
+  }
+  if (a.qk_norm) {
+    w.q_norm = qk_rows(store.get(p + "attn_q_norm.weight", {a.head_dim}));
+    w.k_norm = qk_rows(store.get(p + "attn_k_norm.weight", {a.head_dim}));
+  }
+  w.ffn_norm = store.get(p + "ffn_norm.weight", {h});
+  w.gate = linear(store, p + "ffn_gate.weight", i, h);
+  w.up = linear(store, p + "ffn_up.weight", i, h);
+  w.down = linear(store, p + "ffn_down.weight", h, i);
+  return w;
+}
+
+TensorView ModelDef::embedding(const WeightStore& store) const {
+  return store.get("token_embd.weight", {cfg_.vocab_size, cfg_.hidden_size});
+}
+
+TensorView ModelDef::final_norm(const WeightStore& store) const {
+  return store.get("output_norm.weight", {cfg_.hidden_size});
+}
+
+std::optional<Linear> ModelDef::lm_head(const WeightStore& store) const {
+  if (cfg_.tie_word_embeddings) return std::nullopt;
+  return linear(store, "output.weight", cfg_.vocab_size, cfg_.hidden_size);
+}
+
+}  // namespace serval
