@@ -140,9 +140,15 @@ void convert_llama2c_to_gguf(const std::string& bin_path, const std::string& tok
 
 void convert_hf_to_gguf(const std::string& dir, const std::string& out_path) {
   LoadedModel m = load_hf_model(dir);
-  const ModelConfig& c = m.config;
+  // Mistral is llama.cpp's "llama", its window in the sliding_window key
+  // (which llama.cpp reads for other families; our reader makes it mistral again).
+  ModelConfig c = m.config;
+  if (c.architecture == "mistral") c.architecture = "llama";
+  SERVAL_CHECK(c.sliding_window == 0 || m.config.architecture == "mistral", "convert: \"", dir, "\" has ",
+               m.config.architecture, " sliding-window layers, which GGUF has no keys for; serve the folder as it is");
   GgufWriter w;
   set_gguf_model_metadata(w, c);
+  if (c.sliding_window > 0) w.set_u32("llama.attention.sliding_window", uint32_t(c.sliding_window));
   const TensorView& embd = m.weights.get("token_embd.weight");
   w.set_u32("general.file_type", file_type_of(embd.dtype));
   add_tokenizer_metadata(dir, w);
@@ -150,7 +156,7 @@ void convert_hf_to_gguf(const std::string& dir, const std::string& out_path) {
   // llama: Hugging Face rows are in rotate_half order; llama.cpp's "llama" GGUF
   // has them interleaved, so q/k (and their biases) are permuted per head.
   const bool permute = c.architecture == "llama";
-  for (const TensorSpec& e : ModelDef::of(c).tensors()) {
+  for (const TensorSpec& e : ModelDef::of(m.config).tensors()) {
     const TensorView& t = m.weights.get(e.name);
     int64_t n_head = 0;
     if (permute && (e.name.find(".attn_q.") != std::string::npos)) n_head = c.num_heads;

@@ -66,6 +66,11 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   // llama.cpp permutes Hugging Face q/k rows for "llama" so that RoPE rotates
   // adjacent pairs; qwen2/qwen3 are stored unpermuted.
   c.rope_style = a == "llama" ? RopeStyle::Interleaved : RopeStyle::Neox;
+  // Mistral's GGUF is llama's; a sliding_window key (ours, or a converter's) makes it mistral.
+  if (a == "llama" && f.get_int("llama.attention.sliding_window", 0) > 0) {
+    c.sliding_window = get_dim(f, "llama.attention.sliding_window");
+    c.architecture = "mistral";
+  }
 
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd) fail("GGUF \"", f.path(), "\": missing tensor \"token_embd.weight\"");

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face models of the three supported architectures, built from a
+"""Tiny random Hugging Face models of the four supported architectures, built from a
 seed with transformers and saved with save_pretrained. The weights are scaled up from
 transformers' default init so logits are far from flat and greedy choices are clear."""
 import json
@@ -55,6 +55,13 @@ SPECS = {
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                     max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
                     tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645)),
+    # Mistral: a sliding window shorter than most prompts, so attention forgets.
+    "mistral": dict(
+        cls="MistralForCausalLM", cfg="MistralConfig", tokenizer="llama3",
+        kwargs=dict(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=8,
+                    tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001)),
 }
 
 

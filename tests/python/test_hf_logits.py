@@ -1,5 +1,6 @@
 """Serval's forward pass against Hugging Face transformers on tiny random models of
-each supported architecture: last-position logits (f32, 1e-4 relative) and 32-step
+each supported architecture (mistral with a sliding window shorter than the prompts
+and the 32 decode steps): last-position logits (f32, 1e-4 relative) and 32-step
 greedy continuations, on the saved Hugging Face folders and on GGUF files made from
 them by `serval convert`."""
 import json
@@ -23,7 +24,8 @@ STEPS = 32
 # Save each model in a different dtype (and llama3 sharded) to cover the loaders.
 SAVE = {"llama3": dict(dtype=torch.float32, max_shard_size="20MB"),
         "qwen2": dict(dtype=torch.float16, max_shard_size="10GB"),
-        "qwen3": dict(dtype=torch.bfloat16, max_shard_size="10GB")}
+        "qwen3": dict(dtype=torch.bfloat16, max_shard_size="10GB"),
+        "mistral": dict(dtype=torch.float32, max_shard_size="10GB")}
 
 
 @pytest.fixture(scope="module", params=sorted(hf_models.SPECS))
