@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "sched/request_fit.h"
 #include "sched/stop_strings.h"
 
 namespace serval {
@@ -19,6 +20,10 @@ double seconds(EngineClock::duration d) { return std::chrono::duration<double>(d
 EngineOptions with_runner_limits(EngineOptions o, const ModelRunner& runner) {
   if (o.scheduler.max_model_len == 0) o.scheduler.max_model_len = runner.config().max_position;
   o.scheduler.fed_penalties = runner.counts_fed_tokens();
+  // Blocks behind a sliding window are released as sequences grow; the
+  // prefix cache, which keeps whole prefixes, is off for such models.
+  o.scheduler.kv_window = runner.attention_window();
+  if (o.scheduler.kv_window > 0) o.enable_prefix_cache = false;
   return o;
 }
 
@@ -96,17 +101,8 @@ void Engine::check(const EngineRequest& request) const {
   for (int32_t id : prompt)
     SERVAL_CHECK(id >= 0 && id < vocab_size_, "prompt token id ", id,
                  " is outside the vocabulary [0, ", vocab_size_, ")");
-  // The scheduler's admission checks, made here so that submit() can refuse.
-  const int64_t max_len = int64_t(prompt.size()) + request.stop.max_tokens;
-  const int64_t model_len = options_.scheduler.max_model_len;
-  SERVAL_CHECK(model_len == 0 || max_len <= model_len, prompt.size(),
-               " prompt tokens + max_tokens ", request.stop.max_tokens, " = ", max_len,
-               " exceed the model's context of ", model_len, " tokens");
-  const int64_t bs = runner_.block_size();
-  const int64_t need = (max_len - 1 + bs - 1) / bs;
-  SERVAL_CHECK(need <= runner_.num_blocks(), prompt.size(), " prompt tokens + max_tokens ",
-               request.stop.max_tokens, " need ", need, " KV blocks of ", bs,
-               " tokens but the whole cache has ", runner_.num_blocks());
+  // The scheduler's admission check, made here so that submit() can refuse.
+  check_request_fits(sched_.fit_limits(), int64_t(prompt.size()), request.stop.max_tokens, "");
 
   // Stop strings are checked by their matcher (e.g. an empty one).
   if (!request.stop_strings.empty())

@@ -27,14 +27,18 @@ std::optional<std::vector<int64_t>> BlockTable::append_slots(BlockPool& pool, in
 int64_t BlockTable::slot(int64_t position) const {
   SERVAL_CHECK(position >= 0 && position < num_tokens_, "token position ", position,
                " has no KV slot (the sequence has ", num_tokens_, ")");
+  SERVAL_CHECK(position / block_size_ >= num_released_blocks_, "token position ", position,
+               " has no KV slot: its block was released behind the sliding window");
   return int64_t(blocks_[position / block_size_]) * block_size_ + position % block_size_;
 }
 
 void BlockTable::release(BlockPool& pool) {
-  for (BlockId id : blocks_) pool.free(id);
+  for (BlockId id : blocks_)
+    if (id != kReleased) pool.free(id);
   blocks_.clear();
   num_tokens_ = 0;
   num_committed_blocks_ = 0;
+  num_released_blocks_ = 0;
 }
 
 }  // namespace serval

@@ -18,6 +18,10 @@ class KvCacheManager;
 
 class BlockTable {
  public:
+  // A table entry whose block was released (KvCacheManager::release_before:
+  // behind a sliding window, read by no layer again).
+  static constexpr BlockId kReleased = -1;
+
   // Throws serval::Error if block_size < 1.
   explicit BlockTable(int32_t block_size);
 
@@ -29,6 +33,10 @@ class BlockTable {
   // Leading full blocks already offered to the prefix cache (adopted from it,
   // or passed to KvCacheManager::commit_full_blocks).
   int64_t num_committed_blocks() const { return num_committed_blocks_; }
+  // Leading entries released (kReleased).
+  int64_t num_released_blocks() const { return num_released_blocks_; }
+  // Blocks the table still holds.
+  int64_t num_held_blocks() const { return num_blocks() - num_released_blocks_; }
   // Blocks still to take from the pool to give n more tokens a slot.
   int64_t blocks_needed(int64_t n) const;
 
@@ -37,7 +45,7 @@ class BlockTable {
   // (neither the table nor the pool) if the pool has too few free blocks.
   std::optional<std::vector<int64_t>> append_slots(BlockPool& pool, int64_t n);
 
-  // Slot of the token at `position`; throws if it has none yet.
+  // Slot of the token at `position`; throws if it has none (yet, or any more).
   int64_t slot(int64_t position) const;
 
   // Drops this table's reference to each of its blocks and empties it.
@@ -50,6 +58,7 @@ class BlockTable {
   std::vector<BlockId> blocks_;
   int64_t num_tokens_ = 0;
   int64_t num_committed_blocks_ = 0;
+  int64_t num_released_blocks_ = 0;
 };
 
 }  // namespace serval

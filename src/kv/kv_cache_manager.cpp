@@ -71,16 +71,33 @@ void KvCacheManager::free(BlockTable& table) {
   check_table(table);
   // Releasing is the blocks' last use: they age from now on (LRU).
   if (tree_) tree_->touch(table.blocks_);
-  for (BlockId b : table.blocks_) release(b);
+  for (BlockId b : table.blocks_)
+    if (b != BlockTable::kReleased) release(b);
   table.blocks_.clear();
   table.num_tokens_ = 0;
   table.num_committed_blocks_ = 0;
+  table.num_released_blocks_ = 0;
+}
+
+int64_t KvCacheManager::release_before(BlockTable& table, int64_t position) {
+  check_table(table);
+  SERVAL_CHECK(!tree_, "release_before: sliding-window release needs the prefix cache off");
+  const int64_t upto = std::min(std::max<int64_t>(position, 0) / block_size_, table.num_blocks());
+  int64_t released = 0;
+  for (int64_t i = table.num_released_blocks_; i < upto; ++i) {
+    release(table.blocks_[size_t(i)]);
+    table.blocks_[size_t(i)] = BlockTable::kReleased;
+    ++released;
+  }
+  table.num_released_blocks_ = std::max(table.num_released_blocks_, upto);
+  return released;
 }
 
 BlockTable KvCacheManager::fork(const BlockTable& parent) {
   check_table(parent);
   BlockTable child = parent;
-  for (BlockId b : child.blocks_) acquire(b);
+  for (BlockId b : child.blocks_)
+    if (b != BlockTable::kReleased) acquire(b);
   return child;
 }
 

@@ -102,6 +102,12 @@ class KvCacheManager {
   // blocks stay in the prefix cache (evictable once unreferenced).
   void free(BlockTable& table);
 
+  // Releases the table's blocks wholly before `position` (those behind a
+  // sliding window that no layer reads again); their entries become
+  // BlockTable::kReleased. Returns how many it released. Throws with the
+  // prefix cache enabled (cached prefixes are whole chains of blocks).
+  int64_t release_before(BlockTable& table, int64_t position);
+
   // A new table sharing all of `parent`'s blocks (n > 1 samples of a prompt);
   // whichever appends into a shared partial block first gets a copy of it.
   BlockTable fork(const BlockTable& parent);

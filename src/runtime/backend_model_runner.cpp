@@ -33,6 +33,7 @@ class BackendModelRunner : public ModelRunner {
   int64_t num_blocks() const override { return num_blocks_; }
   std::string device() const override { return backend_->name(); }
   RopeStyle rope_style() const override { return model_->rope().style; }
+  int64_t attention_window() const override { return model_->def().widest_window(); }
   int64_t weight_bytes() const override { return model_->bytes(); }
   int64_t activation_bytes() const override { return ws_.bytes; }
   int64_t graph_replays() const override { return graph_replays_; }
@@ -179,7 +180,7 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
 }
 
 void BackendModelRunner::validate(const Batch& batch) const {
-  batch.validate(block_size_, num_blocks_);
+  batch.validate(block_size_, num_blocks_, model_->def().widest_window());
   for (int32_t t = 0; t < batch.num_tokens(); ++t) {
     const int32_t source = batch.token_source.empty() ? -1 : batch.token_source[t];
     SERVAL_CHECK(source < sampled_specs_, "batch: token_source[", t, "] = ", source, " names no spec of the sample ",

@@ -1,12 +1,14 @@
 #include "runtime/batch.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace serval {
 
 // Everything the forward pass indexes with is checked here, so that kernels can
 // trust the batch: a bad batch is an error, never an out-of-range access.
-void Batch::validate(int32_t block_size, int64_t num_blocks) const {
+void Batch::validate(int32_t block_size, int64_t num_blocks, int64_t window) const {
   SERVAL_CHECK(block_size > 0, "batch: block_size must be positive, got ", block_size);
   const int64_t T = num_tokens();
   const int64_t S = num_seqs();
@@ -44,7 +46,10 @@ void Batch::validate(int32_t block_size, int64_t num_blocks) const {
     SERVAL_CHECK(needed_blocks <= max_blocks_per_seq, "batch: sequence ", s, " has context_len ", ctx,
                  " which needs ", needed_blocks, " blocks, more than max_blocks_per_seq ", max_blocks_per_seq);
     const int32_t* table = block_table.data() + s * max_blocks_per_seq;
+    // Blocks before the first one the first new token's window reads may be released.
+    const int64_t first_read = window > 0 ? std::max<int64_t>(0, ctx - n_new + 1 - window) : 0;
     for (int64_t b = 0; b < needed_blocks; ++b) {
+      if (table[b] == -1 && (b + 1) * block_size <= first_read) continue;
       SERVAL_CHECK(table[b] >= 0 && table[b] < num_blocks, "batch: sequence ", s, " block_table[", b, "] = ",
                    table[b], " is outside the pool of ", num_blocks, " blocks");
     }

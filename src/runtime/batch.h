@@ -31,7 +31,10 @@ struct Batch {
   int32_t num_tokens() const { return int32_t(token_ids.size()); }
   int32_t num_seqs() const { return int32_t(context_len.size()); }
   // Throws serval::Error if the arrays are inconsistent (sizes, ranges, order).
-  void validate(int32_t block_size, int64_t num_blocks) const;
+  // `window` > 0 (sliding-window attention in every layer): table entries of
+  // blocks wholly behind the window of a sequence's first new token may be
+  // -1 (released; no attention reads them).
+  void validate(int32_t block_size, int64_t num_blocks, int64_t window = 0) const;
 };
 
 }  // namespace serval

@@ -104,6 +104,9 @@ class ModelRunner {
   // Interleaved where it loaded a Neox model's q/k rows permuted to adjacent
   // pairs (model/qk_permute.h), which changes no score.
   virtual RopeStyle rope_style() const { return config().rope_style; }
+  // The widest sliding window of the model's layers (ModelDef::widest_window):
+  // KV blocks behind it are read by no layer. 0: some layer reads everything.
+  virtual int64_t attention_window() const { return 0; }
   // Device memory the runner holds (weights, activations, KV pool), 0 if unknown.
   virtual int64_t weight_bytes() const { return 0; }
   virtual int64_t activation_bytes() const { return 0; }

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "core/error.h"
+#include "sched/request_fit.h"
 
 namespace serval {
 
@@ -31,28 +32,33 @@ void SchedulerConfig::validate() const {
                max_queued_requests);
   SERVAL_CHECK(max_model_len >= 0, "max_model_len must be >= 0 (0: unlimited), got ",
                max_model_len);
+  SERVAL_CHECK(kv_window >= 0, "kv_window must be >= 0 (0: no sliding window), got ", kv_window);
 }
 
 Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv) : config_(config), kv_(kv) {
   config_.validate();
+  SERVAL_CHECK(config_.kv_window == 0 || !kv_.prefix_cache_enabled(), "a sliding-window KV cache (kv_window ",
+               config_.kv_window, ") needs the prefix cache off");
 }
 
 Scheduler::~Scheduler() = default;
 
 void Scheduler::check_fits(const Sequence& seq) const {
-  const int64_t prompt = seq.num_prompt_tokens();
-  const int64_t max_len = prompt + seq.stop().max_tokens;
-  if (config_.max_model_len > 0)
-    SERVAL_CHECK(max_len <= config_.max_model_len, "request ", seq.id(), ": ", prompt,
-                 " prompt tokens + max_tokens ", seq.stop().max_tokens, " = ", max_len,
-                 " exceed the model's context of ", config_.max_model_len, " tokens");
-  // Every token but the last generated one goes through the model.
-  const int64_t bs = kv_.block_size();
-  const int64_t need = (max_len - 1 + bs - 1) / bs;
-  SERVAL_CHECK(need <= kv_.num_blocks(), "request ", seq.id(), ": ", prompt,
-               " prompt tokens + max_tokens ", seq.stop().max_tokens, " need ", need,
-               " KV blocks of ", bs, " tokens but the whole cache has ", kv_.num_blocks(),
-               "; lower max_tokens or give the KV cache more memory");
+  check_request_fits(fit_limits(), seq.num_prompt_tokens(), seq.stop().max_tokens, str_cat("request ", seq.id(), ": "));
+}
+
+// K/V of `tokens` (the sequence's first num_computed_tokens) are written:
+// their full blocks go to the prefix cache, and behind a sliding window the
+// blocks no later token reads go back to the pool.
+void Scheduler::kv_computed(Sequence& seq, std::span<const int32_t> tokens) {
+  kv_.commit_full_blocks(seq.block_table(), tokens);
+  if (config_.kv_window > 0)
+    kv_.release_before(seq.block_table(), seq.num_computed_tokens() + 1 - config_.kv_window);
+}
+
+KvFitLimits Scheduler::fit_limits() const {
+  return KvFitLimits{config_.max_model_len, kv_.block_size(), kv_.num_blocks(), config_.kv_window,
+                     config_.max_num_batched_tokens};
 }
 
 void Scheduler::add(Sequence seq, RequestOptions options) {
@@ -395,7 +401,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
       SERVAL_CHECK(seq.num_computed_tokens() == item.start, "commit: continued sequence ", seq.id(), " has ",
                    seq.num_computed_tokens(), " tokens computed, its chunk starts at ", item.start);
       seq.advance_computed(item.num_new_tokens);
-      kv_.commit_full_blocks(seq.block_table(),
+      kv_computed(seq,
                              std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
     }
     // Forked samples computed their parent's prompt (shared blocks) with it.
@@ -404,7 +410,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
       if (e == nullptr) continue;
       Sequence& seq = e->seq;
       seq.advance_computed(seq.num_tokens() - seq.num_computed_tokens());
-      kv_.commit_full_blocks(seq.block_table(),
+      kv_computed(seq,
                              std::span<const int32_t>(seq.prompt_ids()).first(size_t(seq.num_computed_tokens())));
     }
     int64_t appended = 0;
@@ -426,7 +432,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
     Entry* e = entries_.at(key_of(seq)).get();
     seq.advance_computed(item.num_new_tokens);
     // Only tokens whose K/V this step wrote: never the token sampled below.
-    kv_.commit_full_blocks(seq.block_table(),
+    kv_computed(seq,
                            std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
   }
   // Forked samples computed their parent's chunk (shared blocks) with it.
@@ -434,7 +440,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
     Sequence& seq = *f.seq;
     seq.advance_computed(plan.sample_rows[size_t(f.row)]->num_computed_tokens() -
                          seq.num_computed_tokens());
-    kv_.commit_full_blocks(seq.block_table(),
+    kv_computed(seq,
                            std::span<const int32_t>(seq.prompt_ids()).first(size_t(seq.num_computed_tokens())));
   }
   for (size_t i = 0; i < sampled.size(); ++i) {

@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
+#include "sched/request_fit.h"
 #include "sched/sequence.h"
 
 namespace serval {
@@ -89,6 +90,11 @@ struct SchedulerConfig {
   // its penalties, so that continue_plan may continue rows with penalties.
   // The engine sets it from its runner (ModelRunner::counts_fed_tokens).
   bool fed_penalties = false;
+  // Sliding-window attention (the model's widest window; 0: none, or some
+  // layer reads everything): KV blocks wholly behind every layer's window
+  // are released as a sequence's tokens are computed. Needs the prefix cache
+  // off. The engine sets it from its runner (ModelRunner::attention_window).
+  int64_t kv_window = 0;
   // Throws serval::Error naming the bad field.
   void validate() const;
 };
@@ -214,6 +220,8 @@ class Scheduler {
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
   SchedulerCounts stats() const;
   const SchedulerConfig& config() const { return config_; }
+  // What add() holds a request to (sched/request_fit.h); Engine::check too.
+  KvFitLimits fit_limits() const;
   // A request's sample still in the scheduler (waiting or running), or nullptr.
   const Sequence* find(int64_t id, int32_t sample_index = 0) const;
 
@@ -223,6 +231,7 @@ class Scheduler {
   static Key key_of(const Sequence& seq) { return {seq.id(), seq.sample_index()}; }
 
   void check_fits(const Sequence& seq) const;
+  void kv_computed(Sequence& seq, std::span<const int32_t> tokens);
   void insert_waiting(Entry* e);
   void insert_running(Entry* e);
   // Schedules running request e, preempting others (or e itself) for blocks;

@@ -221,7 +221,8 @@ TEST(EngineFakeRunner, SubmitNamesWhatIsWrong) {
   EXPECT_EQ(message(greedy(iota_prompt(38, 0), 5)),
             "38 prompt tokens + max_tokens 5 = 43 exceed the model's context of 40 tokens");
   EXPECT_EQ(message(greedy(iota_prompt(30, 0), 5)),
-            "30 prompt tokens + max_tokens 5 need 9 KV blocks of 4 tokens but the whole cache has 8");
+            "30 prompt tokens + max_tokens 5 need 9 KV blocks of 4 tokens but the whole cache has 8; lower max_tokens or "
+            "give the KV cache more memory");
   EngineRequest bad_params = greedy({1}, 2);
   bad_params.params.top_p = 2.0f;
   EXPECT_EQ(message(bad_params), "top_p must be in (0, 1], got 2");

@@ -92,14 +92,17 @@ struct Harness {
       for (int64_t p = seq.num_computed_tokens(); p < end; ++p)
         store[size_t(seq.block_table().slot(p))] = {seq.token_at(p), int32_t(p)};
     }
-    // Attention reads: every context position holds this sequence's token.
+    // Attention reads: every context position holds this sequence's token
+    // (behind a sliding window, every position the first new token's window reads).
+    const int64_t window = sched.config().kv_window;
     for (const ScheduledChunk& item : plan.items) {
       const Sequence& seq = *item.seq;
       const int64_t end = seq.num_computed_tokens() + item.num_new_tokens;
+      const int64_t first_read = window > 0 ? std::max<int64_t>(0, seq.num_computed_tokens() + 1 - window) : 0;
       // Slots only for this step's tokens: at most one partially filled block.
       EXPECT_EQ(seq.block_table().num_tokens(), end) << "seq " << seq.id();
       EXPECT_EQ(seq.block_table().num_blocks(), (end + bs - 1) / bs) << "seq " << seq.id();
-      for (int64_t p = 0; p < end; ++p) {
+      for (int64_t p = first_read; p < end; ++p) {
         auto [tok, pos] = store[size_t(seq.block_table().slot(p))];
         if (tok != seq.token_at(p) || pos != p) {
           ADD_FAILURE() << "seq " << seq.id() << " position " << p << " reads token " << tok

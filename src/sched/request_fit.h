@@ -1,0 +1,29 @@
+#pragma once
+// Whether a request can ever run: its prompt plus max_tokens within the
+// model's context, and the KV blocks it holds at once within the whole pool.
+// The one check behind Engine::check (submit refuses) and
+// Scheduler::add (which must never admit a request it cannot finish).
+#include <cstdint>
+#include <string>
+
+namespace serval {
+
+struct KvFitLimits {
+  int64_t max_model_len = 0;  // 0: unlimited
+  int32_t block_size = 16;
+  int64_t num_blocks = 0;
+  // Sliding-window attention in every layer (the widest window; 0: none):
+  // blocks wholly behind it are released as the sequence grows, so a
+  // sequence holds at most the window plus one step's chunk.
+  int64_t window = 0;
+  int64_t max_chunk_tokens = 0;  // the largest chunk of one step (the scheduler's budget)
+};
+
+// Blocks a sequence of `len` tokens (all but its last one computed) holds at most.
+int64_t kv_blocks_held(const KvFitLimits& limits, int64_t len);
+
+// Throws serval::Error, its message starting with `who` (e.g. "request 7: "),
+// when `prompt` tokens + `max_tokens` exceed the context or the pool.
+void check_request_fits(const KvFitLimits& limits, int64_t prompt, int64_t max_tokens, const std::string& who);
+
+}  // namespace serval
