@@ -40,7 +40,7 @@ namespace {
 constexpr int kRequests = 64;
 // Up to 8 rows a step's matmuls read each weight once for all rows
 // (cpu_matmul.cpp's stream kernel), so every decode-only step of this
-// workload takes that path. (docs/BENCHMARKS.md: on this CPU the step is compute-bound already at
+// workload takes that path. (docs/PERFORMANCE.md: on this CPU the step is compute-bound already at
 // a few rows, so fewer, fuller steps save less than on a GPU.)
 constexpr int kMaxSeqs = 8;
 constexpr int64_t kContext = 1024;

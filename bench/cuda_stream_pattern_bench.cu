@@ -8,7 +8,7 @@
 // Each launch reads other copies of W than the last (>= 2 GB in all), so L2
 // serves none of it. Counters: GB/s of W, and that over the copy bandwidth.
 //
-// Question it answered (docs/BENCHMARKS.md, session 5): whether 128-byte runs
+// Question it answered (diary session 5, docs/PERFORMANCE.md): whether 128-byte runs
 // per row cost DRAM efficiency (they cost 1-4%; short per-block runs cost more).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>

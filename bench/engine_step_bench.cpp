@@ -4,7 +4,7 @@
 // a GPU the part of it outside a step (scheduling, batch building, commit) is
 // time the device waits; publishing a step's events overlaps the next step.
 // The 8B offline bench spent 2-3% of its wall time outside the runner before
-// that overlap (docs/BENCHMARKS.md, session 21).
+// that overlap (diary session 21, docs/PERFORMANCE.md).
 //
 // Workload: N requests of 512 random prompt tokens, 256 greedy output tokens
 // each (ignore_eos), all submitted at once, at most N running (second

@@ -73,7 +73,7 @@ fi
 
 # The GPU's clock and power state while a benchmark runs (nvidia-smi every
 # 0.5 s): at the software power cap (throttle reason 0x4) the SM clock falls
-# and runs of one binary spread by several percent (BENCHMARKS.md, session 23).
+# and runs of one binary spread by several percent (docs/PERFORMANCE.md, Method).
 clocks_start() {
   nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits \
     -lms 500 >"$OUT_DIR/clocks.csv" 2>/dev/null &

@@ -6,6 +6,7 @@
 #include "tokenizer/byte_unicode.h"
 #include "tokenizer/unicode_nfc.h"
 #include "tokenizer/utf8.h"
+#include "tokenizer/work_count.h"
 
 namespace serval {
 
@@ -82,7 +83,9 @@ void BpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out
     normalized = nfc_normalize(text);
     text = normalized;
   }
-  for (std::string_view word : regex_.split(text)) encode_word(word, out);
+  const std::vector<std::string_view> words = regex_.split(text);
+  if (TokenizerWork* work = tokenizer_work()) work->words += static_cast<int64_t>(words.size());
+  for (std::string_view word : words) encode_word(word, out);
 }
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -134,10 +137,12 @@ std::vector<int32_t> BpeTokenizer::merge_word(std::string_view word) const {
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  int64_t pairs = 0, pops = 0;  // for work_count.h
   auto push = [&](int32_t l) {
     if (l < 0) return;
     int32_t r = syms[l].next;
     if (r < 0) return;
+    ++pairs;
     auto it = merges_.find(pair_key(syms[l].id, syms[r].id));
     if (it != merges_.end()) heap.push({it->second.rank, l, r, syms[l].id, syms[r].id});
   };
@@ -146,6 +151,7 @@ std::vector<int32_t> BpeTokenizer::merge_word(std::string_view word) const {
   while (!heap.empty()) {
     Cand c = heap.top();
     heap.pop();
+    ++pops;
     Sym& l = syms[c.left];
     if (l.id != c.left_id || l.next != c.right || syms[c.right].id != c.right_id) continue;  // stale
     Sym& r = syms[c.right];
@@ -155,6 +161,10 @@ std::vector<int32_t> BpeTokenizer::merge_word(std::string_view word) const {
     r.id = -1;
     push(l.prev);
     push(c.left);
+  }
+  if (TokenizerWork* work = tokenizer_work()) {
+    work->merge_pairs += pairs;
+    work->merge_pops += pops;
   }
   std::vector<int32_t> ids;
   for (int32_t i = 0; i >= 0; i = syms[i].next) ids.push_back(syms[i].id);

@@ -1,5 +1,7 @@
 #include "tokenizer/special_splitter.h"
 
+#include "tokenizer/work_count.h"
+
 namespace serval {
 
 namespace {
@@ -28,11 +30,13 @@ void SpecialSplitter::add(const std::string& content, int32_t id, bool lstrip, b
 std::vector<TextFragment> SpecialSplitter::split(std::string_view text) const {
   std::vector<TextFragment> out;
   size_t plain_start = 0, i = 0;
+  int64_t steps = 0;  // for work_count.h
   while (i < text.size()) {
     // Longest token starting at i.
     int32_t node = 0, best = -1;
     size_t best_end = 0;
     for (size_t j = i; j < text.size(); ++j) {
+      ++steps;
       auto it = nodes_[node].next.find(static_cast<unsigned char>(text[j]));
       if (it == nodes_[node].next.end()) break;
       node = it->second;
@@ -56,6 +60,7 @@ std::vector<TextFragment> SpecialSplitter::split(std::string_view text) const {
     plain_start = i;
   }
   if (plain_start < text.size()) out.push_back({text.substr(plain_start), -1});
+  if (TokenizerWork* work = tokenizer_work()) work->special_steps += steps;
   return out;
 }
 

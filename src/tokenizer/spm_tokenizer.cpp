@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "tokenizer/utf8.h"
+#include "tokenizer/work_count.h"
 
 namespace serval {
 
@@ -149,10 +150,12 @@ void SpmTokenizer::encode_fragment(std::string_view text, bool prefix, std::vect
     bool operator<(const Cand& o) const { return score != o.score ? score < o.score : left > o.left; }
   };
   std::priority_queue<Cand> heap;
+  int64_t pairs = 0, pops = 0;  // for work_count.h
   auto push = [&](int32_t l) {
     if (l < 0) return;
     int32_t r = syms[l].next;
     if (r < 0) return;
+    ++pairs;
     int32_t len = syms[l].len + syms[r].len;
     int32_t id = mergeable_id(std::string_view(s).substr(syms[l].start, len));
     if (id >= 0) heap.push({scores_[id], l, r, len});
@@ -162,6 +165,7 @@ void SpmTokenizer::encode_fragment(std::string_view text, bool prefix, std::vect
   while (!heap.empty()) {
     Cand c = heap.top();
     heap.pop();
+    ++pops;
     Sym& l = syms[c.left];
     Sym& r = syms[c.right];
     if (l.len == 0 || r.len == 0 || l.next != c.right || l.len + r.len != c.len) continue;  // stale
@@ -171,6 +175,10 @@ void SpmTokenizer::encode_fragment(std::string_view text, bool prefix, std::vect
     r.len = 0;
     push(l.prev);
     push(c.left);
+  }
+  if (TokenizerWork* work = tokenizer_work()) {
+    work->merge_pairs += pairs;
+    work->merge_pops += pops;
   }
 
   for (int32_t i = 0; i >= 0; i = syms[i].next) {

@@ -99,6 +99,37 @@ def wait_until(predicate, timeout=10.0, interval=0.02):
     return predicate()
 
 
+def accepts_connections(port) -> bool:
+    """Whether the server still accepts connections (a drain shuts its listening socket)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def read_response(conn) -> bytes:
+    """One HTTP response with a Content-Length body, read from a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def parse_sse(raw: str):
     """Splits an SSE body into its data payloads; asserts the framing is well formed."""
     assert raw.endswith("\n\n"), raw[-200:]

@@ -12,7 +12,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from serval_server import ServalServer, wait_until  # noqa: E402
+from serval_server import ServalServer, accepts_connections, read_response, wait_until  # noqa: E402
 
 KEY = "sk-serval-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -154,14 +154,19 @@ def test_requests_while_draining_get_503(serval, models):
     long = threading.Thread(target=lambda: s.post("/v1/completions", {"prompt": "Once", "max_tokens": 2000,
                                                                      "ignore_eos": True}))
     long.start()
-    time.sleep(0.2)
     body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
     conn = socket.create_connection(("127.0.0.1", s.port))
-    # The connection is open and the request half sent (headers unfinished) when the drain begins.
+    # A whole request first: the server's thread for this connection then waits
+    # on it for the next one and takes its first bytes at once.
+    conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_response(conn).startswith(b"HTTP/1.1 200")
+    # The request half sent (headers unfinished) when the drain begins. A drain
+    # closes a connection whose thread has not started reading its request:
+    # nothing outside the server tells when it has, so this one wait stays.
     conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
     time.sleep(0.2)
     s.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    assert wait_until(lambda: not accepts_connections(s.port), timeout=20)  # draining
     conn.sendall(b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     reply = b""
     while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):

@@ -5,13 +5,12 @@ import json
 import signal
 import socket
 import threading
-import time
 import urllib.request
 
 import pytest
 
 from conftest import run_serval
-from serval_server import ServalServer, parse_sse, wait_until  # noqa: E402
+from serval_server import ServalServer, accepts_connections, parse_sse, wait_until  # noqa: E402
 
 MODEL = ("stories260K", "stories260K.gguf")
 
@@ -73,9 +72,8 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(serval, models):
         t.start()
     assert wait_until(lambda: s.metrics()["serval:num_requests_running"] == 3, timeout=10)
     s.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    with pytest.raises(OSError):  # no longer accepting
-        socket.create_connection(("127.0.0.1", s.port), timeout=2).recv(1)
+    # No longer accepting, however long the signal takes to act on a loaded machine.
+    assert wait_until(lambda: not accepts_connections(s.port), timeout=20)
     for t in threads:
         t.join()
     assert s.proc.wait(timeout=30) == 0

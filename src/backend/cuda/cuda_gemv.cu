@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
 // GPU-wide: on an H100, N = 94 asks each byte in flight to carry what it must
 // on an H200 (41% more bandwidth, the same 132 SMs), which tells without an
 // H200 whether bytes in flight limit the stream. The balanced grid (launch_as)
-// rounds the block count down further, by shape: docs/BENCHMARKS.md, session 33.
+// rounds the block count down further, by shape: diary session 33, docs/PERFORMANCE.md.
 int gemv_sms(int device_sms) {
   const int n = env_int("SERVAL_GEMV_SMS", 0);
   return n > 0 ? std::min(n, device_sms) : device_sms;

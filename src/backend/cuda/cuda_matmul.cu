@@ -92,7 +92,7 @@ int64_t batched_gemm_calls(const Backend& be) {
 
 // 17..48 rows go to cuBLASLt: since q/k/v and gate/up run there as strided
 // batches, it beats the skinny GEMM at 20, 32 and 48 sequences (H200, 7B:
-// 4,281 / 6,336 / 8,799 tok/s vs 4,082 / 6,134 / 8,261; docs/BENCHMARKS.md).
+// 4,281 / 6,336 / 8,799 tok/s vs 4,082 / 6,134 / 8,261; docs/PERFORMANCE.md).
 // SERVAL_SKINNY_GEMM=1 (or use_skinny_gemm) sends them to the skinny GEMM.
 bool skinny_gemm_from_env() { return env_is_one("SERVAL_SKINNY_GEMM"); }
 
@@ -149,7 +149,7 @@ int64_t cutlass_epilogue_calls(const Backend& be) {
 // Products of 17..64 rows of bf16 on CUTLASS's decode GEMM
 // (cuda_cutlass_gemm.cu), a programmatic dependent of the kernel before it,
 // where the build has it and where it measured faster than cuBLASLt
-// (docs/BENCHMARKS.md, session 35, decode tok/s of 128 + 128):
+// (diary session 35, docs/PERFORMANCE.md; decode tok/s of 128 + 128):
 // - 17..32 rows, its tile of 32 rows of x: 17-28 sequences of the 7B +4.5-5.2%
 //   on an H100, 20 +4.7% on an H200 (8B, H100: +3.2-3.8%);
 // - 48..64 rows, its tile of 64: 48-64 sequences +2.5-3.0% on an H100, +0.3%

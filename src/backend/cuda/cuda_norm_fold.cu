@@ -14,7 +14,7 @@
 // Backend interface promises.
 //
 // Why: at batch 1 each of the 64 norm kernels of a 7B step held the GEMV after
-// it back ~1.8 us (session 18). H200, 7B bf16 (docs/BENCHMARKS.md, session 25):
+// it back ~1.8 us (session 18). H200, 7B bf16 (diary session 25, docs/PERFORMANCE.md):
 // batch 1 +2.9%, 4 sequences +2.8%, 8 and 16 sequences -0.6% and -1.0% (there
 // PDL hid most of the norm kernel, and the scales kernel costs about as much).
 // SERVAL_NO_NORM_ELISION=1: the norm kernels run (weights still folded);

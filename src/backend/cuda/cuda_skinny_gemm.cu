@@ -26,7 +26,7 @@
 // order is fixed.
 //
 // Why 48 rows: 7B decode steps are faster than through cuBLASLt at 20-48
-// sequences and ~1% slower at 64 (docs/BENCHMARKS.md), so 49+ rows stay there.
+// sequences and ~1% slower at 64 (docs/PERFORMANCE.md), so 49+ rows stay there.
 //
 // Batch invariance among 17..48 rows: a token's output is the same chain of
 // MMAs over the same columns in every split, then the same ordered sum, for
