@@ -4,11 +4,10 @@
 # each build, then decode benchmarks (7B; 8B with --8b) with the builds interleaved (so drift
 # of the machine hits all alike), then one table, a column per build ("base":
 # the staged build). For A/B runs of kernel changes in one device call.
-# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--skinny] [--env VAR=VALUE]...
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--env VAR=VALUE]...
 #        [--flag "--FLAG ..."]... [--gemv FILTER]
 #   --8b: the benchmarks on a random Llama-3.1-8B-shape model (GQA 32/8) instead of Llama-2-7B
 #   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
-#   --skinny: also the base build with SERVAL_SKINNY_GEMM=1 (the skinny GEMM for 17..48 rows)
 #   --env VAR=VALUE: also the base build with that environment variable (a column "base+VAR=VALUE")
 #   --flag "--FLAG ...": also the base build with those serval bench flags (a column "base FLAG ...")
 #   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
@@ -23,13 +22,12 @@ mkdir -p "$OUT_DIR" lib variants
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; ATTN=""; EXTRA_ENVS=(); EXTRA_FLAGS=(); LIKE=llama-2-7b
+TESTS=1; SEQS="1 20 32 48 64"; GEMV=""; ATTN=""; EXTRA_ENVS=(); EXTRA_FLAGS=(); LIKE=llama-2-7b
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
     --8b) LIKE=llama-3.1-8b ;;
     --seqs) SEQS=$2; shift ;;
-    --skinny) SKINNY=1 ;;
     --env) EXTRA_ENVS+=("$2"); shift ;;
     --flag) EXTRA_FLAGS+=("$2"); shift ;;
     --gemv) GEMV=$2; shift ;;
@@ -46,7 +44,6 @@ for v in variants/*.tar.xz; do
   n=$(basename "$v" .tar.xz)
   NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); ENVS+=(""); FLAGS+=("")
 done
-if [ $SKINNY = 1 ]; then NAMES+=("base+skinny"); DIRS+=("$HERE"); ENVS+=("SERVAL_SKINNY_GEMM=1"); FLAGS+=(""); fi
 for e in "${EXTRA_ENVS[@]}"; do NAMES+=("base+$e"); DIRS+=("$HERE"); ENVS+=("$e"); FLAGS+=(""); done
 for f in "${EXTRA_FLAGS[@]}"; do NAMES+=("base $f"); DIRS+=("$HERE"); ENVS+=(""); FLAGS+=("$f"); done
 for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: $(cat "${DIRS[$i]}/COMMIT" 2>/dev/null || echo staged build)"; done

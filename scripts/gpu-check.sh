@@ -165,10 +165,9 @@ if [ $QUICK = 0 ]; then
   bench "7B batch-1 decode tg128, --batch-invariant" $M7 --requests 1 --input-len 1 --output-len 129 --batch-invariant
   bench "7B prefill 512, --batch-invariant" $M7 --requests 1 --input-len 512 --output-len 2 --batch-invariant
   bench "7B 64 x (128 in, 128 out), --batch-invariant" $M7 --requests 64 --input-len 128 --output-len 128 --batch-invariant
-  # 17..48-row decode steps: cuBLASLt, and the skinny GEMM for comparison.
+  # 17..48-row decode steps (CUTLASS's decode GEMM).
   for N in 20 32 48; do
     bench "7B $N x (128 in, 128 out)" $M7 --requests $N --input-len 128 --output-len 128
-    BENCH_ENV=SERVAL_SKINNY_GEMM=1 bench "7B $N x (128 in, 128 out), skinny GEMM" $M7 --requests $N --input-len 128 --output-len 128
   done
 fi
 [ $KEEP = 1 ] || rm -f $M7

@@ -57,7 +57,6 @@ class CudaWeight : public DeviceWeight {
 };
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
-bool skinny_gemm_from_env();  // cuda_matmul.cu
 bool cutlass_gemm_from_env();  // cuda_matmul.cu
 int64_t cutlass_rope_max_rows_from_env();  // cuda_matmul.cu
 AttentionStream attention_stream_from_env();  // cuda_attention.cu
@@ -168,7 +167,6 @@ class CudaBackend : public Backend {
   // q/k/v projections computed as one GEMM of their stacked weights (qkv_rope_kv_write).
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   int64_t elided_norms() const { return elided_norms_; }
-  void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
   void set_cutlass_gemm(bool on) { cutlass_gemm_ = on; }
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
@@ -217,7 +215,7 @@ class CudaBackend : public Backend {
   bool searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
                        cublasLtMatmulAlgo_t& algo) const;
   bool own_kernel_fits(const Tensor& x) const;
-  // Our kernels for x @ W^T (own_kernel_fits): the GEMV, or the skinny GEMM.
+  // The GEMV for x @ W^T (own_kernel_fits).
   void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n);
   void own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out);
   // gated_mlp_up of an interleaved pair (cuda_matmul.cu).
@@ -301,7 +299,6 @@ class CudaBackend : public Backend {
   // Timed algorithms by the shape with the token count's bucket for n.
   std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
-  bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
   bool cutlass_gemm_ = cutlass_gemm_from_env();  // 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
   int64_t cutlass_rope_max_rows_ = cutlass_rope_max_rows_from_env();  // cutlass_rope_rows

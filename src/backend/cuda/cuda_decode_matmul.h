@@ -1,9 +1,9 @@
 #pragma once
-// Our own kernels for the matmuls of decode-sized batches (bf16 x, W and y,
-// or an f32 y alone): the GEMV for 1..16 rows of x (cuda_gemv.cu) and the
-// skinny GEMM for 17..48 (cuda_skinny_gemm.cu), each also in the fused forms
-// (up to three weights in one launch; silu(x gate^T) * (x up^T)). CudaBackend's
-// matmuls dispatch here (cuda_matmul.cu), and so does bench/cuda_gemv_bench.
+// Our own kernel for the matmuls of decode-sized batches (bf16 x, W and y,
+// or an f32 y alone): the GEMV for 1..16 rows of x (cuda_gemv.cu), also in
+// the fused forms (up to three weights in one launch; silu(x gate^T) *
+// (x up^T)). CudaBackend's matmuls dispatch here (cuda_matmul.cu), and so
+// does bench/cuda_gemv_bench.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -75,15 +75,5 @@ void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16*
 // order (cuda_rowwise_matmul.cu). Batch-invariant mode's matmul for the inputs
 // the GEMV cannot read.
 void rowwise_matmul(const Tensor& x, const __nv_bfloat16* w, const Tensor& y, cudaStream_t stream);
-
-bool skinny_gemm_fits(const Tensor& x);
-void skinny_gemm(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void skinny_gemm_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                       cudaStream_t stream);
-
-// The GEMV when x fits it, else the skinny GEMM (x must fit one of them).
-void decode_matmul(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void decode_matmul_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                         cudaStream_t stream);
 
 }  // namespace serval::cuda

@@ -11,7 +11,7 @@
 
 namespace serval::cuda {
 
-// Decode batches of up to 48 rows: one launch (GEMV or skinny GEMM) reads gate
+// Decode batches of up to 16 rows: one GEMV launch reads gate
 // row j and up row j together and writes silu(g) * u, so neither projection
 // goes through memory. Larger batches, and f32 activations: two GEMMs into the
 // scratch tensors, then silu_mul.
@@ -41,7 +41,6 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
 // - other rows: the pair's product [T, 2I] (cuBLASLt, or the row-wise kernel
 //   in batch-invariant mode) into scratch up to 256 rows, else in pieces of
 //   T / 2 rows into up_buf (out must not be up_buf), then silu_mul_interleaved.
-// The skinny GEMM does not read pairs: its rows take the product.
 void CudaBackend::interleaved_gated_mlp_up(const Tensor& x, const CudaWeight& g, const CudaWeight& u, Tensor up_buf,
                                            Tensor out) {
   const int64_t I = g.rows(), T = x.rows;

@@ -1,7 +1,6 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// 17..32 and 48..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the
-// others through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu, when
-// asked: SERVAL_SKINNY_GEMM=1), bf16 in and out (or f32 logits) with f32 accumulation. With f32
+// 17..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the others
+// through cuBLASLt, bf16 in and out (or f32 logits) with f32 accumulation. With f32
 // activations (--dtype float32) every shape goes through cuBLASLt in plain
 // f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
 // CUBLAS_COMPUTE_32F_FAST_TF32). How a cuBLASLt product is planned, and its
@@ -23,20 +22,6 @@ namespace serval::cuda {
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias);  // cuda_elementwise.cu
 void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
                               float eps, const Tensor& out, cudaStream_t stream);  // cuda_elementwise.cu
-
-void decode_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
-  if (gemv_fits(x))
-    gemv(x, ws, ys, n, stream);
-  else
-    skinny_gemm(x, ws, ys, n, stream);
-}
-
-void decode_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream) {
-  if (gemv_fits(x))
-    gemv_gated(x, gate, up, out, stream);
-  else
-    skinny_gemm_gated(x, gate, up, out, stream);
-}
 
 bool env_is_zero(const char* name) {
   const char* v = std::getenv(name);
@@ -90,31 +75,17 @@ int64_t batched_gemm_calls(const Backend& be) {
   return cuda_backend_of(be, "batched_gemm_calls").batched_gemm_calls();
 }
 
-// 17..48 rows go to cuBLASLt: since q/k/v and gate/up run there as strided
-// batches, it beats the skinny GEMM at 20, 32 and 48 sequences (H200, 7B:
-// 4,281 / 6,336 / 8,799 tok/s vs 4,082 / 6,134 / 8,261; docs/BENCHMARKS.md).
-// SERVAL_SKINNY_GEMM=1 (or use_skinny_gemm) sends them to the skinny GEMM.
-bool skinny_gemm_from_env() { return env_is_one("SERVAL_SKINNY_GEMM"); }
-
-// Rows our own kernels take: the GEMV's 1..16, and the skinny GEMM's 17..48
-// when it is on; in batch-invariant mode the GEMV's, any number.
+// Rows the GEMV takes: 1..16; in batch-invariant mode any number.
 bool CudaBackend::own_kernel_fits(const Tensor& x) const {
-  if (batch_invariant_) return gemv_any_rows_fits(x);
-  return gemv_fits(x) || (skinny_gemm_ && skinny_gemm_fits(x));
+  return batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
 }
 
 void CudaBackend::own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n) {
-  if (batch_invariant_)
-    gemv(x, ws, ys, n, stream_);
-  else
-    decode_matmul(x, ws, ys, n, stream_);
+  gemv(x, ws, ys, n, stream_);
 }
 
 void CudaBackend::own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out) {
-  if (batch_invariant_)
-    gemv_gated(x, gate, up, out, stream_);
-  else
-    decode_matmul_gated(x, gate, up, out, stream_);
+  gemv_gated(x, gate, up, out, stream_);
 }
 
 void CudaBackend::set_batch_invariant(bool on) {
@@ -122,8 +93,6 @@ void CudaBackend::set_batch_invariant(bool on) {
                "float32 every matmul goes through cuBLASLt, whose kernels change with the batch size)");
   batch_invariant_ = on;
 }
-
-void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
 bool use_cutlass_gemm(Backend& be, bool on) {
   cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_gemm(on && cutlass_gemm_built());

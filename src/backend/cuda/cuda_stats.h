@@ -21,9 +21,6 @@ int64_t elided_norms(const Backend& be);
 int64_t gemm_searches(const Backend& be);
 // Products whose configuration came from the search's cache file instead.
 int64_t gemm_search_cache_hits(const Backend& be);
-// Sends 17..48-row matmuls to the skinny GEMM (on) or to cuBLASLt (off, the
-// default unless SERVAL_SKINNY_GEMM=1); `be` must be the CUDA backend.
-void use_skinny_gemm(Backend& be, bool on);
 // Sends the bf16 products of 17..64 rows to CUTLASS's decode GEMM (on, the
 // default where the build has CUTLASS, unless SERVAL_CUTLASS_GEMM=0) or to
 // cuBLASLt (off). Returns false if this build has no CUTLASS (then none go).
