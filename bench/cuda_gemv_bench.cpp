@@ -83,7 +83,7 @@ struct LaunchData {
     const Tensor xt{x->p, DType::BF16, T, l.in};
     if (l.gated) {
       const Tensor out{y[0]->p, DType::BF16, T, l.outs[0]};
-      cuda::gemv_gated(xt, w[0]->bf(), w[1]->bf(), out, s);
+      cuda::gemv_gated(xt, w[0]->bf(), w[1]->bf(), out, cuda::Launch{s});
       return;
     }
     std::vector<Tensor> ys;
@@ -92,7 +92,7 @@ struct LaunchData {
       ys.push_back(Tensor{y[i]->p, l.f32 ? DType::F32 : DType::BF16, T, l.outs[i]});
       ws.push_back(w[i]->bf());
     }
-    cuda::gemv(xt, ws.data(), ys.data(), int(ws.size()), s);
+    cuda::gemv(xt, ws.data(), ys.data(), int(ws.size()), cuda::Launch{s});
   }
 };
 

@@ -121,6 +121,17 @@ class BackendModelRunner : public ModelRunner {
   int64_t sampled_specs_ = 0;
 };
 
+// A Neox model's q/k rows (weights, biases, q/k norms) in adjacent-pair order
+// where the backend prefers it (Backend::prefers_interleaved_rope), so that
+// its fused rope kernels take the model: every q and k head permuted alike
+// leaves attention's scores as they were. RunnerOptions::rope_permute says
+// where (kOn on any backend, kOff on none: to compare, and to test the
+// permuted load on the CPU).
+static bool rope_permute_wanted(const ModelConfig& cfg, const Backend& be, RunnerOptions::RopePermute mode) {
+  if (cfg.rope_style != RopeStyle::Neox || mode == RunnerOptions::RopePermute::kOff) return false;
+  return mode == RunnerOptions::RopePermute::kOn || be.prefers_interleaved_rope();
+}
+
 BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightStore& weights,
                                        const RunnerOptions& opts)
     : cfg_(config) {
@@ -130,7 +141,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
                "--gpu-memory-fraction must be in (0, 1], got ", opts.gpu_memory_fraction);
   SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
                "max_num_seqs must be positive");
-  backend_ = create_backend(opts.device, opts.threads, opts.dtype);
+  backend_ = create_backend(opts.device, opts.threads, opts.dtype, opts.cuda_tuning);
   SERVAL_CHECK(device_supports_head_dim(backend_->name(), cfg_.head_dim), "the ", backend_->name(),
                " backend has no attention kernel for this model's head_dim of ", cfg_.head_dim,
                "; run it with --device cpu");
@@ -138,6 +149,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
   const bool gpu = backend_->name() != "cpu";
   if (gpu) check_weights_fit(weights, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
+  permute_rope_ = rope_permute_wanted(cfg_, *backend_, opts.rope_permute);
   load_weights(weights);
   setup_rope(weights);
   // Activations for the largest step first: the KV pool gets what is left.
@@ -192,18 +204,6 @@ void BackendModelRunner::setup_rope(const WeightStore& weights) {
 
 }
 
-// A Neox model's q/k rows (weights, biases, q/k norms) in adjacent-pair order
-// where the backend prefers it (Backend::prefers_interleaved_rope), so that
-// its fused rope kernels take the model: every q and k head permuted alike
-// leaves attention's scores as they were. SERVAL_ROPE_PERMUTE=1 permutes on
-// any backend, =0 on none (to compare, and to test the permuted load on the CPU).
-static bool rope_permute_wanted(const ModelConfig& cfg, const Backend& be) {
-  if (cfg.rope_style != RopeStyle::Neox) return false;
-  const char* v = std::getenv("SERVAL_ROPE_PERMUTE");
-  if (v != nullptr && (std::string(v) == "0" || std::string(v) == "1")) return std::string(v) == "1";
-  return be.prefers_interleaved_rope();
-}
-
 TensorView BackendModelRunner::weight_view(const WeightStore& ws, const std::string& name,
                                            const std::vector<int64_t>& shape) {
   const TensorView& view = ws.get(name, shape);
@@ -251,7 +251,6 @@ std::vector<std::unique_ptr<DeviceWeight>> BackendModelRunner::upload_gated_pair
 }
 
 void BackendModelRunner::load_weights(const WeightStore& ws) {
-  permute_rope_ = rope_permute_wanted(cfg_, *backend_);
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Q = cfg_.q_dim(), KV = cfg_.kv_dim();
   tok_embd_ = upload(ws, "token_embd.weight", {cfg_.vocab_size, H});
   output_norm_ = upload(ws, "output_norm.weight", {H});

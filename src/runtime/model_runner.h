@@ -12,6 +12,7 @@
 #include "model/weights.h"
 #include "runtime/backend.h"
 #include "runtime/batch.h"
+#include "runtime/cuda_tuning.h"
 
 namespace serval {
 
@@ -40,6 +41,14 @@ struct RunnerOptions {
   bool batch_invariant = false;
   bool gemm_search = false;       // Backend::set_gemm_search
   std::string gemm_search_cache;  // its cache file ("": none)
+  // The CUDA backend's kernel choices (--cuda-tuning); the CPU has none.
+  CudaTuning cuda_tuning;
+  // A Neox model's q/k rows (weights, biases, q/k norms) loaded permuted to
+  // adjacent pairs: where the backend prefers it
+  // (Backend::prefers_interleaved_rope; kAuto), on any backend (kOn: tests of
+  // the permuted load on the CPU), or on none (kOff).
+  enum class RopePermute { kAuto, kOn, kOff };
+  RopePermute rope_permute = RopePermute::kAuto;
 };
 
 class ModelRunner {

@@ -93,10 +93,12 @@ int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(ro
 
 // Prefill logits of every position, then 6 greedy decode steps, against the
 // reference; `rope` is the order the runner must compute in.
-void expect_runner_matches_reference(const TinySpec& spec, RopeStyle rope) {
+void expect_runner_matches_reference(const TinySpec& spec, RopeStyle rope,
+                                     RunnerOptions::RopePermute permute = RunnerOptions::RopePermute::kAuto) {
   const ModelConfig cfg = tiny_config(spec);
   const WeightStore weights = tiny_weights(cfg, spec);
   RunnerOptions opts;
+  opts.rope_permute = permute;
   opts.block_size = 4;
   opts.kv_cache_tokens = 128;
   auto runner = ModelRunner::create(cfg, weights, opts);
@@ -136,13 +138,11 @@ TEST_P(RunnerVsReference, PrefillAndDecodeMatchReference) {
   expect_runner_matches_reference(GetParam().spec, GetParam().spec.style);
 }
 
-// SERVAL_ROPE_PERMUTE=1: a Neox model's q/k weights, biases and q/k norms load
+// RopePermute::kOn: a Neox model's q/k weights, biases and q/k norms load
 // permuted to adjacent pairs (as the CUDA backend asks for) and the runner
 // rotates adjacent pairs: the reference's logits all the same.
 TEST_P(RunnerVsReference, WithQkRowsPermutedToAdjacentPairsMatchesReference) {
-  setenv("SERVAL_ROPE_PERMUTE", "1", 1);
-  expect_runner_matches_reference(GetParam().spec, RopeStyle::Interleaved);
-  unsetenv("SERVAL_ROPE_PERMUTE");
+  expect_runner_matches_reference(GetParam().spec, RopeStyle::Interleaved, RunnerOptions::RopePermute::kOn);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, RunnerVsReference, ::testing::ValuesIn(cases()),

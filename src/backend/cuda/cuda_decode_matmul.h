@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_launch.h"
 #include "runtime/backend.h"
 
 namespace serval::cuda {
@@ -58,18 +59,18 @@ struct GemvNorm {
 constexpr int kGemvNormOwnScalesMaxTokens = 4;
 // scales[t] = 1 / sqrt(sum of x[t, :]^2 / x.cols + eps) for GemvNorm::scales
 // (bf16 x, up to 16 rows, a multiple of 8 columns).
-void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t stream);
+void gemv_row_scales(const Tensor& x, float eps, float* scales, const Launch& on);
 
 // ys[i] = x @ ws[i]^T for 1..3 weights; the outputs all bf16, or a single f32
 // one. With rope.positions: exactly three bf16 outputs, q/k/v (see GemvRopeKv).
 // `norm`: kProduce with one bf16 output, or kConsume with rope (up to 16 rows).
-void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
+void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, const Launch& on,
           const GemvRopeKv& rope = {}, const GemvNorm& norm = {});
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols],
 // or an interleaved pair (cuda_gate_up_layout.cuh: `interleaved`).
 // `norm`: kNone or kConsume (up to 16 rows).
-void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                cudaStream_t stream, const GemvNorm& norm = {}, bool interleaved = false);
+void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out, const Launch& on,
+                const GemvNorm& norm = {}, bool interleaved = false);
 
 // y = x @ w^T for any bf16 x (y bf16 or f32): one warp per output, in a fixed
 // order (cuda_rowwise_matmul.cu). Batch-invariant mode's matmul for the inputs

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) gemv_wide_kernel(const __grid_consta
 // The most units per block (fewest x loads per W byte) that leave at least
 // two blocks per SM; any count gives the same bits.
 template <typename Out, bool kGated, bool kRope>
-void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
+void launch_wide(const GemvParams& p, const GemvRopeKv& r, const Launch& on) {
   static const int sms = [] {
     int dev = 0, n = 0;
     SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -142,7 +142,7 @@ void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) 
   SERVAL_CHECK(ceil_div(p.tiles, units) <= 65535, "gemv: ", p.tiles, " units of ", kUnitRows,
                " rows are more than a grid holds");
   const dim3 grid(unsigned(group_blocks), unsigned(ceil_div(p.tiles, units)));
-  auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kThreads), 0, stream, p, r); };
+  auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kThreads), 0, on, p, r); };
   if (units == 4) {
     if constexpr (!kGated) go(gemv_wide_kernel<Out, kGated, 4, kRope>);
   } else if (units == 2) {
@@ -152,10 +152,10 @@ void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) 
   }
 }
 
-template void launch_wide<bf16, false, true>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<bf16, false, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<float, false, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<bf16, true, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<float, true, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
+template void launch_wide<bf16, false, true>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<bf16, false, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<float, false, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<bf16, true, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<float, true, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
 
 }  // namespace serval::cuda::gemv_unit
