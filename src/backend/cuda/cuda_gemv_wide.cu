@@ -18,10 +18,8 @@ namespace {
 // each lane streams its rows of every unit through a ring of kWideSlots
 // k-steps, and each x load (an L1 or L2 hit, one step ahead) feeds the mmas of
 // all kUnits units. The groups' blocks of the same units are neighbours in
-// the grid, so they share W through L2. (H200, a 7B decode step's launches,
-// graph-replayed: 7.0 / 8.8 / 25.4 ms at 17 / 64 / 256 rows, against the
-// GEMV's 4.0 at 16: its x loads ride in its 8-slot ring, here they wait one
-// step ahead.)
+// the grid, so they share W through L2. (Slower per row than the GEMV,
+// whose x loads ride in its 8-slot ring: here they wait one step ahead.)
 constexpr int kWideGroups = 4;
 constexpr int kWideSlots = 4;
 template <typename Out, bool kGated, int kUnits, bool kRope = false>
