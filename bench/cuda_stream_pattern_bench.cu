@@ -1,5 +1,5 @@
 // How fast HBM streams a bf16 weight matrix W [R x K] into shared memory
-// through a cp.async ring (what the skinny GEMM's stages do, without the MMAs,
+// through a cp.async ring (what the skinny GEMM's stages did, without the MMAs,
 // x or the epilogue), by the shape of a stage: 32 KB as 256 rows x 128 bytes
 // (the skinny GEMM's) down to 16 rows x 2 KB (closer to the GEMV's long runs
 // per row). Block b reads rows 256 (b / S) .. + 255 over column slice b % S

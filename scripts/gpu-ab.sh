@@ -4,12 +4,12 @@
 # each build, then decode benchmarks (7B; 8B with --8b) with the builds interleaved (so drift
 # of the machine hits all alike), then one table, a column per build ("base":
 # the staged build). For A/B runs of kernel changes in one device call.
-# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--skinny] [--env VAR=VALUE]...
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--tuning KEY=VALUE,...]...
 #        [--flag "--FLAG ..."]... [--gemv FILTER]
 #   --8b: the benchmarks on a random Llama-3.1-8B-shape model (GQA 32/8) instead of Llama-2-7B
 #   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
-#   --skinny: also the base build with SERVAL_SKINNY_GEMM=1 (the skinny GEMM for 17..48 rows)
-#   --env VAR=VALUE: also the base build with that environment variable (a column "base+VAR=VALUE")
+#   --tuning KEY=VALUE,...: also the base build with --cuda-tuning KEY=VALUE,... (a column
+#     "base KEY=VALUE,..."; keys: docs/CUDA_TUNING.md)
 #   --flag "--FLAG ...": also the base build with those serval bench flags (a column "base FLAG ...")
 #   --gemv FILTER: also each build's cuda_gemv_bench --benchmark_filter=FILTER (GB/s)
 #   --attn "BATCHES:CONTEXTS": also decode attention alone in each column (serval bench --mode
@@ -23,14 +23,13 @@ mkdir -p "$OUT_DIR" lib variants
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-TESTS=1; SEQS="1 20 32 48 64"; SKINNY=0; GEMV=""; ATTN=""; EXTRA_ENVS=(); EXTRA_FLAGS=(); LIKE=llama-2-7b
+TESTS=1; SEQS="1 20 32 48 64"; GEMV=""; ATTN=""; EXTRA_TUNINGS=(); EXTRA_FLAGS=(); LIKE=llama-2-7b
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
     --8b) LIKE=llama-3.1-8b ;;
     --seqs) SEQS=$2; shift ;;
-    --skinny) SKINNY=1 ;;
-    --env) EXTRA_ENVS+=("$2"); shift ;;
+    --tuning) EXTRA_TUNINGS+=("$2"); shift ;;
     --flag) EXTRA_FLAGS+=("$2"); shift ;;
     --gemv) GEMV=$2; shift ;;
     --attn) ATTN=$2; shift ;;
@@ -39,16 +38,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-NAMES=(base); DIRS=("$HERE"); ENVS=(""); FLAGS=("")
+NAMES=(base); DIRS=("$HERE"); TUNINGS=(""); FLAGS=("")
 for v in variants/*.tar.xz; do
   [ -f "$v" ] || continue
   tar -xJf "$v" -C variants
   n=$(basename "$v" .tar.xz)
-  NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); ENVS+=(""); FLAGS+=("")
+  NAMES+=("$n"); DIRS+=("$HERE/variants/$n"); TUNINGS+=(""); FLAGS+=("")
 done
-if [ $SKINNY = 1 ]; then NAMES+=("base+skinny"); DIRS+=("$HERE"); ENVS+=("SERVAL_SKINNY_GEMM=1"); FLAGS+=(""); fi
-for e in "${EXTRA_ENVS[@]}"; do NAMES+=("base+$e"); DIRS+=("$HERE"); ENVS+=("$e"); FLAGS+=(""); done
-for f in "${EXTRA_FLAGS[@]}"; do NAMES+=("base $f"); DIRS+=("$HERE"); ENVS+=(""); FLAGS+=("$f"); done
+for t in "${EXTRA_TUNINGS[@]}"; do NAMES+=("base $t"); DIRS+=("$HERE"); TUNINGS+=("$t"); FLAGS+=(""); done
+for f in "${EXTRA_FLAGS[@]}"; do NAMES+=("base $f"); DIRS+=("$HERE"); TUNINGS+=(""); FLAGS+=("$f"); done
 for i in "${!NAMES[@]}"; do echo "${NAMES[$i]}: $(cat "${DIRS[$i]}/COMMIT" 2>/dev/null || echo staged build)"; done
 
 M7=${MODEL:-/tmp/$LIKE-bf16.gguf}  # written here unless it exists (gpu-check.sh --keep leaves it)
@@ -61,7 +59,7 @@ if [ $TESTS = 1 ]; then
   ROWS+=("CUDA tests")
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
-    [ -n "${ENVS[$i]}${FLAGS[$i]}" ] && { CELL["CUDA tests|$n"]="(same binary)"; continue; }
+    [ -n "${TUNINGS[$i]}${FLAGS[$i]}" ] && { CELL["CUDA tests|$n"]="(same binary)"; continue; }
     log="$OUT_DIR/tests-$n.log"
     (cd "${DIRS[$i]}" && timeout 420 ./serval_tests --gtest_filter='Cuda*:StoriesGolden*:EngineOnCuda*' >"$log" 2>&1)
     passed=$(grep -oE "^\[  PASSED  \] [0-9]+" "$log" | grep -oE "[0-9]+$")
@@ -85,7 +83,8 @@ for N in $SEQS; do
   ROWS+=("$row")
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
-    j=$(cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 300 ./serval bench --model $M7 --device cuda --json "${args[@]}" ${FLAGS[$i]} \
+    j=$(cd "${DIRS[$i]}" && timeout 300 ./serval bench --model $M7 --device cuda --json "${args[@]}" ${FLAGS[$i]} \
+      ${TUNINGS[$i]:+--cuda-tuning "${TUNINGS[$i]}"} \
       2>>"$OUT_DIR/bench-err.log" | tail -1)
     echo "$n | $row | $j" >>"$OUT_DIR/bench.jsonl"
     CELL["$row|$n"]=$(echo "$j" | python3 -c '
@@ -103,7 +102,8 @@ if [ -n "$GEMV" ]; then
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
     [ -x "${DIRS[$i]}/cuda_gemv_bench" ] || continue
-    (cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 200 ./cuda_gemv_bench --benchmark_filter="$GEMV" \
+    # (cuda_gemv_bench calls the kernels directly: a --tuning column runs them as the base does.)
+    (cd "${DIRS[$i]}" && timeout 200 ./cuda_gemv_bench --benchmark_filter="$GEMV" \
       --benchmark_min_time=0.01 >"$OUT_DIR/gemv-${n//[^A-Za-z0-9_.-]/_}.txt" 2>&1)
     while read -r name rest; do
       r="gemv ${name#BM_}"
@@ -117,8 +117,9 @@ if [ -n "$ATTN" ]; then
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
     log="$OUT_DIR/attn-${n//[^A-Za-z0-9_.-]/_}.txt"
-    (cd "${DIRS[$i]}" && env ${ENVS[$i]} timeout 200 ./serval bench --mode attention --device ${ATTN_DEVICE:-cuda} \
-      --heads 32 --kv-heads 32 --head-dim 128 --batch-sizes "${ATTN%%:*}" --context-lens "${ATTN##*:}" >"$log" 2>&1)
+    (cd "${DIRS[$i]}" && timeout 200 ./serval bench --mode attention --device ${ATTN_DEVICE:-cuda} \
+      --heads 32 --kv-heads 32 --head-dim 128 --batch-sizes "${ATTN%%:*}" --context-lens "${ATTN##*:}" \
+      ${TUNINGS[$i]:+--cuda-tuning "${TUNINGS[$i]}"} >"$log" 2>&1)
     # Rows of the bench's table: batch, context, us per call, ...
     while read -r b c us rest; do
       r="attention ${b} x ${c}"

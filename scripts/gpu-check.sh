@@ -50,13 +50,6 @@ if [ $TESTS = 1 ]; then
     grep -E "^\[( +OK|  FAILED|  PASSED|  SKIPPED) |^\[[a-z0-9_ ,=-]+\]|Failure|Expected|Which is|rel_diff|leaves|error"
   row "tests | $(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests.log" | tr '\n' ' ')"
   row "failed | $(grep -E "^\[  FAILED  \] [A-Z]" "$OUT_DIR/tests.log" | sed 's/\[  FAILED  \] //' | tr '\n' ' ')"
-  # The GPU sampler told not to count a fed token in the penalties: penalized
-  # rows are then left to Scheduler::schedule() (the default continues them).
-  echo "== Engine on CUDA with SERVAL_NO_FED_PENALTIES=1"
-  SERVAL_NO_FED_PENALTIES=1 timeout 180 ./serval_tests \
-    --gtest_filter='EngineOnCuda.PenalizedRows*:EngineOnCuda.RandomAborts*' 2>&1 |
-    tee "$OUT_DIR/tests-fed.log" | grep -E "^\[( +OK|  FAILED|  PASSED) |^\[engine on cuda\]|Failure|Expected|Which is"
-  row "fed penalties off | $(grep -E "^\[  (PASSED|FAILED)" "$OUT_DIR/tests-fed.log" | tr '\n' ' ')"
   echo "== Engine on CUDA (stories260K, JSONL batch)"
   row "$(timeout 120 ./gpu-engine-check.sh | tail -1)"
 fi
@@ -97,7 +90,7 @@ bench() {  # label, model, then serval bench arguments
   echo "== bench $label: $*"
   local j
   clocks_start
-  j=$(env ${BENCH_ENV:-} timeout ${BENCH_TIMEOUT:-300} ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
+  j=$(timeout ${BENCH_TIMEOUT:-300} ./serval bench --model "$model" --device cuda --json "$@" 2>"$OUT_DIR/bench-err.log" | tail -1)
   local clocks; clocks=$(clocks_summary)
   if [ -z "$j" ]; then tail -3 "$OUT_DIR/bench-err.log"; row "$label | failed"; return; fi
   echo "$j" | tee -a "$OUT_DIR/bench.jsonl"
@@ -165,10 +158,9 @@ if [ $QUICK = 0 ]; then
   bench "7B batch-1 decode tg128, --batch-invariant" $M7 --requests 1 --input-len 1 --output-len 129 --batch-invariant
   bench "7B prefill 512, --batch-invariant" $M7 --requests 1 --input-len 512 --output-len 2 --batch-invariant
   bench "7B 64 x (128 in, 128 out), --batch-invariant" $M7 --requests 64 --input-len 128 --output-len 128 --batch-invariant
-  # 17..48-row decode steps: cuBLASLt, and the skinny GEMM for comparison.
+  # 17..48-row decode steps (CUTLASS's decode GEMM).
   for N in 20 32 48; do
     bench "7B $N x (128 in, 128 out)" $M7 --requests $N --input-len 128 --output-len 128
-    BENCH_ENV=SERVAL_SKINNY_GEMM=1 bench "7B $N x (128 in, 128 out), skinny GEMM" $M7 --requests $N --input-len 128 --output-len 128
   done
 fi
 [ $KEEP = 1 ] || rm -f $M7
@@ -186,9 +178,10 @@ if [ $EIGHT = 1 ]; then
   row "8B start-up to first token (generate, 1 token) | ${START} s; $(grep -m1 'memory' "$OUT_DIR/startup.err")"
   bench "8B batch-1 decode tg128" $M8 --requests 1 --input-len 1 --output-len 129
   bench "8B prefill 4096" $M8 --requests 1 --input-len 4096 --output-len 2 --max-batch-tokens 4096
-  # Batched decode at long contexts (the stream attention kernel; SERVAL_NO_ATTN_STREAM=1: the split kernel).
+  # Batched decode at long contexts (the stream attention kernel; attn_stream=off: the split kernel).
   bench "8B 64 x (4096 in, 64 out)" $M8 --requests 64 --input-len 4096 --output-len 64
-  BENCH_ENV=SERVAL_NO_ATTN_STREAM=1 bench "8B 64 x (4096 in, 64 out), split attention" $M8 --requests 64 --input-len 4096 --output-len 64
+  bench "8B 64 x (4096 in, 64 out), split attention" $M8 --requests 64 --input-len 4096 --output-len 64 \
+    --cuda-tuning attn_stream=off
   for B in 1 64; do for C in 4096 16384 32768; do
     bench "8B attention B=$B ctx=$C" $M8 --mode attention --batch-sizes $B --context-lens $C
   done; done

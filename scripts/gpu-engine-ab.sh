@@ -5,12 +5,13 @@
 # alternated (so drift of the machine hits both alike), then one table:
 # output tok/s, steps pipelined (queued while the step before ran) and the
 # host's mean time between steps, for each run.
-# Usage: ./gpu-engine-ab.sh [--repeats N] [--8b-offline] [--row "NAME|BENCH ARGS"]...
+# Usage: ./gpu-engine-ab.sh [--repeats N] [--8b-offline] [--tuning KEY=VALUE,...] [--row "NAME|BENCH ARGS"]...
 #   default rows (7B bf16): 64 x (128 + 128); 512 x (128 + 128) at 256 seats (a queue);
 #     1 x (16 + 256)
 #   --8b-offline: also the 8B row of issue 5, 1,000 x (1,000 + 1,000) (about 2 x 2 minutes)
 #   --penalized: instead of the defaults, 64 x (128 + 128) with repetition/frequency/presence
-#     penalties (SERVAL_NO_FED_PENALTIES=1: not continued, the sampler told not to count fed tokens)
+#     penalties (with --tuning fed_penalties=0: not continued, the sampler told not to count fed tokens)
+#   --tuning KEY=VALUE,...: every run with --cuda-tuning KEY=VALUE,... (docs/CUDA_TUNING.md)
 #   --row: a row of your own instead of the defaults (serval bench engine flags, model M7 or M8)
 set -u
 cd "$(dirname "$0")"
@@ -20,12 +21,13 @@ mkdir -p "$OUT_DIR" lib
 [ -f lib.tar.xz ] && tar -xJf lib.tar.xz -C lib
 export LD_LIBRARY_PATH=$HERE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SERVAL_MODELS=$HERE/models
-REPEATS=2; OFFLINE_8B=0; PENALIZED=0; ROWS=()
+REPEATS=2; OFFLINE_8B=0; PENALIZED=0; TUNING=""; ROWS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --repeats) REPEATS=$2; shift ;;
     --8b-offline) OFFLINE_8B=1 ;;
     --penalized) PENALIZED=1 ;;
+    --tuning) TUNING=$2; shift ;;
     --row) ROWS+=("$2"); shift ;;
     *) echo "unknown argument $1" >&2; exit 1 ;;
   esac
@@ -46,7 +48,8 @@ for i in range(64):
     print(json.dumps({"prompt": [rng.randrange(1, 32000) for _ in range(128)], "max_tokens": 128,
                       "ignore_eos": True, "temperature": 0, "repetition_penalty": 1.1,
                       "frequency_penalty": 0.2, "presence_penalty": 0.1}))' >$PEN
-  ROWS+=("7B 64 x (128 + 128), penalties (fed tokens counted: $([ "${SERVAL_NO_FED_PENALTIES:-0}" = 1 ] && echo no || echo yes))|M7 --input $PEN")
+  COUNTED=yes; [[ ",$TUNING," =~ ,fed_penalties=(0|off|false), ]] && COUNTED=no
+  ROWS+=("7B 64 x (128 + 128), penalties (fed tokens counted: $COUNTED)|M7 --input $PEN")
 fi
 echo "build: $(cat COMMIT 2>/dev/null || echo staged build)"
 
@@ -68,6 +71,7 @@ for row in "${ROWS[@]}"; do
         *) flag="--async-scheduling off" ;;
       esac
       j=$(timeout 400 ./serval bench --device cuda --mode engine --json --model $args $flag \
+        ${TUNING:+--cuda-tuning "$TUNING"} \
         2>>"$OUT_DIR/bench-err.log" | tail -1)
       echo "$name | $mode | $j" >>"$OUT_DIR/bench.jsonl"
       cell=$(echo "$j" | python3 -c '

@@ -72,7 +72,8 @@ int run_bench_attention(const BenchOptions& o) {
   const int32_t bs = o.engine.block_size;
   SERVAL_CHECK(bs >= 1 && bs <= 1024, "--block-size must be in [1, 1024], got ", bs);
 
-  std::unique_ptr<Backend> be = create_backend(resolve_device(o.engine.device), o.engine.threads);
+  const std::string device = resolve_device(o.engine.device);
+  std::unique_ptr<Backend> be = create_backend(device, o.engine.threads, "auto", cuda_tuning(o.engine, device));
   be->set_batch_invariant(o.engine.batch_invariant);
   const bool graphs = be->supports_graphs() && !o.engine.enforce_eager;
   const int64_t kvd = int64_t(sh.kv_heads) * sh.head_dim, qd = int64_t(sh.heads) * sh.head_dim;

@@ -42,6 +42,9 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_option("--gemm-search-cache", f.gemm_search_cache,
                  "on a GPU: --gemm-search, reading its results from this file and adding new ones, so that a later "
                  "run on the same GPU and cuBLASLt does not search again");
+  sub.add_option("--cuda-tuning", f.cuda_tuning,
+                 "on a GPU: the CUDA backend's kernel choices as key=value,... for A/B benchmarks "
+                 "(docs/CUDA_TUNING.md; keys: " + cuda_tuning_keys() + ")");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
   sub.add_option("--device", f.device, "cpu, cuda or auto (default: auto, cuda when there is a GPU)");
   sub.add_option("--dtype", f.dtype,
@@ -64,6 +67,13 @@ EngineOptions engine_options(const EngineFlags& f) {
   return o;
 }
 
+CudaTuning cuda_tuning(const EngineFlags& f, const std::string& device) {
+  const CudaTuning t = parse_cuda_tuning(f.cuda_tuning);
+  SERVAL_CHECK(f.cuda_tuning.empty() || device != "cpu",
+               "--cuda-tuning tunes the CUDA backend; this run is on the CPU (--device cuda to use it)");
+  return t;
+}
+
 LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& f) {
   SERVAL_CHECK(f.block_size >= 1 && f.block_size <= 1024, "--block-size must be in [1, 1024], got ",
                f.block_size);
@@ -73,6 +83,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   // K/V are kept in the compute dtype: f32 on the CPU, bf16 or f32 on a GPU.
   // Checked before the model loads, so a bad --dtype fails at once.
   DType kv_dtype = compute_dtype(device, f.dtype);
+  cuda_tuning(f, device);  // a bad key fails before the model loads
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
   const ModelDef def = ModelDef::of(c);
@@ -100,6 +111,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   ro.batch_invariant = f.batch_invariant;
   ro.gemm_search = f.gemm_search;
   ro.gemm_search_cache = f.gemm_search_cache;
+  ro.cuda_tuning = cuda_tuning(f, device);
   ro.max_num_batched_tokens = f.scheduler.max_num_batched_tokens;
   ro.max_num_seqs = int32_t(f.scheduler.max_num_seqs);
   ro.max_model_len = int32_t(f.scheduler.max_model_len);

@@ -27,6 +27,7 @@ struct EngineFlags {
   bool batch_invariant = false;        // RunnerOptions::batch_invariant
   bool gemm_search = false;            // RunnerOptions::gemm_search
   std::string gemm_search_cache;       // RunnerOptions::gemm_search_cache
+  std::string cuda_tuning;             // --cuda-tuning key=value,... (RunnerOptions::cuda_tuning)
   int threads = 0;
   std::string device = "auto";         // cuda when there is a GPU, else cpu
   std::string dtype = "auto";          // auto (bf16 on a GPU), bfloat16 or float32
@@ -48,5 +49,9 @@ struct LoadedEngineModel {
 LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& flags);
 
 EngineOptions engine_options(const EngineFlags& flags);
+
+// --cuda-tuning parsed for a run on `device` (resolved): refused on the CPU,
+// which has none of these knobs. Throws serval::Error.
+CudaTuning cuda_tuning(const EngineFlags& flags, const std::string& device);
 
 }  // namespace serval::cli

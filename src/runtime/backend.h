@@ -32,6 +32,7 @@
 #include "model/linear.h"
 #include "model/model_config.h"
 #include "model/weights.h"
+#include "runtime/cuda_tuning.h"
 #include "sampling/sampler.h"
 
 namespace serval {
@@ -473,8 +474,10 @@ std::string device_cannot_run(const std::string& device, const ModelDef& def);
 DType compute_dtype(const std::string& device, const std::string& dtype);
 
 // Creates the backend for `device` ("cpu", "cuda" or "auto") computing in
-// `dtype` (see compute_dtype); `threads` 0 means all cores. Throws
-// serval::Error for devices this build does not have and dtypes they refuse.
-std::unique_ptr<Backend> create_backend(const std::string& device, int threads, const std::string& dtype = "auto");
+// `dtype` (see compute_dtype); `threads` 0 means all cores; `cuda_tuning`
+// for the CUDA backend (the CPU's has no such knobs). Throws serval::Error
+// for devices this build does not have and dtypes they refuse.
+std::unique_ptr<Backend> create_backend(const std::string& device, int threads, const std::string& dtype = "auto",
+                                        const CudaTuning& cuda_tuning = {});
 
 }  // namespace serval

@@ -80,7 +80,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
                "max_num_seqs must be positive");
   const ModelDef def = ModelDef::of(cfg_);
-  backend_ = create_backend(opts.device, opts.threads, opts.dtype);
+  backend_ = create_backend(opts.device, opts.threads, opts.dtype, opts.cuda_tuning);
   const std::string refusal = device_cannot_run(backend_->name(), def);
   SERVAL_CHECK(refusal.empty(), "the ", backend_->name(), " backend cannot run this model: ", refusal,
                "; run it with --device cpu");

@@ -7,7 +7,7 @@ namespace serval {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend/cpu/cpu_backend.cpp
 #ifdef SERVAL_WITH_CUDA
-std::unique_ptr<Backend> make_cuda_backend(DType act_dtype);  // backend/cuda/cuda_backend.cu
+std::unique_ptr<Backend> make_cuda_backend(DType act_dtype, const CudaTuning& tuning);  // backend/cuda/cuda_backend.cu
 bool cuda_device_present();                                   // backend/cuda/cuda_backend.cu
 bool cuda_attention_supports_head_dim(int64_t head_dim);       // backend/cuda/cuda_attention_decode.cu
 #endif
@@ -46,15 +46,17 @@ DType compute_dtype(const std::string& requested, const std::string& dtype) {
   return dtype == "float32" ? DType::F32 : DType::BF16;
 }
 
-std::unique_ptr<Backend> create_backend(const std::string& requested, int threads, const std::string& dtype) {
+std::unique_ptr<Backend> create_backend(const std::string& requested, int threads, const std::string& dtype,
+                                        const CudaTuning& cuda_tuning) {
   const std::string device = resolve_device(requested);
   const DType act = compute_dtype(device, dtype);
   if (device == "cpu") return make_cpu_backend(threads);
 #ifdef SERVAL_WITH_CUDA
-  if (device == "cuda") return make_cuda_backend(act);
+  if (device == "cuda") return make_cuda_backend(act, cuda_tuning);
   fail("device \"", device, "\" is not available in this build (available: cpu, cuda)");
 #else
   (void)act;
+  (void)cuda_tuning;
   fail("device \"", device, "\" is not available in this build (available: cpu; built without CUDA)");
 #endif
 }

@@ -13,6 +13,7 @@
 #include "model/weights.h"
 #include "runtime/backend.h"
 #include "runtime/batch.h"
+#include "runtime/cuda_tuning.h"
 
 namespace serval {
 
@@ -41,6 +42,8 @@ struct RunnerOptions {
   bool batch_invariant = false;
   bool gemm_search = false;       // Backend::set_gemm_search
   std::string gemm_search_cache;  // its cache file ("": none)
+  // The CUDA backend's kernel choices (--cuda-tuning); the CPU has none.
+  CudaTuning cuda_tuning;
   // A Neox model's q/k rows in adjacent-pair order: where the backend's fused
   // rope kernels want it (Auto), always (On: to test that load on the CPU) or never.
   RopePermute rope_permute = RopePermute::Auto;

@@ -21,14 +21,24 @@ namespace {
 using testing::collect;
 using testing::Collected;
 
-std::unique_ptr<ModelRunner> cuda_stories_runner(int64_t kv_tokens, bool batch_invariant = false) {
+std::unique_ptr<ModelRunner> cuda_stories_runner(int64_t kv_tokens, bool batch_invariant = false,
+                                                 const CudaTuning& tuning = {}) {
   const testing::StoriesModel& m = testing::stories_model();
   RunnerOptions o;
   o.device = "cuda";
   o.kv_cache_tokens = kv_tokens;
   o.max_num_seqs = 16;
   o.batch_invariant = batch_invariant;
+  o.cuda_tuning = tuning;
   return ModelRunner::create(m.model.config, m.model.weights, o);
+}
+
+// The GPU sampler told not to count fed tokens in the penalties: penalized
+// rows are then left to Scheduler::schedule() (the default continues them).
+CudaTuning fed_penalties_off() {
+  CudaTuning t;
+  t.fed_penalties = false;
+  return t;
 }
 
 EngineRequest random_request(std::mt19937& rng, const std::vector<int32_t>& text, int i) {
@@ -51,10 +61,8 @@ EngineRequest random_request(std::mt19937& rng, const std::vector<int32_t>& text
   return r;
 }
 
-TEST(EngineOnCuda, RandomAbortsAndEverySamplingModeLeaveNoBlockUsed) {
-  SERVAL_CUDA_OR_SKIP(probe);
-  probe.reset();
-  auto runner = cuda_stories_runner(48 * 16);  // 48 blocks: a dozen requests preempt each other
+void random_aborts_leave_no_block_used(const CudaTuning& tuning) {
+  auto runner = cuda_stories_runner(48 * 16, false, tuning);  // 48 blocks: a dozen requests preempt each other
   EngineOptions opts;
   opts.check_invariants = true;
   opts.scheduler.max_num_seqs = 16;
@@ -117,6 +125,18 @@ TEST(EngineOnCuda, RandomAbortsAndEverySamplingModeLeaveNoBlockUsed) {
   EXPECT_GT(finished, 100);
   EXPECT_GT(aborted, 0);
   EXPECT_GT(preemptions, 0);
+}
+
+TEST(EngineOnCuda, RandomAbortsAndEverySamplingModeLeaveNoBlockUsed) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  random_aborts_leave_no_block_used({});
+}
+
+TEST(EngineOnCuda, RandomAbortsLeaveNoBlockUsedWithFedPenaltiesOff) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  random_aborts_leave_no_block_used(fed_penalties_off());
 }
 
 // The same seed gives the same tokens, whatever else runs (alone, then among
@@ -209,12 +229,10 @@ TEST(EngineOnCuda, BatchInvariantModeGivesEveryRequestItsTokensAlone) {
 
 // Penalized requests (greedy and seeded) with async scheduling get, in
 // batch-invariant mode, exactly the tokens they get without it. Where the GPU
-// sampler counts fed tokens (the default; SERVAL_NO_FED_PENALTIES=1 says it
-// does not), their steps are continued, and a fed token left uncounted shows:
-// negative penalties make the latest token the likely next one.
-TEST(EngineOnCuda, PenalizedRowsWithAsyncSchedulingGetTheTokensOfStepsPlannedOneAtATime) {
-  SERVAL_CUDA_OR_SKIP(probe);
-  probe.reset();
+// sampler counts fed tokens (the default; CudaTuning::fed_penalties off says
+// it does not), their steps are continued, and a fed token left uncounted
+// shows: negative penalties make the latest token the likely next one.
+void penalized_rows_get_the_tokens_of_steps_planned_one_at_a_time(const CudaTuning& tuning) {
   const std::vector<int32_t> text = testing::story_tokens(400);
   std::mt19937 rng(9);
   std::vector<EngineRequest> requests;
@@ -229,7 +247,7 @@ TEST(EngineOnCuda, PenalizedRowsWithAsyncSchedulingGetTheTokensOfStepsPlannedOne
   }
   bool counted = false;
   auto run = [&](EngineOptions::AsyncScheduling mode) {
-    auto runner = cuda_stories_runner(8192, /*batch_invariant=*/true);
+    auto runner = cuda_stories_runner(8192, /*batch_invariant=*/true, tuning);
     counted = runner->counts_fed_tokens();
     EngineOptions opts;
     opts.scheduler.max_num_seqs = 16;  // a queue: admissions in continued steps
@@ -252,6 +270,19 @@ TEST(EngineOnCuda, PenalizedRowsWithAsyncSchedulingGetTheTokensOfStepsPlannedOne
   std::printf("[engine on cuda] penalized rows, async scheduling (fed tokens counted on the GPU: %s): equal to "
               "steps planned one at a time\n",
               counted ? "yes, continued" : "no, not continued");
+  EXPECT_EQ(counted, tuning.fed_penalties);
+}
+
+TEST(EngineOnCuda, PenalizedRowsWithAsyncSchedulingGetTheTokensOfStepsPlannedOneAtATime) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  penalized_rows_get_the_tokens_of_steps_planned_one_at_a_time({});
+}
+
+TEST(EngineOnCuda, PenalizedRowsWithFedPenaltiesOffGetTheTokensOfStepsPlannedOneAtATime) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  penalized_rows_get_the_tokens_of_steps_planned_one_at_a_time(fed_penalties_off());
 }
 
 }  // namespace

@@ -113,3 +113,17 @@ def test_bad_sampling_parameter_is_named(serval, models):
                       "--prompt", PROMPT, "--top-p", "1.5", check=False)
     assert proc.returncode == 1
     assert "top_p" in proc.stderr
+
+
+def test_bad_cuda_tuning_key_is_named_with_the_valid_ones(serval, models):
+    proc = run_serval(serval, "generate", "--model", models / "stories260K" / "stories260K.gguf",
+                      "--prompt", PROMPT, "--cuda-tuning", "cutlass_swap=0,no_such_knob=1", check=False)
+    assert proc.returncode == 1
+    assert 'unknown key "no_such_knob"' in proc.stderr and "cutlass_swap_gated" in proc.stderr
+
+
+def test_cuda_tuning_is_refused_on_the_cpu(serval, models):
+    proc = run_serval(serval, "generate", "--model", models / "stories260K" / "stories260K.gguf",
+                      "--prompt", PROMPT, "--device", "cpu", "--cuda-tuning", "pdl=0", check=False)
+    assert proc.returncode == 1
+    assert "--cuda-tuning" in proc.stderr and "CPU" in proc.stderr

@@ -45,10 +45,6 @@ AttnParamsT<T> attn_params(const Tensor& q, const KvLayer& kv, const KvGeometry&
 
 }  // namespace
 
-AttentionStream attention_stream_from_env() {
-  return env_is_one("SERVAL_NO_ATTN_STREAM") ? AttentionStream::kOff : AttentionStream::kAuto;
-}
-
 void use_attention_stream(Backend& be, AttentionStream mode) {
   cuda_backend_of(be, "use_attention_stream").set_attention_stream(mode);
 }
@@ -99,14 +95,13 @@ void CudaBackend::paged_attention(const Tensor& q, const KvLayer& kv, const KvGe
 
 void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
   SERVAL_CHECK(b.context_len != nullptr, "paged_attention: the batch has no context_len");
-  static const bool direct = !env_is_one("SERVAL_NO_DIRECT_SPLIT");
-  p.whole_split_direct = direct;
+  p.whole_split_direct = tuning_.attn_direct_split;
   // b.max_context_len may be an upper bound (CUDA graphs): the split count and
   // the partials' size follow from it and the shape only, so the eager step
   // that precedes a capture sizes the scratch for every replay.
   p.num_splits = attention_decode_splits(p, b.max_context_len, num_sms_);
-  if (attention_stream_ == AttentionStream::kAlways ||
-      (attention_stream_ == AttentionStream::kAuto &&
+  if (tuning_.attn_stream == AttentionStream::kAlways ||
+      (tuning_.attn_stream == AttentionStream::kAuto &&
        attention_decode_stream_preferred(p, num_sms_, b.mean_context_len)))
     p.stream_blocks = attention_decode_stream_blocks(p, num_sms_);
   if (p.stream_blocks > 0) {
@@ -133,11 +128,8 @@ void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
   }
   if (p.stream_blocks == 0) {
     p.early_kv = attention_decode_early_kv(p, num_sms_);
-    // From 24 rows (H100, sessions 42-43): 7B 24-64 rows +0.2-1.1%, 8B 24-64
-    // +0.3-0.9%, 256 even. Below, the 7B lost: 17-23 rows 0.6-1.3%, and
-    // batch 1 13% (why was not measured); 8B 17-20 even.
-    static const bool trigger = !env_is_zero("SERVAL_ATTN_TRIGGER");
-    p.launch_dependents_early = trigger && b.num_tokens >= kAttnTriggerMinRows;
+    // From 24 rows only: below, the 7B's steps lost with it.
+    p.launch_dependents_early = tuning_.attn_trigger && b.num_tokens >= kAttnTriggerMinRows;
     if (counters > 0) p.merge_count = static_cast<int*>(scratch(attn_merge_count_, count_bytes));
   }
 }
@@ -145,20 +137,21 @@ void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
 void CudaBackend::launch_attention(const AttnParams& p, const BatchView& b) {
   bool ok = true;
   if (b.max_query_len > 1) ok = launch_attention_prefill(p, b.max_query_len, stream_);
-  if (ok) ok = p.stream_blocks > 0 ? launch_attention_decode_stream(p, stream_) : launch_attention_decode(p, stream_);
+  if (ok)
+    ok = p.stream_blocks > 0 ? launch_attention_decode_stream(p, launch_on()) : launch_attention_decode(p, launch_on());
   SERVAL_CHECK(ok, "paged_attention: head_dim ", p.head_dim,
                " has no CUDA kernel (compiled: 8, 16, 32, 64, 80, 96, 128, 256)");
 }
 
 // Steps of decodes only (graphs record them) whose projection leaves the rope
 // to a kernel after it: 17 rows and up, or NeoX rope below; by default only
-// CUTLASS's rows past its rope epilogue's (rope_in_attention_).
+// CUTLASS's rows past its rope epilogue's (CudaTuning::rope_in_attn).
 bool CudaBackend::rope_in_attention_fits(const Tensor& x, const Tensor& q, const RopeParams& rope,
                                          const KvGeometry& geom, const BatchView& b) const {
   const int D = geom.head_dim;
   const bool wanted =
-      rope_in_attention_ == RopeInAttention::kWhereItFits ||
-      (rope_in_attention_ == RopeInAttention::kCutlassRowsAfterTheEpilogue && cutlass_rows(x.rows) &&
+      tuning_.rope_in_attn == CudaTuning::RopeInAttn::kOn ||
+      (tuning_.rope_in_attn == CudaTuning::RopeInAttn::kAuto && cutlass_rows(x.rows) &&
        !cutlass_rope_rows(x.rows));
   return wanted && act_dtype_ == DType::BF16 && !batch_invariant_ && x.dtype == DType::BF16 &&
          b.max_query_len == 1 && b.num_tokens == b.num_seqs && x.rows == b.num_tokens && b.num_tokens > 0 &&

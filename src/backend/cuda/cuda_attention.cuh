@@ -70,10 +70,10 @@ struct AttnParamsT {
   // launched when the last wave has started: its CTAs take the SMs the tail
   // frees and prefetch their weights while it drains. Its own griddepcontrol.wait
   // still waits for this whole grid. Set by plan_attention for split decode steps
-  // of 24 rows and more (kAttnTriggerMinRows); SERVAL_ATTN_TRIGGER=0: at exit.
+  // of 24 rows and more (kAttnTriggerMinRows) unless CudaTuning::attn_trigger is off.
   bool launch_dependents_early = false;
   // A sequence whose context the first split holds whole gets its output from
-  // that split, and the merge skips it (SERVAL_NO_DIRECT_SPLIT=1: merged too).
+  // that split, and the merge skips it (CudaTuning::attn_direct_split).
   bool whole_split_direct = true;
   // Stream decode (cuda_attention_decode_stream.cu), when stream_blocks > 0:
   // that many blocks share the batch's tiles; the partials hold two pieces per
@@ -94,7 +94,7 @@ __device__ __forceinline__ const bf16* kv_row(const bf16* pool, const AttnParams
 
 // Launchers; they return false if head_dim has no compiled kernel.
 bool launch_attention_prefill(const AttnParams& p, int max_query_len, cudaStream_t stream);
-bool launch_attention_decode(const AttnParams& p, cudaStream_t stream);
+bool launch_attention_decode(const AttnParams& p, const Launch& on);
 
 // The decode launch's split count. It depends only on the launch shape
 // (num_seqs, kv_heads, group, head_dim), the SM count and `max_context_bound`
@@ -125,6 +125,6 @@ int attention_decode_stream_blocks(const AttnParams& p, int num_sms);
 bool attention_decode_stream_preferred(const AttnParams& p, int num_sms, int mean_context);
 int64_t attention_decode_stream_partial_floats(const AttnParams& p);
 int64_t attention_decode_stream_warps(const AttnParams& p);
-bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream);
+bool launch_attention_decode_stream(const AttnParams& p, const Launch& on);
 
 }  // namespace serval::cuda

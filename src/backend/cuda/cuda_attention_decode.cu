@@ -416,12 +416,12 @@ int resident_blocks_for(const AttnParams& p) {
 }
 
 template <int D, int NH>
-void launch_decode(const AttnParams& p, cudaStream_t stream) {
+void launch_decode(const AttnParams& p, const Launch& on) {
   resident_blocks<D, NH>();  // sets the shared-memory limit on first use
   const dim3 grid(unsigned(p.kv_heads * head_blocks(p.group)), unsigned(p.num_seqs), unsigned(p.num_splits));
   // Programmatic dependent launches: the kernels wait for the previous one
   // (griddepcontrol.wait) first thing.
-  launch_pdl(attn_decode_kernel<D, NH>, grid, dim3(kThreads), size_t(SplitSmem<D>::BYTES), stream, p);
+  launch_pdl(attn_decode_kernel<D, NH>, grid, dim3(kThreads), size_t(SplitSmem<D>::BYTES), on, p);
 }
 
 }  // namespace
@@ -487,16 +487,16 @@ int64_t attention_decode_merge_counters(const AttnParams& p) {
   return int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group);
 }
 
-bool launch_attention_decode(const AttnParams& p, cudaStream_t stream) {
+bool launch_attention_decode(const AttnParams& p, const Launch& on) {
   SERVAL_CHECK(p.num_splits >= 1 && p.num_splits <= kMaxSplits, "decode attention: ", p.num_splits, " splits");
   SERVAL_CHECK(p.num_splits == 1 || (p.part_out != nullptr && p.merge_count != nullptr),
                "decode attention: ", p.num_splits, " splits need partials and merge counters");
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (two_head_tiles(p.group))
-      launch_decode<D, 2>(p, stream);
+      launch_decode<D, 2>(p, on);
     else
-      launch_decode<D, 1>(p, stream);
+      launch_decode<D, 1>(p, on);
   });
 }
 

@@ -16,7 +16,7 @@
 // All blocks of the grid are resident at once (its size is the occupancy), so
 // a merger waiting for a later warp's flag always sees it come. (Not so if
 // another process takes SMs for good, as MPS with a thread limit can:
-// SERVAL_NO_ATTN_STREAM=1 there.)
+// --cuda-tuning attn_stream=off there.)
 //
 // CUDA graphs: the grid depends only on the GPU and the launch shape; the
 // runs follow the contexts of each replay (every block scans them first).
@@ -424,11 +424,11 @@ int64_t attention_decode_stream_partial_floats(const AttnParams& p) {
 
 int64_t attention_decode_stream_warps(const AttnParams& p) { return int64_t(p.stream_blocks) * kWarps; }
 
-bool launch_attention_decode_stream(const AttnParams& p, cudaStream_t stream) {
+bool launch_attention_decode_stream(const AttnParams& p, const Launch& on) {
   SERVAL_CHECK(p.stream_blocks > 0 && p.num_seqs <= kAttnStreamMaxSeqs && p.piece_ready != nullptr,
                "decode attention (stream): bad launch");
   return with_stream_kernel(p, [&](auto kernel, int, int smem) {
-    launch_pdl(kernel, dim3(unsigned(p.stream_blocks)), dim3(kThreads), size_t(smem), stream, p);
+    launch_pdl(kernel, dim3(unsigned(p.stream_blocks)), dim3(kThreads), size_t(smem), on, p);
   });
 }
 

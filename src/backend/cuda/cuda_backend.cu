@@ -23,7 +23,9 @@ const CudaWeight& as_cuda(const DeviceWeight& w) {
   return *cw;
 }
 
-CudaBackend::CudaBackend(int device, DType act_dtype) : device_(device), act_dtype_(act_dtype) {
+CudaBackend::CudaBackend(int device, DType act_dtype, const CudaTuning& tuning)
+    : device_(device), act_dtype_(act_dtype), tuning_(tuning) {
+  tuning_.cutlass_gemm = tuning.cutlass_gemm && cutlass_gemm_built();
   SERVAL_CHECK(act_dtype == DType::BF16 || act_dtype == DType::F32, "cuda backend: computes in bf16 or f32, not ",
                dtype_name(act_dtype));
   int count = 0;
@@ -239,7 +241,7 @@ std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_weight_group(cons
 std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_gated_pair(const TensorView& gate,
                                                                           const TensorView& up) {
   int64_t n = 0, n_up = 0;
-  const bool fits = interleaved_gate_up_ && weight_target(gate, n) == DType::BF16 &&
+  const bool fits = tuning_.gate_up_interleaved && weight_target(gate, n) == DType::BF16 &&
                     weight_target(up, n_up) == DType::BF16 && gate.shape.size() == 2 && up.shape == gate.shape &&
                     gate.shape[0] % kGateUpGroupRows == 0;
   if (!fits) return upload_weight_group({gate, up});
@@ -290,6 +292,20 @@ void* CudaBackend::host_op_scratch(DeviceBuffer& buf, int64_t bytes) {
   return buf.data();
 }
 
+Launch CudaBackend::launch_on() const {
+  return {stream_, tuning_.pdl, tuning_.gemv_sms > 0 ? std::min(tuning_.gemv_sms, num_sms_) : num_sms_};
+}
+
+CutlassLaunch CudaBackend::cutlass_on() const {
+  return {.stream = stream_,
+          .sms = num_sms_,
+          .pdl = tuning_.pdl,
+          .swap = tuning_.cutlass_swap,
+          .swap_gated = tuning_.cutlass_swap_gated,
+          .two_ctas = tuning_.cutlass_two_ctas,
+          .w_prefetch_k_blocks = tuning_.cutlass_w_prefetch};
+}
+
 void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
   if (buf.bytes() < bytes) {
     SERVAL_CHECK(!capturing_, "cuda backend: a scratch buffer must grow (", bytes,
@@ -303,16 +319,8 @@ void* CudaBackend::scratch(DeviceBuffer& buf, int64_t bytes) {
 
 namespace serval {
 
-std::unique_ptr<Backend> make_cuda_backend(DType act_dtype) {
-  return std::make_unique<cuda::CudaBackend>(0, act_dtype);
-}
-
-bool cuda::pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SERVAL_NO_PDL");
-    return v == nullptr || std::string(v) == "0";
-  }();
-  return on;
+std::unique_ptr<Backend> make_cuda_backend(DType act_dtype, const CudaTuning& tuning) {
+  return std::make_unique<cuda::CudaBackend>(0, act_dtype, tuning);
 }
 
 bool cuda_device_present() {

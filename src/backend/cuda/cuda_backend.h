@@ -7,6 +7,8 @@
 // cuda_cutlass_*.cu), everything else is our own kernels. All work runs
 // on one stream; copy_to_host(), tensor_to_host() and synchronize() wait for it.
 // In batch-invariant mode only our own kernels run (set_batch_invariant).
+// Which kernels and fusions the ops choose follows the CudaTuning it is made
+// with (runtime/cuda_tuning.h).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -23,6 +25,7 @@
 #include "backend/cuda/cuda_gemm_search_cache.h"
 #include "backend/cuda/cuda_stats.h"
 #include "runtime/backend.h"
+#include "runtime/cuda_tuning.h"
 
 namespace serval::cuda {
 
@@ -57,15 +60,12 @@ class CudaWeight : public DeviceWeight {
 };
 
 const CudaWeight& as_cuda(const DeviceWeight& w);
-bool skinny_gemm_from_env();  // cuda_matmul.cu
-bool cutlass_gemm_from_env();  // cuda_matmul.cu
-int64_t cutlass_rope_max_rows_from_env();  // cuda_matmul.cu
-AttentionStream attention_stream_from_env();  // cuda_attention.cu
 
 class CudaBackend : public Backend {
  public:
-  // `act_dtype`: BF16 or F32, for activations, weight matrices and the KV cache.
-  explicit CudaBackend(int device, DType act_dtype = DType::BF16);
+  // `act_dtype`: BF16 or F32, for activations, weight matrices and the KV
+  // cache. cutlass_gemm is on only where the build has CUTLASS.
+  explicit CudaBackend(int device, DType act_dtype = DType::BF16, const CudaTuning& tuning = {});
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
@@ -99,11 +99,9 @@ class CudaBackend : public Backend {
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
   std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views) override;
-  // Interleaved (cuda_gate_up_layout.cuh) where set_interleaved_gate_up is on
-  // (the default; SERVAL_GATE_UP_INTERLEAVED=0 turns it off), bf16 and the
-  // rows a multiple of 8; else upload_weight_group. H100, session 36: 7B
-  // +0.8-1.4% at 20-64 sequences (the silu kernel folded into CUTLASS's
-  // epilogue), 8B +1.3-1.7%, batch 1 +0.1-0.3%.
+  // Interleaved (cuda_gate_up_layout.cuh) where CudaTuning::gate_up_interleaved
+  // is on, bf16 and the rows a multiple of 8, so that CUTLASS's epilogue
+  // computes silu(gate) * up; else upload_weight_group.
   std::vector<std::unique_ptr<DeviceWeight>> upload_gated_pair(const TensorView& gate, const TensorView& up) override;
   // bf16: the GEMV's and CUTLASS's rope epilogues rotate adjacent pairs only.
   bool prefers_interleaved_rope() const override { return act_dtype_ == DType::BF16; }
@@ -138,12 +136,10 @@ class CudaBackend : public Backend {
   // In a step of decodes only whose projection leaves the rope to a kernel
   // after it (17 rows and up, or NeoX rope): the projection, then the split
   // decode kernel rotates q and k and writes the new K/V itself
-  // (AttnRopeFold), one kernel fewer per layer, the same bits. By default at
-  // CUTLASS's rows that its rope epilogue does not take (33-64): +0.3-0.6%
-  // at 40-56 sequences, even at 64 (H100, session 39); at 17-32 rows the
-  // epilogue is faster, and at 256 rows it lost 0.5% (session 35).
-  // SERVAL_ROPE_IN_ATTN=1 (or set_rope_in_attention(true)): wherever it fits;
-  // =0 (or false): nowhere.
+  // (AttnRopeFold), one kernel fewer per layer, the same bits. Where:
+  // CudaTuning::rope_in_attn (by default at CUTLASS's rows that its rope
+  // epilogue does not take, 33-64: elsewhere the epilogue, or the rope
+  // kernel at 256 rows, measured faster).
   void qkv_attention(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
                      Tensor q, Tensor k, Tensor v, const RopeParams& rope, const KvLayer& kv, const KvGeometry& geom,
                      const BatchView& batch, int32_t num_heads, float scale, Tensor out) override;
@@ -159,9 +155,11 @@ class CudaBackend : public Backend {
   int started_samples() const override;
   bool sample_ready() const override;
   // The sampler counts fed tokens (Task::fed_source), so async scheduling
-  // continues penalized rows. SERVAL_NO_FED_PENALTIES=1 leaves them to
+  // continues penalized rows. CudaTuning::fed_penalties off leaves them to
   // Scheduler::schedule() instead (for A/B runs and that path's tests).
-  bool counts_fed_tokens() const override { return !env_is_one("SERVAL_NO_FED_PENALTIES"); }
+  bool counts_fed_tokens() const override { return tuning_.fed_penalties; }
+
+  const CudaTuning& tuning() const { return tuning_; }
 
   cudaStream_t stream() const { return stream_; }
   // cuBLASLt launches that computed several weights as one strided batch.
@@ -169,23 +167,16 @@ class CudaBackend : public Backend {
   // q/k/v projections computed as one GEMM of their stacked weights (qkv_rope_kv_write).
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   int64_t elided_norms() const { return elided_norms_; }
-  void set_skinny_gemm(bool on) { skinny_gemm_ = on; }
-  void set_cutlass_gemm(bool on) { cutlass_gemm_ = on; }
+  void set_cutlass_gemm(bool on) { tuning_.cutlass_gemm = on && cutlass_gemm_built(); }
   // Products that CUTLASS's decode GEMM computed (cuda_cutlass_gemm.cu).
   int64_t cutlass_gemm_calls() const { return cutlass_gemm_calls_; }
-  void set_cutlass_rope_epilogue(bool on) { cutlass_rope_max_rows_ = on ? kCutlassMaxRows : 0; }
-  void set_interleaved_gate_up(bool on) { interleaved_gate_up_ = on; }
+  void set_cutlass_rope_epilogue(bool on) { tuning_.cutlass_rope_rows = on ? int(kCutlassMaxRows) : 0; }
+  void set_interleaved_gate_up(bool on) { tuning_.gate_up_interleaved = on; }
   // CUTLASS products that finished their outputs in the epilogue (cuda_cutlass_qkv_rope.cu).
   int64_t cutlass_epilogue_calls() const { return cutlass_epilogue_calls_; }
-  void set_attention_stream(AttentionStream mode) { attention_stream_ = mode; }
-  enum class RopeInAttention { kNowhere, kCutlassRowsAfterTheEpilogue, kWhereItFits };
+  void set_attention_stream(AttentionStream mode) { tuning_.attn_stream = mode; }
   void set_rope_in_attention(bool on) {
-    rope_in_attention_ = on ? RopeInAttention::kWhereItFits : RopeInAttention::kNowhere;
-  }
-  static RopeInAttention rope_in_attention_from_env() {
-    if (env_is_one("SERVAL_ROPE_IN_ATTN")) return RopeInAttention::kWhereItFits;
-    if (env_is_zero("SERVAL_ROPE_IN_ATTN")) return RopeInAttention::kNowhere;
-    return RopeInAttention::kCutlassRowsAfterTheEpilogue;
+    tuning_.rope_in_attn = on ? CudaTuning::RopeInAttn::kOn : CudaTuning::RopeInAttn::kOff;
   }
   // Decode attention launches that rotated q and wrote the new K/V themselves.
   int64_t rope_folded_attention_calls() const { return rope_folded_attention_calls_; }
@@ -212,13 +203,13 @@ class CudaBackend : public Backend {
   bool cutlass_rows(int64_t rows) const;
   // Whether the q/k/v product of `rows` rows takes rope and the KV write in
   // CUTLASS's epilogue (cuda_matmul.cu).
-  bool cutlass_rope_rows(int64_t rows) const { return cutlass_rows(rows) && rows <= cutlass_rope_max_rows_; }
+  bool cutlass_rope_rows(int64_t rows) const { return cutlass_rows(rows) && rows <= tuning_.cutlass_rope_rows; }
   void flush_l2();  // tune_matmul times candidates with a cold L2
   class LtRunTimer;  // runs and times one plan's candidates (cuda_lt_matmul.cu)
   bool searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
                        cublasLtMatmulAlgo_t& algo) const;
   bool own_kernel_fits(const Tensor& x) const;
-  // Our kernels for x @ W^T (own_kernel_fits): the GEMV, or the skinny GEMM.
+  // The GEMV for x @ W^T (own_kernel_fits).
   void own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n);
   void own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out);
   // gated_mlp_up of an interleaved pair (cuda_matmul.cu).
@@ -291,8 +282,13 @@ class CudaBackend : public Backend {
   bool rope_in_attention_fits(const Tensor& x, const Tensor& q, const RopeParams& rope, const KvGeometry& geom,
                               const BatchView& b) const;
 
+  // How our kernels and CUTLASS's launch on stream_ (tuning_'s pdl, gemv_sms and cutlass_*).
+  Launch launch_on() const;
+  CutlassLaunch cutlass_on() const;
+
   int device_ = 0;
   DType act_dtype_ = DType::BF16;
+  CudaTuning tuning_;
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
@@ -302,11 +298,7 @@ class CudaBackend : public Backend {
   // Timed algorithms by the shape with the token count's bucket for n.
   std::map<GemmShape::Key, cublasLtMatmulAlgo_t> tuned_algos_;
   int64_t batched_gemm_calls_ = 0;
-  bool skinny_gemm_ = skinny_gemm_from_env();  // 17..48 rows: the skinny GEMM instead of cuBLASLt
-  bool cutlass_gemm_ = cutlass_gemm_from_env();  // 17..64 rows: CUTLASS instead of cuBLASLt
   int64_t cutlass_gemm_calls_ = 0;
-  int64_t cutlass_rope_max_rows_ = cutlass_rope_max_rows_from_env();  // cutlass_rope_rows
-  bool interleaved_gate_up_ = !env_is_zero("SERVAL_GATE_UP_INTERLEAVED");  // upload_gated_pair interleaves
   DeviceBuffer gated_product_;  // gated_mlp_up's [T, 2I] product of an interleaved pair, up to 256 rows
   int64_t cutlass_epilogue_calls_ = 0;
   bool gemm_search_ = false;  // set_gemm_search: tune_matmul's wide search (cuda_matmul_search.cu)
@@ -332,9 +324,7 @@ class CudaBackend : public Backend {
   DeviceBuffer attn_partials_;  // split-KV decode: per-split outputs and (max, sum)
   DeviceBuffer attn_piece_ready_;  // stream decode: per-warp flags, zero between launches
   DeviceBuffer attn_merge_count_;  // split-KV decode: arrival counters, zero between launches
-  AttentionStream attention_stream_ = attention_stream_from_env();
   int64_t stream_attention_calls_ = 0;
-  RopeInAttention rope_in_attention_ = rope_in_attention_from_env();
   int64_t rope_folded_attention_calls_ = 0;
   bool capturing_ = false;      // inside begin_capture() .. end_capture()
   int64_t scratch_epoch_ = 0;   // scratch reallocations so far (graph_epoch)

@@ -1,23 +1,18 @@
 #pragma once
-// Helpers shared by the CUDA backend's kernels: error checks, bf16 vector
-// loads, block-wide reductions, the A/B switches' environment reads.
+// Helpers shared by the CUDA backend's kernels: error checks, launches as
+// programmatic dependents, bf16 vector loads, block-wide reductions.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <utility>
 
+#include "backend/cuda/cuda_launch.h"
 #include "core/error.h"
 
 namespace serval::cuda {
 
 using bf16 = __nv_bfloat16;
-
-// The backend's A/B switches: whether environment variable `name` is "1" / "0".
-bool env_is_one(const char* name);   // cuda_matmul.cu
-bool env_is_zero(const char* name);  // cuda_matmul.cu
-// Its value as an integer (atoi), or `fallback` where it is unset.
-int env_int(const char* name, int fallback);  // cuda_matmul.cu
 
 #define SERVAL_CUDA_CHECK(expr)                                                                       \
   do {                                                                                                \
@@ -38,22 +33,20 @@ inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 // for a GEMV, its first weight loads) overlaps that kernel's tail. The kernel
 // must call pdl_wait() before it reads anything the previous kernel wrote;
 // it may call pdl_launch_dependents() once the next kernel may be scheduled.
-// SERVAL_NO_PDL=1 in the environment launches them as plain kernels (a
+// With on.pdl off (CudaTuning::pdl) they launch as plain kernels (a
 // debugging aid: the results must not change).
-bool pdl_enabled();  // cuda_backend.cu
-
 template <typename... KArgs, typename... Args>
-void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, const Launch& on, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
+  cfg.stream = on.stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = on.pdl ? 1 : 0;
   SERVAL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -13,8 +13,8 @@
 //
 // At 33-64 rows (swapped_rows) the product runs on the swapped kernel (x rows
 // as wgmma's M) in W tiles of 64 or 96 pair rows, whichever fills the SMs'
-// waves best (7B: 96; 8B: 64). SERVAL_CUTLASS_SWAP_GATED=0 keeps W as A
-// there, for A/B runs. Tiles of 176 (one wave) lose (session 41).
+// waves best (7B: 96; 8B: 64), unless CutlassLaunch::swap_gated is off (W
+// as A there). (Tiles of 176, one wave, lost.)
 #include "backend/cuda/cuda_cutlass_gemm.h"
 
 #ifdef SERVAL_WITH_CUTLASS
@@ -87,22 +87,20 @@ struct SwappedSiluMulOp {
 
 template <int kWRows>
 bool swapped_silu_mul(const GemmShape& s, const void* w, const void* x, const SiluMulOp::Params& p,
-                      cudaStream_t stream) {
-  return SwappedDecodeKernel<kWRows, RegisterEpilogue<SwappedSiluMulOp>>::launch(s, w, x, p, stream);
+                      const CutlassLaunch& l) {
+  return SwappedDecodeKernel<kWRows, RegisterEpilogue<SwappedSiluMulOp>>::launch(s, w, x, p, l);
 }
 
 }  // namespace
 
-bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, int sms,
-                      cudaStream_t stream) {
+bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, const CutlassLaunch& l) {
   if (s.m % 2 != 0) return false;
   const SiluMulOp::Params p{out, int(s.m / 2)};
-  static const bool swap_gated = !env_is_zero("SERVAL_CUTLASS_SWAP_GATED");
-  if (swap_gated && swapped_rows(s.n) && s.batch == 1 && !s.y_f32) {
-    return best_w_tile(s.m, 1, sms, {64, 96}) == 96 ? swapped_silu_mul<96>(s, w, x, p, stream)
-                                                    : swapped_silu_mul<64>(s, w, x, p, stream);
+  if (l.swap_gated && swapped_rows(s.n, l) && s.batch == 1 && !s.y_f32) {
+    return best_w_tile(s.m, 1, l.sms, {64, 96}) == 96 ? swapped_silu_mul<96>(s, w, x, p, l)
+                                                      : swapped_silu_mul<64>(s, w, x, p, l);
   }
-  return launch_with_op<SiluMulOp>(s, w, x, p, stream);
+  return launch_with_op<SiluMulOp>(s, w, x, p, l);
 }
 
 }  // namespace serval::cuda
@@ -111,7 +109,7 @@ bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfl
 
 namespace serval::cuda {
 
-bool cutlass_silu_mul(const GemmShape&, const void*, const void*, __nv_bfloat16*, int, cudaStream_t) {
+bool cutlass_silu_mul(const GemmShape&, const void*, const void*, __nv_bfloat16*, const CutlassLaunch&) {
   return false;
 }
 

@@ -1,12 +1,9 @@
 // Decode products of 17..64 rows through CUTLASS's Hopper GEMM
 // (cuda_cutlass_kernel.cuh), its TMA epilogue storing y as computed: a tile
-// of 64 rows of x; of 32 up to 32 rows, where the 64-row tile was 2.5-5%
-// slower than cuBLASLt on an H100 and the 32-row one 4.5-5% faster; of 48 at
-// 33..47 rows (1.5-2.2% faster than cuBLASLt whole-step on an H100).
-// At 33..64 rows the swapped kernel takes them instead (x as A, W as B in W
-// tiles that fill the SMs' waves: 7B decode steps +1.4-1.8% at 36-44 rows,
-// +0.3-0.6% at 48-64, the 8B's even, H100, session 40); SERVAL_CUTLASS_SWAP=0
-// keeps the tiles above.
+// of 32 rows of x up to 32 rows (where the 64-row tile lost to cuBLASLt), of
+// 48 at 33..47 rows and of 64 above. At 33..64 rows the swapped kernel takes
+// them instead (x as A, W as B in W tiles that fill the SMs' waves), unless
+// CutlassLaunch::swap is off.
 //
 // Why not cuBLASLt for them: its kernels cannot be programmatic dependents
 // (they do not wait on the kernel before them), so every product pays a
@@ -44,12 +41,11 @@ template <class ElementY, int kRowsOfX>
 struct DecodeGemm {
   using Epilogue = TmaEpilogue<ElementY, Tile<kRowsOfX>, LayoutY>;
 
-  static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+  static bool run(const GemmShape& s, const void* w, const void* x, void* y, const CutlassLaunch& l) {
     typename Epilogue::StrideD sy{};  // (m, n, batch)
     cute::get<1>(sy) = s.m;
     cute::get<2>(sy) = s.stride_y;
-    return launch_tile<kRowsOfX, Epilogue>(s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy},
-                                           stream);
+    return launch_tile<kRowsOfX, Epilogue>(s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}, l);
   }
 };
 
@@ -59,25 +55,25 @@ template <class ElementY, int kWRows>
 struct SwappedGemm {
   using Epilogue = TmaEpilogue<ElementY, Tile<kWRows>, cutlass::layout::RowMajor>;
 
-  static bool run(const GemmShape& s, const void* w, const void* x, void* y, cudaStream_t stream) {
+  static bool run(const GemmShape& s, const void* w, const void* x, void* y, const CutlassLaunch& l) {
     typename Epilogue::StrideD sy{};  // (x row, W row, batch)
     cute::get<0>(sy) = s.m;
     cute::get<2>(sy) = s.stride_y;
     return SwappedDecodeKernel<kWRows, Epilogue>::launch(
-        s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}, stream);
+        s, w, x, {{1.0f, 0.0f}, nullptr, sy, static_cast<ElementY*>(y), sy}, l);
   }
 };
 
 // bf16 products take W tiles of 48, 64 or 96 rows, whichever fills the waves
 // best (7B q/k/v: 96; 8B q/k/v: 48; o and down, split in two: 64); f32 ones
 // (split halves, logits) 64.
-bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, int sms, cudaStream_t stream) {
+bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, const CutlassLaunch& l) {
   using cutlass::bfloat16_t;
-  if (s.y_f32) return SwappedGemm<float, 64>::run(s, w, x, y, stream);
-  switch (best_w_tile(s.m, s.batch, sms, {64, 96, 48})) {
-    case 96: return SwappedGemm<bfloat16_t, 96>::run(s, w, x, y, stream);
-    case 48: return SwappedGemm<bfloat16_t, 48>::run(s, w, x, y, stream);
-    default: return SwappedGemm<bfloat16_t, 64>::run(s, w, x, y, stream);
+  if (s.y_f32) return SwappedGemm<float, 64>::run(s, w, x, y, l);
+  switch (best_w_tile(s.m, s.batch, l.sms, {64, 96, 48})) {
+    case 96: return SwappedGemm<bfloat16_t, 96>::run(s, w, x, y, l);
+    case 48: return SwappedGemm<bfloat16_t, 48>::run(s, w, x, y, l);
+    default: return SwappedGemm<bfloat16_t, 64>::run(s, w, x, y, l);
   }
 }
 
@@ -85,26 +81,15 @@ bool swapped_gemm(const GemmShape& s, const void* w, const void* x, void* y, int
 
 bool cutlass_gemm_built() { return true; }
 
-namespace cutlass_decode {
-
-int w_prefetch_k_blocks() {
-  static const int blocks = std::max(0, env_int("SERVAL_CUTLASS_W_PREFETCH", 4));
-  return blocks;
-}
-
-}  // namespace cutlass_decode
-
-bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, int sms, cudaStream_t stream) {
+bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, const CutlassLaunch& l) {
   if (s.n < 1 || s.n > kCutlassMaxRows) return false;
-  if (swapped_rows(s.n)) return swapped_gemm(s, w, x, y, sms, stream);
+  if (swapped_rows(s.n, l)) return swapped_gemm(s, w, x, y, l);
+  using cutlass::bfloat16_t;
   if (s.n <= 32)
-    return s.y_f32 ? DecodeGemm<float, 32>::run(s, w, x, y, stream)
-                   : DecodeGemm<cutlass::bfloat16_t, 32>::run(s, w, x, y, stream);
+    return s.y_f32 ? DecodeGemm<float, 32>::run(s, w, x, y, l) : DecodeGemm<bfloat16_t, 32>::run(s, w, x, y, l);
   if (s.n < 48)
-    return s.y_f32 ? DecodeGemm<float, 48>::run(s, w, x, y, stream)
-                   : DecodeGemm<cutlass::bfloat16_t, 48>::run(s, w, x, y, stream);
-  return s.y_f32 ? DecodeGemm<float, 64>::run(s, w, x, y, stream)
-                 : DecodeGemm<cutlass::bfloat16_t, 64>::run(s, w, x, y, stream);
+    return s.y_f32 ? DecodeGemm<float, 48>::run(s, w, x, y, l) : DecodeGemm<bfloat16_t, 48>::run(s, w, x, y, l);
+  return s.y_f32 ? DecodeGemm<float, 64>::run(s, w, x, y, l) : DecodeGemm<bfloat16_t, 64>::run(s, w, x, y, l);
 }
 
 }  // namespace serval::cuda
@@ -114,7 +99,7 @@ bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, int
 namespace serval::cuda {
 
 bool cutlass_gemm_built() { return false; }
-bool cutlass_gemm(const GemmShape&, const void*, const void*, void*, int, cudaStream_t) { return false; }
+bool cutlass_gemm(const GemmShape&, const void*, const void*, void*, const CutlassLaunch&) { return false; }
 
 }  // namespace serval::cuda
 

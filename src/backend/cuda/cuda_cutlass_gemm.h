@@ -13,13 +13,24 @@ namespace serval::cuda {
 
 // Whether this build has CUTLASS (its headers were found at configure time).
 bool cutlass_gemm_built();
+
+// How the decode GEMMs launch (CudaTuning's pdl and cutlass_* keys).
+struct CutlassLaunch {
+  cudaStream_t stream = nullptr;
+  int sms = 0;      // the device's SM count: W tiles sized to its waves
+  bool pdl = true;  // as a programmatic dependent of the kernel before
+  bool swap = true;        // 33..64 rows: the swapped kernel
+  bool swap_gated = true;  // the same for the gate/up pair (cutlass_silu_mul)
+  bool two_ctas = true;    // 17..32 rows: two CTAs per SM
+  int w_prefetch_k_blocks = 4;  // k blocks of W asked of L2 before the wait
+};
+
 // y = x @ W^T as `s` says (bf16 W and x; y bf16, or f32 when s.y_f32), at
-// most kCutlassMaxRows rows, launched as a programmatic dependent of the
-// kernel before it; `sms`, the device's SM count, sizes its tiles to the
-// waves. Returns false, having launched nothing, where CUTLASS cannot take
-// the operands (alignment) or the build has no CUTLASS.
+// most kCutlassMaxRows rows, launched as `l` says. Returns false, having
+// launched nothing, where CUTLASS cannot take the operands (alignment) or
+// the build has no CUTLASS.
 constexpr int64_t kCutlassMaxRows = 64;  // one tile of 64 rows of x
-bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, int sms, cudaStream_t stream);
+bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, const CutlassLaunch& l);
 
 // Where the stacked q/k/v product's rows go (cutlass_qkv_rope_kv_write): its
 // first q_cols W rows are q, the next kv_cols k, the last kv_cols v. Rope of
@@ -40,13 +51,12 @@ struct CutlassQkvRopeKv {
 // epilogue as `e` says: no product in memory. Returns false, having launched
 // nothing, where it cannot take the operands.
 bool cutlass_qkv_rope_kv_write(const GemmShape& s, const void* w, const void* x, const CutlassQkvRopeKv& e,
-                               cudaStream_t stream);
+                               const CutlassLaunch& l);
 
 // out [s.n, s.m / 2] = silu(x @ gate^T) * (x @ up^T) for an interleaved
 // gate/up pair W of s.m rows (cuda_gate_up_layout.cuh; s.m a multiple of
-// 64), finished in the epilogue; `sms` as cutlass_gemm's. Returns false,
-// having launched nothing, where it cannot take the operands.
-bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, int sms,
-                      cudaStream_t stream);
+// 64), finished in the epilogue. Returns false, having launched nothing,
+// where it cannot take the operands.
+bool cutlass_silu_mul(const GemmShape& s, const void* w, const void* x, __nv_bfloat16* out, const CutlassLaunch& l);
 
 }  // namespace serval::cuda

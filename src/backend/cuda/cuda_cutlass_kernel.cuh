@@ -37,21 +37,21 @@ using Tile = cute::Shape<cute::_64, cute::Int<kN>, cute::_128>;
 using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using LayoutY = cutlass::layout::ColumnMajor;
 
-// How many k blocks of its W rows each CTA asks L2 for before it waits for
-// the kernel before it (griddepcontrol.wait): a CTA made resident early (the
-// norm kernels let the next kernel in at once, a product once its mainloop
-// is done) streams weights while DRAM would idle in that kernel's end. 4 (512
-// of k): 7B steps +0.4-0.7% at 20-64 rows on an H100, 2 even, 8 +0.3-0.5%,
-// 16 -3.5% (session 41). SERVAL_CUTLASS_W_PREFETCH=P sets it (0: none).
-int w_prefetch_k_blocks();  // cuda_cutlass_gemm.cu
-
-// CUTLASS's mainloop `Base` with that prefetch in load_init, which the kernel
-// calls in every thread before it waits (one warp issues it, a bulk L2
-// prefetch a row). kWIsB: W is the product's B (SwappedDecodeKernel), its rows
-// the N tiles (blockIdx.y); else its A (blockIdx.x). The batch (split k) is
-// blockIdx.z.
+// CUTLASS's mainloop `Base` with an L2 prefetch of the first
+// Arguments::prefetch_k_blocks k blocks of the CTA's W rows
+// (CutlassLaunch::w_prefetch_k_blocks) in load_init, which the kernel calls
+// in every thread before it waits for the kernel before it
+// (griddepcontrol.wait): a CTA made resident early (the norm kernels let the
+// next kernel in at once, a product once its mainloop is done) streams
+// weights while DRAM would idle in that kernel's end. One warp issues it, a
+// bulk L2 prefetch a row. kWIsB: W is the product's B (SwappedDecodeKernel),
+// its rows the N tiles (blockIdx.y); else its A (blockIdx.x). The batch
+// (split k) is blockIdx.z.
 template <class Base, bool kWIsB>
 struct PrefetchingMainloop : Base {
+  struct Arguments : Base::Arguments {
+    int prefetch_k_blocks = 0;
+  };
   struct Params : Base::Params {
     const Bf16* w = nullptr;
     int64_t ld = 0, stride_l = 0;
@@ -59,14 +59,13 @@ struct PrefetchingMainloop : Base {
   };
 
   template <class ProblemShape>
-  static Params to_underlying_arguments(ProblemShape const& shape, typename Base::Arguments const& args,
-                                        void* workspace) {
+  static Params to_underlying_arguments(ProblemShape const& shape, Arguments const& args, void* workspace) {
     Params p{Base::to_underlying_arguments(shape, args, workspace)};
     const auto& stride = kWIsB ? args.dB : args.dA;
     p.w = kWIsB ? args.ptr_B : args.ptr_A;
     p.ld = cute::get<0>(stride);
     p.stride_l = cute::get<2>(stride);
-    p.prefetch_k = w_prefetch_k_blocks() * int(cute::size<2>(typename Base::TileShape{}));
+    p.prefetch_k = args.prefetch_k_blocks * int(cute::size<2>(typename Base::TileShape{}));
     return p;
   }
 
@@ -112,10 +111,11 @@ Stride operand_stride(const GemmShape& s, int64_t batch_stride) {
 // Shared memory an SM gives each of k CTAs (228 KB, 1 KB of it reserved per CTA).
 constexpr int smem_per_cta(int k) { return 233472 / k - 1024; }
 
-// Launches CUTLASS's `Kernel` with `args` as a programmatic dependent, kCtasPerSm
-// CTAs per SM; false, having launched nothing, where it cannot take them.
+// Launches CUTLASS's `Kernel` with `args` on l.stream (a programmatic
+// dependent where l.pdl), kCtasPerSm CTAs per SM; false, having launched
+// nothing, where it cannot take them.
 template <class Kernel, int kCtasPerSm = 1>
-bool launch_kernel(const typename Kernel::Arguments& args, cudaStream_t stream) {
+bool launch_kernel(const typename Kernel::Arguments& args, const CutlassLaunch& l) {
   // No workspace (no split-K of its own: no memset node between it and the
   // kernel before).
   if (!Kernel::can_implement(args) || Kernel::get_workspace_size(args) != 0) return false;
@@ -134,8 +134,8 @@ bool launch_kernel(const typename Kernel::Arguments& args, cudaStream_t stream) 
   (void)configured;
   const typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
   return cutlass::kernel_launch<Kernel>(Kernel::get_grid_shape(params), Kernel::get_block_shape(),
-                                        Kernel::SharedStorageSize, stream, params,
-                                        /*launch_with_pdl=*/true) == cutlass::Status::kSuccess;
+                                        Kernel::SharedStorageSize, l.stream, params,
+                                        /*launch_with_pdl=*/l.pdl) == cutlass::Status::kSuccess;
 }
 
 // The kernel of tile kRowsOfX with the collective epilogue `Epilogue`, as
@@ -152,20 +152,22 @@ struct DecodeKernel {
                 "the stages must leave room for kCtasPerSm CTAs per SM");
 
   // The mainloop's arguments for `s` (strides of W and x, their L mode the batch).
-  static typename Mainloop::Arguments mainloop_args(const GemmShape& s, const void* w, const void* x) {
-    return {static_cast<const Bf16*>(w), operand_stride<typename Kernel::StrideA>(s, s.stride_w),
-            static_cast<const Bf16*>(x), operand_stride<typename Kernel::StrideB>(s, s.stride_x)};
+  static typename Mainloop::Arguments mainloop_args(const GemmShape& s, const void* w, const void* x,
+                                                    const CutlassLaunch& l) {
+    return {{static_cast<const Bf16*>(w), operand_stride<typename Kernel::StrideA>(s, s.stride_w),
+             static_cast<const Bf16*>(x), operand_stride<typename Kernel::StrideB>(s, s.stride_x)},
+            l.w_prefetch_k_blocks};
   }
 
   // Launches the product of `s` with epilogue arguments `epi`; false, having
   // launched nothing, where the kernel cannot take the operands.
   static bool launch(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
-                     cudaStream_t stream) {
+                     const CutlassLaunch& l) {
     return launch_kernel<Kernel, kCtasPerSm>({cutlass::gemm::GemmUniversalMode::kGemm,
                                               {int(s.m), int(s.n), int(s.k), int(s.batch)},
-                                              mainloop_args(s, w, x),
+                                              mainloop_args(s, w, x, l),
                                               epi},
-                                             stream);
+                                             l);
   }
 };
 
@@ -181,25 +183,23 @@ struct SwappedDecodeKernel {
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
 
   static bool launch(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
-                     cudaStream_t stream) {
+                     const CutlassLaunch& l) {
     return launch_kernel<Kernel>({cutlass::gemm::GemmUniversalMode::kGemm,
                                   {int(s.n), int(s.m), int(s.k), int(s.batch)},
-                                  {static_cast<const Bf16*>(x),
-                                   operand_stride<typename Kernel::StrideA>(s, s.stride_x),
-                                   static_cast<const Bf16*>(w),
-                                   operand_stride<typename Kernel::StrideB>(s, s.stride_w)},
+                                  {{static_cast<const Bf16*>(x),
+                                    operand_stride<typename Kernel::StrideA>(s, s.stride_x),
+                                    static_cast<const Bf16*>(w),
+                                    operand_stride<typename Kernel::StrideB>(s, s.stride_w)},
+                                   l.w_prefetch_k_blocks},
                                   epi},
-                                 stream);
+                                 l);
   }
 };
 
 // Whether products of `rows` of x take the swapped kernel: at 33-64 rows
 // (the tile's 64 rows of x as wgmma's M; rows past x's are TMA's zeros, not
-// read). SERVAL_CUTLASS_SWAP=0: nowhere, for A/B runs.
-inline bool swapped_rows(int64_t rows) {
-  static const bool on = !env_is_zero("SERVAL_CUTLASS_SWAP");
-  return on && rows >= 33 && rows <= 64;
-}
+// read), unless l.swap is off.
+inline bool swapped_rows(int64_t rows, const CutlassLaunch& l) { return l.swap && rows >= 33 && rows <= 64; }
 
 // Whether a TiledMma's accumulators (its (thread, value) -> W row + 64 x row
 // of x layout) are wgmma's for one warpgroup as the register epilogues' ops
@@ -300,24 +300,18 @@ class RegisterEpilogueOp {
   Params params_;
 };
 
-// The 32-row tile (17..32 rows) runs two CTAs per SM, each with the stages
-// of half an SM (4 instead of 9 with the register epilogues; 42 registers a
-// thread): q/k/v's 192 tiles and gate/up's 344 take fewer waves, and one
-// CTA's epilogue runs beside the other's mainloop (+0.2-2.3%, H100, session
-// 39). The 64-row tile lost 6-10% that way (3 stages instead of 6-7).
-// SERVAL_CUTLASS_TWO_CTAS=0 launches the one-CTA form, for A/B runs.
-inline bool two_ctas_for_32_rows() {
-  static const bool on = !env_is_zero("SERVAL_CUTLASS_TWO_CTAS");
-  return on;
-}
-
-// Launches the kernel of tile kRowsOfX (DecodeKernel::launch).
+// Launches the kernel of tile kRowsOfX (DecodeKernel::launch). The 32-row
+// tile (17..32 rows) runs two CTAs per SM where l.two_ctas, each with the
+// stages of half an SM (4 instead of 9 with the register epilogues; 42
+// registers a thread): q/k/v's 192 tiles and gate/up's 344 take fewer
+// waves, and one CTA's epilogue runs beside the other's mainloop. (The
+// 64-row tile lost that way: 3 stages instead of 6-7.)
 template <int kRowsOfX, class Epilogue>
 bool launch_tile(const GemmShape& s, const void* w, const void* x, const typename Epilogue::Arguments& epi,
-                 cudaStream_t stream) {
+                 const CutlassLaunch& l) {
   if constexpr (kRowsOfX == 32)
-    if (two_ctas_for_32_rows()) return DecodeKernel<32, Epilogue, 2>::launch(s, w, x, epi, stream);
-  return DecodeKernel<kRowsOfX, Epilogue>::launch(s, w, x, epi, stream);
+    if (l.two_ctas) return DecodeKernel<32, Epilogue, 2>::launch(s, w, x, epi, l);
+  return DecodeKernel<kRowsOfX, Epilogue>::launch(s, w, x, epi, l);
 }
 
 template <class Op>
@@ -328,11 +322,11 @@ using RegisterEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpeci
 // false, having launched nothing, where none takes it.
 template <class Op>
 bool launch_with_op(const GemmShape& s, const void* w, const void* x, const typename Op::Params& p,
-                    cudaStream_t stream) {
+                    const CutlassLaunch& l) {
   if (s.n < 1 || s.n > kCutlassMaxRows || s.batch != 1 || s.y_f32) return false;
-  if (s.n <= 32) return launch_tile<32, RegisterEpilogue<Op>>(s, w, x, p, stream);
-  if (s.n < 48) return launch_tile<48, RegisterEpilogue<Op>>(s, w, x, p, stream);
-  return launch_tile<64, RegisterEpilogue<Op>>(s, w, x, p, stream);
+  if (s.n <= 32) return launch_tile<32, RegisterEpilogue<Op>>(s, w, x, p, l);
+  if (s.n < 48) return launch_tile<48, RegisterEpilogue<Op>>(s, w, x, p, l);
+  return launch_tile<64, RegisterEpilogue<Op>>(s, w, x, p, l);
 }
 
 }  // namespace serval::cuda::cutlass_decode

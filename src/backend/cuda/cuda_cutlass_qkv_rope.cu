@@ -90,8 +90,8 @@ struct QkvRopeKvOp {
 }  // namespace
 
 bool cutlass_qkv_rope_kv_write(const GemmShape& s, const void* w, const void* x, const CutlassQkvRopeKv& e,
-                               cudaStream_t stream) {
-  return cutlass_decode::launch_with_op<QkvRopeKvOp>(s, w, x, e, stream);
+                               const CutlassLaunch& l) {
+  return cutlass_decode::launch_with_op<QkvRopeKvOp>(s, w, x, e, l);
 }
 
 }  // namespace serval::cuda
@@ -100,7 +100,8 @@ bool cutlass_qkv_rope_kv_write(const GemmShape& s, const void* w, const void* x,
 
 namespace serval::cuda {
 
-bool cutlass_qkv_rope_kv_write(const GemmShape&, const void*, const void*, const CutlassQkvRopeKv&, cudaStream_t) {
+bool cutlass_qkv_rope_kv_write(const GemmShape&, const void*, const void*, const CutlassQkvRopeKv&,
+                               const CutlassLaunch&) {
   return false;
 }
 

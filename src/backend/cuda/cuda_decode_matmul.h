@@ -1,12 +1,13 @@
 #pragma once
-// Our own kernels for the matmuls of decode-sized batches (bf16 x, W and y,
-// or an f32 y alone): the GEMV for 1..16 rows of x (cuda_gemv.cu) and the
-// skinny GEMM for 17..48 (cuda_skinny_gemm.cu), each also in the fused forms
-// (up to three weights in one launch; silu(x gate^T) * (x up^T)). CudaBackend's
-// matmuls dispatch here (cuda_matmul.cu), and so does bench/cuda_gemv_bench.
+// Our own kernel for the matmuls of decode-sized batches (bf16 x, W and y,
+// or an f32 y alone): the GEMV for 1..16 rows of x (cuda_gemv.cu), also in
+// the fused forms (up to three weights in one launch; silu(x gate^T) *
+// (x up^T)). CudaBackend's matmuls dispatch here (cuda_matmul.cu), and so
+// does bench/cuda_gemv_bench.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_launch.h"
 #include "runtime/backend.h"
 
 namespace serval::cuda {
@@ -58,32 +59,22 @@ struct GemvNorm {
 constexpr int kGemvNormOwnScalesMaxTokens = 4;
 // scales[t] = 1 / sqrt(sum of x[t, :]^2 / x.cols + eps) for GemvNorm::scales
 // (bf16 x, up to 16 rows, a multiple of 8 columns).
-void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t stream);
+void gemv_row_scales(const Tensor& x, float eps, float* scales, const Launch& on);
 
 // ys[i] = x @ ws[i]^T for 1..3 weights; the outputs all bf16, or a single f32
 // one. With rope.positions: exactly three bf16 outputs, q/k/v (see GemvRopeKv).
 // `norm`: kProduce with one bf16 output, or kConsume with rope (up to 16 rows).
-void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
+void gemv(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, const Launch& on,
           const GemvRopeKv& rope = {}, const GemvNorm& norm = {});
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols],
 // or an interleaved pair (cuda_gate_up_layout.cuh: `interleaved`).
 // `norm`: kNone or kConsume (up to 16 rows).
-void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                cudaStream_t stream, const GemvNorm& norm = {}, bool interleaved = false);
+void gemv_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out, const Launch& on,
+                const GemvNorm& norm = {}, bool interleaved = false);
 
 // y = x @ w^T for any bf16 x (y bf16 or f32): one warp per output, in a fixed
 // order (cuda_rowwise_matmul.cu). Batch-invariant mode's matmul for the inputs
 // the GEMV cannot read.
 void rowwise_matmul(const Tensor& x, const __nv_bfloat16* w, const Tensor& y, cudaStream_t stream);
-
-bool skinny_gemm_fits(const Tensor& x);
-void skinny_gemm(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void skinny_gemm_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                       cudaStream_t stream);
-
-// The GEMV when x fits it, else the skinny GEMM (x must fit one of them).
-void decode_matmul(const Tensor& x, const __nv_bfloat16* const* ws, const Tensor* ys, int n, cudaStream_t stream);
-void decode_matmul_gated(const Tensor& x, const __nv_bfloat16* gate, const __nv_bfloat16* up, Tensor out,
-                         cudaStream_t stream);
 
 }  // namespace serval::cuda

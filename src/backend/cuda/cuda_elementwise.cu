@@ -237,41 +237,41 @@ float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
 
 template <typename Out>
 void launch_gather(const void* src, DType src_dtype, const int32_t* idx, const TokenFeed& feed, Out* out, int64_t rows,
-                   int64_t cols, cudaStream_t stream) {
+                   int64_t cols, const Launch& on) {
   const dim3 grid{unsigned(rows)}, block{unsigned(row_threads(cols))};
   if (src_dtype == DType::F32)
-    launch_pdl(gather_kernel<float, Out>, grid, block, 0, stream, static_cast<const float*>(src), idx, feed, out, cols);
+    launch_pdl(gather_kernel<float, Out>, grid, block, 0, on, static_cast<const float*>(src), idx, feed, out, cols);
   else
-    launch_pdl(gather_kernel<bf16, Out>, grid, block, 0, stream, static_cast<const bf16*>(src), idx, feed, out, cols);
+    launch_pdl(gather_kernel<bf16, Out>, grid, block, 0, on, static_cast<const bf16*>(src), idx, feed, out, cols);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
-void gather(const void* src, DType src_dtype, const int32_t* idx, const Tensor& out, cudaStream_t stream,
+void gather(const void* src, DType src_dtype, const int32_t* idx, const Tensor& out, const Launch& on,
             const TokenFeed& feed = {}) {
   if (out.dtype == DType::F32)
-    launch_gather(src, src_dtype, idx, feed, f32(out), out.rows, out.cols, stream);
+    launch_gather(src, src_dtype, idx, feed, f32(out), out.rows, out.cols, on);
   else
-    launch_gather(src, src_dtype, idx, feed, bf(out), out.rows, out.cols, stream);
+    launch_gather(src, src_dtype, idx, feed, bf(out), out.rows, out.cols, on);
 }
 
 // out (and delta) are of type O; x is bf16 or f32.
 template <bool kAdd, typename O>
-void launch_rmsnorm(const Tensor& x, const O* delta, const float* w, float eps, O* out, cudaStream_t stream) {
+void launch_rmsnorm(const Tensor& x, const O* delta, const float* w, float eps, O* out, const Launch& on) {
   const dim3 grid(unsigned(x.rows)), block(unsigned(row_threads(x.cols)));
   if (x.dtype == DType::F32)
-    launch_pdl(rmsnorm_kernel<kAdd, float, O>, grid, block, 0, stream, f32(x), delta, w, eps, out, x.cols);
+    launch_pdl(rmsnorm_kernel<kAdd, float, O>, grid, block, 0, on, f32(x), delta, w, eps, out, x.cols);
   else
-    launch_pdl(rmsnorm_kernel<kAdd, bf16, O>, grid, block, 0, stream, bf(x), delta, w, eps, out, x.cols);
+    launch_pdl(rmsnorm_kernel<kAdd, bf16, O>, grid, block, 0, on, bf(x), delta, w, eps, out, x.cols);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
 template <bool kAdd>
 void rmsnorm_dispatch(const Tensor& x, const Tensor* delta, const float* w, float eps, const Tensor& out,
-                      cudaStream_t stream) {
+                      const Launch& on) {
   if (out.dtype == DType::F32)
-    launch_rmsnorm<kAdd, float>(x, delta ? f32(*delta) : nullptr, w, eps, f32(out), stream);
+    launch_rmsnorm<kAdd, float>(x, delta ? f32(*delta) : nullptr, w, eps, f32(out), on);
   else
-    launch_rmsnorm<kAdd, bf16>(x, delta ? bf(*delta) : nullptr, w, eps, bf(out), stream);
+    launch_rmsnorm<kAdd, bf16>(x, delta ? bf(*delta) : nullptr, w, eps, bf(out), on);
 }
 
 template <typename T>
@@ -298,7 +298,7 @@ void CudaBackend::embedding(const DeviceWeight& table, const int32_t* ids, const
   check_stream(out, "embedding");
   overwritten(out);
   if (out.rows == 0) return;
-  gather(w.data(), w.dtype(), ids, out, stream_, feed);
+  gather(w.data(), w.dtype(), ids, out, launch_on(), feed);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) {
@@ -306,7 +306,7 @@ void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) 
   settle(x);
   SERVAL_CHECK(out.dtype == x.dtype && out.cols == x.cols, "gather_rows: output must match the input's dtype and width");
   if (out.rows == 0) return;
-  gather(x.data, x.dtype, rows, out, stream_);
+  gather(x.data, x.dtype, rows, out, launch_on());
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) {
@@ -320,7 +320,7 @@ void CudaBackend::rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Ten
   settle(x);
   overwritten(out);
   if (x.rows == 0) return;
-  rmsnorm_dispatch<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, stream_);
+  rmsnorm_dispatch<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, launch_on());
 }
 
 void CudaBackend::add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) {
@@ -333,7 +333,7 @@ void CudaBackend::add_rmsnorm(Tensor residual, const Tensor& delta, const Device
   settle(delta);
   overwritten(out);
   if (residual.rows == 0) return;
-  rmsnorm_dispatch<true>(residual, &delta, static_cast<const float*>(cw.data()), eps, out, stream_);
+  rmsnorm_dispatch<true>(residual, &delta, static_cast<const float*>(cw.data()), eps, out, launch_on());
 }
 
 void CudaBackend::add(Tensor x, const Tensor& delta) {
@@ -343,16 +343,17 @@ void CudaBackend::add(Tensor x, const Tensor& delta) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const dim3 grid(unsigned(grid_for(n, 256, num_sms_))), block(256);
+  const Launch on = launch_on();
   if (delta.dtype == DType::F32) {
     if (x.dtype == DType::F32)
-      launch_pdl(add_kernel<float, float>, grid, block, 0, stream_, f32(x), static_cast<const float*>(delta.data), n);
+      launch_pdl(add_kernel<float, float>, grid, block, 0, on, f32(x), static_cast<const float*>(delta.data), n);
     else
-      launch_pdl(add_kernel<bf16, float>, grid, block, 0, stream_, bf(x), static_cast<const float*>(delta.data), n);
+      launch_pdl(add_kernel<bf16, float>, grid, block, 0, on, bf(x), static_cast<const float*>(delta.data), n);
   } else {
     if (x.dtype == DType::F32)
-      launch_pdl(add_kernel<float, bf16>, grid, block, 0, stream_, f32(x), bf(delta), n);
+      launch_pdl(add_kernel<float, bf16>, grid, block, 0, on, f32(x), bf(delta), n);
     else
-      launch_pdl(add_kernel<bf16, bf16>, grid, block, 0, stream_, bf(x), bf(delta), n);
+      launch_pdl(add_kernel<bf16, bf16>, grid, block, 0, on, bf(x), bf(delta), n);
   }
   SERVAL_CUDA_LAUNCH_CHECK();
 }
@@ -385,9 +386,9 @@ void CudaBackend::silu_mul_interleaved(const void* product, Tensor out) {
 // residual (f32) += the sum of two f32 partials (`stride` floats apart, each
 // [rows, cols]) rounded to bf16; out (bf16) = rmsnorm(residual) * w.
 void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
-                              float eps, const Tensor& out, cudaStream_t stream) {
+                              float eps, const Tensor& out, const Launch& on) {
   const dim3 grid(unsigned(residual.rows)), block(unsigned(row_threads(residual.cols)));
-  launch_pdl(rmsnorm_kernel<true, float, bf16, SplitDelta<bf16>>, grid, block, 0, stream, f32(residual),
+  launch_pdl(rmsnorm_kernel<true, float, bf16, SplitDelta<bf16>>, grid, block, 0, on, f32(residual),
              SplitDelta<bf16>{partials, stride}, w, eps, bf(out), residual.cols);
   SERVAL_CUDA_LAUNCH_CHECK();
 }

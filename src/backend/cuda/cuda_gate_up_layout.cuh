@@ -1,6 +1,6 @@
 #pragma once
 // How upload_gated_pair lays out an MLP's gate and up matrices [I, H] when it
-// interleaves them (SERVAL_GATE_UP_INTERLEAVED=1): one allocation of 2I rows
+// interleaves them (CudaTuning::gate_up_interleaved): one allocation of 2I rows
 // in groups of 16, gate's rows 8g..8g+7 then up's rows 8g..8g+7. Why 8: a
 // wgmma accumulator thread holds rows r and r + 8 of every 16, so CUTLASS's
 // epilogue finds the gate and up sums of one output in one thread; the GEMV's

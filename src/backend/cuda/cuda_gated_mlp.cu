@@ -11,7 +11,7 @@
 
 namespace serval::cuda {
 
-// Decode batches of up to 48 rows: one launch (GEMV or skinny GEMM) reads gate
+// Decode batches of up to 16 rows: one GEMV launch reads gate
 // row j and up row j together and writes silu(g) * u, so neither projection
 // goes through memory. Larger batches, and f32 activations: two GEMMs into the
 // scratch tensors, then silu_mul.
@@ -29,7 +29,7 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
   }
   const bf16 *gp = static_cast<const bf16*>(g.data()), *up_w = static_cast<const bf16*>(u.data());
   const GemvNorm n = consume_norm(x);
-  if (n.mode == GemvNorm::kConsume) return gemv_gated(x, gp, up_w, out, stream_, n);
+  if (n.mode == GemvNorm::kConsume) return gemv_gated(x, gp, up_w, out, launch_on(), n);
   own_matmul_gated(x, gp, up_w, out);
 }
 
@@ -41,7 +41,6 @@ void CudaBackend::gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const 
 // - other rows: the pair's product [T, 2I] (cuBLASLt, or the row-wise kernel
 //   in batch-invariant mode) into scratch up to 256 rows, else in pieces of
 //   T / 2 rows into up_buf (out must not be up_buf), then silu_mul_interleaved.
-// The skinny GEMM does not read pairs: its rows take the product.
 void CudaBackend::interleaved_gated_mlp_up(const Tensor& x, const CudaWeight& g, const CudaWeight& u, Tensor up_buf,
                                            Tensor out) {
   const int64_t I = g.rows(), T = x.rows;
@@ -56,12 +55,12 @@ void CudaBackend::interleaved_gated_mlp_up(const Tensor& x, const CudaWeight& g,
   if (T == 0) return;
   const bf16 *gp = static_cast<const bf16*>(g.data()), *up_w = static_cast<const bf16*>(u.data());
   if (batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x)) {
-    return gemv_gated(x, gp, up_w, out, stream_, consume_norm(x), /*interleaved=*/true);
+    return gemv_gated(x, gp, up_w, out, launch_on(), consume_norm(x), /*interleaved=*/true);
   }
   settle(x);
   overwritten(out);
   if (cutlass_rows(T) &&
-      cutlass_silu_mul({.m = 2 * I, .n = T, .k = x.cols}, gp, x.data, bf(out), num_sms_, stream_)) {
+      cutlass_silu_mul({.m = 2 * I, .n = T, .k = x.cols}, gp, x.data, bf(out), cutlass_on())) {
     ++cutlass_gemm_calls_;
     ++cutlass_epilogue_calls_;
     return;

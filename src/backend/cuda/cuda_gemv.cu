@@ -296,88 +296,81 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
   }
 }
 
-// SMs whose worth of resident blocks the GEMV's persistent grids are planned
-// for: all, or SERVAL_GEMV_SMS=N (a measuring tool). The hardware spreads the
-// blocks over every SM, so fewer blocks means fewer weight bytes in flight
-// GPU-wide: on an H100, N = 94 asks each byte in flight to carry what it must
-// on an H200 (41% more bandwidth, the same 132 SMs), which tells without an
-// H200 whether bytes in flight limit the stream. The balanced grid (launch_as)
-// rounds the block count down further, by shape: diary session 33, docs/PERFORMANCE.md.
-int gemv_sms(int device_sms) {
-  const int n = env_int("SERVAL_GEMV_SMS", 0);
-  return n > 0 ? std::min(n, device_sms) : device_sms;
-}
-
-// Resident blocks of a kernel on the whole GPU, read once per kernel.
+// Resident blocks of a kernel on `sms` SMs (Launch::grid_sms; 0: all of the
+// device's). The hardware spreads the blocks over every SM, so planning for
+// fewer SMs means fewer weight bytes in flight GPU-wide (CudaTuning::gemv_sms,
+// a measuring tool).
 template <auto kKernel>
-int resident_blocks() {
-  static const int blocks = [] {
-    int dev = 0, sms = 0, per_sm = 0;
+int resident_blocks(int sms) {
+  static const int per_sm = [] {  // a property of the kernel, read once
+    int n = 0;
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
+    return std::max(n, 1);
+  }();
+  if (sms <= 0) {
+    int dev = 0;
     SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
     SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    sms = gemv_sms(sms);
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0));
-    return std::max(per_sm, 1) * sms;
-  }();
-  return blocks;
+  }
+  return per_sm * sms;
 }
 
 template <auto kKernel>
-void launch_as(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
+void launch_as(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, const Launch& on) {
   // Balanced persistent grid: the fewest units per block that fit the resident
   // blocks, and just enough blocks for that, so every block gets the same
   // count (the last ones one fewer at most). Depends on the shape only.
-  const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>());
+  const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>(on.grid_sms));
   const int blocks = ceil_div(p.tiles, per_block);
-  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, r, n);
+  launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, on, p, r, n);
 }
 
 // The kernel for up to kMaxTokens rows in norm mode kNorm.
 template <typename Out, bool kGated, int kNorm>
-void launch_small(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
+void launch_small(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, const Launch& on) {
   if constexpr (!kGated && std::is_same_v<Out, bf16> && kNorm != GemvNorm::kProduce) {
     if (r.positions != nullptr) {  // the rope epilogue: its own variants, the others keep their registers
-      if (p.tokens > 8) return launch_as<gemv_kernel<bf16, false, true, true, kNorm>>(p, r, n, stream);
-      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<bf16, true, kNorm>>(p, r, n, stream);
-      return launch_as<gemv_kernel<bf16, false, false, true, kNorm>>(p, r, n, stream);
+      if (p.tokens > 8) return launch_as<gemv_kernel<bf16, false, true, true, kNorm>>(p, r, n, on);
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<bf16, true, kNorm>>(p, r, n, on);
+      return launch_as<gemv_kernel<bf16, false, false, true, kNorm>>(p, r, n, on);
     }
   }
   if constexpr (kNorm == GemvNorm::kConsume && !kGated) {
     fail("gemv: a norm's scales are taken by q/k/v with rope and by gate/up only");
   } else {
-    if (p.tokens > 8) return launch_as<gemv_kernel<Out, kGated, true, false, kNorm>>(p, r, n, stream);
+    if (p.tokens > 8) return launch_as<gemv_kernel<Out, kGated, true, false, kNorm>>(p, r, n, on);
     // The deep kernel up to 4 tokens: at 8 its launches alone are faster too,
     // but 8-sequence decode steps measured 1.4% slower with it.
     if constexpr (!kGated)
-      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<Out, false, kNorm>>(p, r, n, stream);
-    launch_as<gemv_kernel<Out, kGated, false, false, kNorm>>(p, r, n, stream);
+      if (p.tokens <= kDeepMaxTokens) return launch_as<gemv_deep_kernel<Out, false, kNorm>>(p, r, n, on);
+    launch_as<gemv_kernel<Out, kGated, false, false, kNorm>>(p, r, n, on);
   }
 }
 
 template <typename Out, bool kGated>
-void launch_typed(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cudaStream_t stream) {
+void launch_typed(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, const Launch& on) {
   if (p.tokens > kMaxTokens) {
     SERVAL_CHECK(n.mode == GemvNorm::kNone, "gemv: a norm in the GEMV needs at most ", kMaxTokens, " rows");
     if constexpr (!kGated && std::is_same_v<Out, bf16>)
-      if (r.positions != nullptr) return launch_wide<bf16, false, true>(p, r, stream);
-    return launch_wide<Out, kGated, false>(p, r, stream);
+      if (r.positions != nullptr) return launch_wide<bf16, false, true>(p, r, on);
+    return launch_wide<Out, kGated, false>(p, r, on);
   }
-  if (n.mode == GemvNorm::kNone) return launch_small<Out, kGated, GemvNorm::kNone>(p, r, n, stream);
+  if (n.mode == GemvNorm::kNone) return launch_small<Out, kGated, GemvNorm::kNone>(p, r, n, on);
   if constexpr (std::is_same_v<Out, bf16>) {
     if constexpr (!kGated)
       if (n.mode == GemvNorm::kProduce && r.positions == nullptr)
-        return launch_small<bf16, false, GemvNorm::kProduce>(p, r, n, stream);
-    if (n.mode == GemvNorm::kConsume) return launch_small<bf16, kGated, GemvNorm::kConsume>(p, r, n, stream);
+        return launch_small<bf16, false, GemvNorm::kProduce>(p, r, n, on);
+    if (n.mode == GemvNorm::kConsume) return launch_small<bf16, kGated, GemvNorm::kConsume>(p, r, n, on);
   }
   fail("gemv: no kernel for norm mode ", int(n.mode), kGated ? " (gated)" : "", r.positions ? " (rope)" : "");
 }
 
 template <bool kGated>
-void launch(const GemvParams& p, bool f32, cudaStream_t stream, const GemvRopeKv& r = {}, const GemvNorm& n = {}) {
+void launch(const GemvParams& p, bool f32, const Launch& on, const GemvRopeKv& r = {}, const GemvNorm& n = {}) {
   if (f32)
-    launch_typed<float, kGated>(p, r, n, stream);
+    launch_typed<float, kGated>(p, r, n, on);
   else
-    launch_typed<bf16, kGated>(p, r, n, stream);
+    launch_typed<bf16, kGated>(p, r, n, on);
 }
 
 // A GemvNorm the kernels can take with these operands (n outputs).
@@ -406,10 +399,10 @@ __global__ void row_scales_kernel(const bf16* x, int cols, float eps, float* sca
 
 }  // namespace
 
-void gemv_row_scales(const Tensor& x, float eps, float* scales, cudaStream_t stream) {
+void gemv_row_scales(const Tensor& x, float eps, float* scales, const Launch& on) {
   SERVAL_CHECK(x.dtype == DType::BF16 && x.rows >= 1 && x.rows <= kMaxTokens && x.cols % 8 == 0,
                "gemv_row_scales: x [", x.rows, ", ", x.cols, "] must be bf16, 1..", kMaxTokens, " rows of 8k columns");
-  launch_pdl(row_scales_kernel, dim3(unsigned(x.rows)), dim3(32), 0, stream, bf(x), int(x.cols), eps, scales);
+  launch_pdl(row_scales_kernel, dim3(unsigned(x.rows)), dim3(32), 0, on, bf(x), int(x.cols), eps, scales);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
@@ -421,7 +414,7 @@ bool gemv_any_rows_fits(const Tensor& x) {
 }
 
 // ys[i] = x @ ws[i]^T; the outputs are all bf16, or a single f32 one.
-void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream,
+void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, const Launch& on,
           const GemvRopeKv& rope, const GemvNorm& norm) {
   SERVAL_CHECK(gemv_any_rows_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const GemvParams p = matmul_segments(x, ws, ys, n, kUnitRows, "gemv");
@@ -433,17 +426,17 @@ void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaS
                  "gemv: rope in the epilogue needs q/k/v outputs of whole heads (head_dim a multiple of 8)");
   }
   check_norm(norm, p, n);
-  if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, stream, rope, norm);
+  if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, on, rope, norm);
 }
 
 // out = silu(x @ gate^T) * (x @ up^T), bf16; gate and up are [out.cols, x.cols].
-void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream,
+void gemv_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, const Launch& on,
                 const GemvNorm& norm, bool interleaved) {
   SERVAL_CHECK(gemv_any_rows_fits(x), "gemv_gated: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   static_assert(kUnitRows == kGateUpGroupRows, "an interleaved pair's unit is one group of gate rows");
   const GemvParams p = gated_segments(x, gate, up, out, kUnitRows, "gemv_gated", interleaved);
   check_norm(norm, p, 1);
-  if (p.tiles > 0) launch<true>(p, false, stream, {}, norm);
+  if (p.tiles > 0) launch<true>(p, false, on, {}, norm);
 }
 
 }  // namespace serval::cuda

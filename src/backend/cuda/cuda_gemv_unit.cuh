@@ -246,6 +246,6 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
 
 // More than kMaxTokens rows, any T (cuda_gemv_wide.cu): the wide kernel.
 template <typename Out, bool kGated, bool kRope>
-void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream);
+void launch_wide(const GemvParams& p, const GemvRopeKv& r, const Launch& on);
 
 }  // namespace serval::cuda::gemv_unit

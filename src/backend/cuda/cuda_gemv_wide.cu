@@ -18,10 +18,8 @@ namespace {
 // each lane streams its rows of every unit through a ring of kWideSlots
 // k-steps, and each x load (an L1 or L2 hit, one step ahead) feeds the mmas of
 // all kUnits units. The groups' blocks of the same units are neighbours in
-// the grid, so they share W through L2. (H200, a 7B decode step's launches,
-// graph-replayed: 7.0 / 8.8 / 25.4 ms at 17 / 64 / 256 rows, against the
-// GEMV's 4.0 at 16: its x loads ride in its 8-slot ring, here they wait one
-// step ahead.)
+// the grid, so they share W through L2. (Slower per row than the GEMV,
+// whose x loads ride in its 8-slot ring: here they wait one step ahead.)
 constexpr int kWideGroups = 4;
 constexpr int kWideSlots = 4;
 template <typename Out, bool kGated, int kUnits, bool kRope = false>
@@ -129,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) gemv_wide_kernel(const __grid_consta
 // The most units per block (fewest x loads per W byte) that leave at least
 // two blocks per SM; any count gives the same bits.
 template <typename Out, bool kGated, bool kRope>
-void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) {
+void launch_wide(const GemvParams& p, const GemvRopeKv& r, const Launch& on) {
   static const int sms = [] {
     int dev = 0, n = 0;
     SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -142,7 +140,7 @@ void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) 
   SERVAL_CHECK(ceil_div(p.tiles, units) <= 65535, "gemv: ", p.tiles, " units of ", kUnitRows,
                " rows are more than a grid holds");
   const dim3 grid(unsigned(group_blocks), unsigned(ceil_div(p.tiles, units)));
-  auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kThreads), 0, stream, p, r); };
+  auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kThreads), 0, on, p, r); };
   if (units == 4) {
     if constexpr (!kGated) go(gemv_wide_kernel<Out, kGated, 4, kRope>);
   } else if (units == 2) {
@@ -152,10 +150,10 @@ void launch_wide(const GemvParams& p, const GemvRopeKv& r, cudaStream_t stream) 
   }
 }
 
-template void launch_wide<bf16, false, true>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<bf16, false, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<float, false, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<bf16, true, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
-template void launch_wide<float, true, false>(const GemvParams&, const GemvRopeKv&, cudaStream_t);
+template void launch_wide<bf16, false, true>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<bf16, false, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<float, false, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<bf16, true, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
+template void launch_wide<float, true, false>(const GemvParams&, const GemvRopeKv&, const Launch&);
 
 }  // namespace serval::cuda::gemv_unit

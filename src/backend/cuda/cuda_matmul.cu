@@ -1,7 +1,6 @@
 // y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
-// 17..32 and 48..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the
-// others through cuBLASLt (17..48 through our skinny GEMM, cuda_skinny_gemm.cu, when
-// asked: SERVAL_SKINNY_GEMM=1), bf16 in and out (or f32 logits) with f32 accumulation. With f32
+// 17..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the others
+// through cuBLASLt, bf16 in and out (or f32 logits) with f32 accumulation. With f32
 // activations (--dtype float32) every shape goes through cuBLASLt in plain
 // f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
 // CUBLAS_COMPUTE_32F_FAST_TF32). How a cuBLASLt product is planned, and its
@@ -22,36 +21,7 @@ namespace serval::cuda {
 
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias);  // cuda_elementwise.cu
 void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
-                              float eps, const Tensor& out, cudaStream_t stream);  // cuda_elementwise.cu
-
-void decode_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, cudaStream_t stream) {
-  if (gemv_fits(x))
-    gemv(x, ws, ys, n, stream);
-  else
-    skinny_gemm(x, ws, ys, n, stream);
-}
-
-void decode_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out, cudaStream_t stream) {
-  if (gemv_fits(x))
-    gemv_gated(x, gate, up, out, stream);
-  else
-    skinny_gemm_gated(x, gate, up, out, stream);
-}
-
-bool env_is_zero(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "0";
-}
-
-bool env_is_one(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "1";
-}
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::atoi(v) : fallback;
-}
+                              float eps, const Tensor& out, const Launch& on);  // cuda_elementwise.cu
 
 namespace {
 
@@ -90,31 +60,17 @@ int64_t batched_gemm_calls(const Backend& be) {
   return cuda_backend_of(be, "batched_gemm_calls").batched_gemm_calls();
 }
 
-// 17..48 rows go to cuBLASLt: since q/k/v and gate/up run there as strided
-// batches, it beats the skinny GEMM at 20, 32 and 48 sequences (H200, 7B:
-// 4,281 / 6,336 / 8,799 tok/s vs 4,082 / 6,134 / 8,261; docs/PERFORMANCE.md).
-// SERVAL_SKINNY_GEMM=1 (or use_skinny_gemm) sends them to the skinny GEMM.
-bool skinny_gemm_from_env() { return env_is_one("SERVAL_SKINNY_GEMM"); }
-
-// Rows our own kernels take: the GEMV's 1..16, and the skinny GEMM's 17..48
-// when it is on; in batch-invariant mode the GEMV's, any number.
+// Rows the GEMV takes: 1..16; in batch-invariant mode any number.
 bool CudaBackend::own_kernel_fits(const Tensor& x) const {
-  if (batch_invariant_) return gemv_any_rows_fits(x);
-  return gemv_fits(x) || (skinny_gemm_ && skinny_gemm_fits(x));
+  return batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
 }
 
 void CudaBackend::own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n) {
-  if (batch_invariant_)
-    gemv(x, ws, ys, n, stream_);
-  else
-    decode_matmul(x, ws, ys, n, stream_);
+  gemv(x, ws, ys, n, launch_on());
 }
 
 void CudaBackend::own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out) {
-  if (batch_invariant_)
-    gemv_gated(x, gate, up, out, stream_);
-  else
-    decode_matmul_gated(x, gate, up, out, stream_);
+  gemv_gated(x, gate, up, out, launch_on());
 }
 
 void CudaBackend::set_batch_invariant(bool on) {
@@ -122,8 +78,6 @@ void CudaBackend::set_batch_invariant(bool on) {
                "float32 every matmul goes through cuBLASLt, whose kernels change with the batch size)");
   batch_invariant_ = on;
 }
-
-void use_skinny_gemm(Backend& be, bool on) { cuda_backend_of(be, "use_skinny_gemm").set_skinny_gemm(on); }
 
 bool use_cutlass_gemm(Backend& be, bool on) {
   cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_gemm(on && cutlass_gemm_built());
@@ -148,38 +102,17 @@ int64_t cutlass_epilogue_calls(const Backend& be) {
 
 // Products of 17..64 rows of bf16 on CUTLASS's decode GEMM
 // (cuda_cutlass_gemm.cu), a programmatic dependent of the kernel before it,
-// where the build has it and where it measured faster than cuBLASLt
-// (diary session 35, docs/PERFORMANCE.md; decode tok/s of 128 + 128):
-// - 17..32 rows, its tile of 32 rows of x: 17-28 sequences of the 7B +4.5-5.2%
-//   on an H100, 20 +4.7% on an H200 (8B, H100: +3.2-3.8%);
-// - 48..64 rows, its tile of 64: 48-64 sequences +2.5-3.0% on an H100, +0.3%
-//   (48) and +0.4-1.4% (64) on an H200;
-// - 33..47 rows, its tile of 48 (the 64-row one, half empty at 32 rows, lost
-//   10.6% there on an H200): 36-44 sequences +1.5-2.2% on an H100 (session
-//   36; not yet run on an H200).
-// So all of 17..64. SERVAL_CUTLASS_GEMM=0: none. (At 33..64 rows the plain
-// products take the swapped kernel instead of the 48- and 64-row tiles:
-// cuda_cutlass_gemm.cu, session 40.)
-bool cutlass_gemm_from_env() { return cutlass_gemm_built() && !env_is_zero("SERVAL_CUTLASS_GEMM"); }
-
-// Rope and the KV write in the q/k/v product's epilogue (cuda_cutlass_qkv_rope.cu),
-// against the product then the rope kernel, 7B decode tok/s on H100s:
-// - 17..32 rows (the 32-row tile): 20 sequences +0.6% / +1.2%, 32 +1.1% /
-//   +0.5% (sessions 36 / 37), 8B 32 +1.3% (session 37);
-// - 33..64 rows (the 48- and 64-row tiles): 40 -0.3%, 48 -0.8 to -1.2%, 64
-//   -1.2 to -1.4%; 8B 64 -0.2%, with sincosf or with the step's table.
-// So 17..32 rows. SERVAL_CUTLASS_ROPE_EPILOGUE=1: all of CUTLASS's rows; 0: none.
-int64_t cutlass_rope_max_rows_from_env() {
-  if (env_is_one("SERVAL_CUTLASS_ROPE_EPILOGUE")) return kCutlassMaxRows;
-  return env_is_zero("SERVAL_CUTLASS_ROPE_EPILOGUE") ? 0 : 32;
-}
-
+// where the build has it (CudaTuning::cutlass_gemm): faster than cuBLASLt
+// there, whose kernels cannot wait on the kernel before them. (Rope and the
+// KV write in the q/k/v product's epilogue: up to
+// CudaTuning::cutlass_rope_rows, past which the rope kernel measured faster.)
 bool CudaBackend::cutlass_rows(int64_t rows) const {
-  return cutlass_gemm_ && !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= 17 && rows <= kCutlassMaxRows;
+  return tuning_.cutlass_gemm && !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= 17 &&
+         rows <= kCutlassMaxRows;
 }
 
 void CudaBackend::gemm(const GemmShape& s, const void* w, const void* x, void* y) {
-  if (cutlass_rows(s.n) && cutlass_gemm(s, w, x, y, num_sms_, stream_)) {
+  if (cutlass_rows(s.n) && cutlass_gemm(s, w, x, y, cutlass_on())) {
     ++cutlass_gemm_calls_;
     return;
   }
@@ -239,7 +172,7 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
   // cuBLASLt: a run of weights of one shape at one stride (upload_weight_group
   // lays q/k/v and gate/up out so) whose outputs also lie at one stride is one
   // strided-batched GEMM: more tiles per launch, one ramp and tail instead of
-  // several (H200, 64 tokens: q/k/v 3.35 TB/s as one batch, 2.52 one by one).
+  // several.
   for (size_t i = 0; i < ws.size();) {
     size_t j = i + 1;
     int64_t stride_w = 0, stride_y = 0;
@@ -259,15 +192,14 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
 // computes q/k/v, rotates q and k and writes k and v to their slots in its
 // epilogue, bit for bit what the GEMV then the rope + KV write kernel store,
 // without that kernel between the projection and attention (one launch fewer
-// per layer at batch 1). Other shapes, NeoX rope, f32: the two ops.
-// SERVAL_NO_ROPE_IN_GEMV=1: always the two ops (to compare).
+// per layer at batch 1). Other shapes, NeoX rope, f32, CudaTuning::gemv_rope
+// off: the two ops.
 bool CudaBackend::gemv_rope_fits(const Tensor& x, const CudaWeight& cq, const CudaWeight& ck, const CudaWeight& cv,
                                  const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                  const KvGeometry& geom) const {
-  static const bool enabled = !env_is_one("SERVAL_NO_ROPE_IN_GEMV");
   const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
   const bool gemv_takes = batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
-  return enabled && act_dtype_ == DType::BF16 && gemv_takes && rope.style == RopeStyle::Interleaved &&
+  return tuning_.gemv_rope && act_dtype_ == DType::BF16 && gemv_takes && rope.style == RopeStyle::Interleaved &&
          rope.head_dim == geom.head_dim && rope.head_dim % 8 == 0 && rope.rope_dim % 2 == 0 && rope.rope_dim > 0 &&
          rope.rope_dim <= rope.head_dim && rope.inv_freq != nullptr && cq.dtype() == DType::BF16 &&
          ck.dtype() == DType::BF16 && cv.dtype() == DType::BF16 && cq.cols() == x.cols && ck.cols() == x.cols &&
@@ -299,22 +231,19 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
   r.v_pool = static_cast<bf16*>(kv.v.data());
   r.head_dim = rope.head_dim;
   r.rope_dim = rope.rope_dim;
-  gemv(x, w_ptrs, ys, 3, stream_, r, consume_norm(x));
+  gemv(x, w_ptrs, ys, 3, launch_on(), r, consume_norm(x));
 }
 
 // 17..256 rows on cuBLASLt with the three weights back to back in memory
 // (upload_weight_group lays a layer's q, k, v out so): one GEMM of the
 // stacked [q; k; v] weight into a [T, q + 2 kv] scratch, whose rows the rope +
-// KV write kernel reads (rotated q into q, k and v into the pools). Llama-3-8B's
-// q alone (4096 x 4096) streams at ~2.1 TB/s at 32 tokens and its k/v batch of
-// two slower still; stacked, its 6144 rows stream as one larger GEMM (as
-// Llama-2's 12288 do: 3,400 GB/s at 32 tokens against 3,342 as a batch of
-// three). More rows (prefill) keep the separate products and their memory.
-// SERVAL_NO_STACKED_QKV=1: the separate products (to compare).
+// KV write kernel reads (rotated q into q, k and v into the pools): a GQA
+// model's q alone and its k/v batch of two stream slower than its q/k/v rows
+// as one larger GEMM. More rows (prefill) keep the separate products and
+// their memory; so does CudaTuning::stacked_qkv off.
 bool CudaBackend::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
                                    const CudaWeight& wv, const Tensor& q, const RopeParams& rope,
                                    const KvGeometry& geom) const {
-  static const bool enabled = !env_is_one("SERVAL_NO_STACKED_QKV");
   const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
   // One group, back to back (weights that merely happen to be adjacent are
   // not taken: which GEMM runs must not depend on where the allocator put them).
@@ -322,7 +251,7 @@ bool CudaBackend::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const 
     return a.group() != nullptr && a.group() == b.group() &&
            static_cast<const char*>(a.data()) + a.rows() * a.cols() * 2 == static_cast<const char*>(b.data());
   };
-  return enabled && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 0 &&
+  return tuning_.stacked_qkv && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 0 &&
          x.rows <= 256 &&
          !own_kernel_fits(x) && wq.dtype() == DType::BF16 && wk.dtype() == DType::BF16 &&
          wv.dtype() == DType::BF16 && wq.cols() == x.cols && wk.cols() == x.cols && wv.cols() == x.cols &&
@@ -360,7 +289,7 @@ bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
                            int(geom.head_dim),
                            int(rope.rope_dim)};
   const GemmShape s{.m = wq.rows() + 2 * wk.rows(), .n = x.rows, .k = x.cols};
-  if (!serval::cuda::cutlass_qkv_rope_kv_write(s, wq.data(), x.data, e, stream_)) return false;
+  if (!serval::cuda::cutlass_qkv_rope_kv_write(s, wq.data(), x.data, e, cutlass_on())) return false;
   ++stacked_qkv_calls_;
   ++cutlass_gemm_calls_;
   ++cutlass_epilogue_calls_;
@@ -384,23 +313,21 @@ void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
 // weight thus gets twice the output tiles (one 4096 x 4096 GEMM streams at
 // ~2.5 TB/s at 64 tokens, three in one batch at 3.35), with no reduction
 // kernel. Both halves and both partials start 256-byte aligned (k a multiple
-// of 256, out of 64), as cuBLASLt's heuristic assumes. From 129 rows only:
-// 256 sequences gained 2.5% on the H200, 64 lost 0.8-1.3%. Up to 256 only:
-// an 8B prefill step of 1,024 tokens lost 6-7% with it (the partials' f32
-// traffic), and its scratch, sized by the rows, stays small (a larger step
-// growing it would drop every decode graph). Where CUTLASS's decode GEMM
-// takes the rows (cutlass_rows) they split too: there the halves give a
-// 4096-output weight 128 tiles of 64 W rows, one per SM, where whole it has 64.
-// SERVAL_NO_SPLIT_K=1: matmul then add_rmsnorm (to compare).
+// of 256, out of 64), as cuBLASLt's heuristic assumes. From 129 rows only
+// (fewer lost on cuBLASLt); up to 256 only: larger prefill steps lost with
+// it (the partials' f32 traffic), and its scratch, sized by the rows, stays
+// small (a larger step growing it would drop every decode graph). Where
+// CUTLASS's decode GEMM takes the rows (cutlass_rows) they split too: there
+// the halves give a 4096-output weight 128 tiles of 64 W rows, one per SM,
+// where whole it has 64. CudaTuning::split_k off: matmul then add_rmsnorm.
 void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
                                      const DeviceWeight& norm, float eps, Tensor out) {
-  static const bool split_k = !env_is_one("SERVAL_NO_SPLIT_K");
   const CudaWeight& cw = as_cuda(w);
   const CudaWeight& nw = as_cuda(norm);
   settle(x);
   if (elide_norm(x, cw, residual, nw, out)) return produce_norm(x, cw, residual, eps, out);  // cuda_norm_fold.cu
   overwritten(out);
-  const bool fits = split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
+  const bool fits = tuning_.split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
                     ((x.rows > 128 && x.rows <= 256) || (cutlass_rows(x.rows) && !own_kernel_fits(x))) &&
                     cw.dtype() == DType::BF16 && cw.cols() == x.cols &&
                     x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
@@ -413,7 +340,7 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Ten
   gemm({.m = m, .n = T, .k = half, .y_f32 = true, .batch = 2, .stride_w = half, .stride_x = half,
         .stride_y = T * m, .ld_k = x.cols},
        cw.data(), x.data, parts);
-  launch_split_add_rmsnorm(residual, parts, T * m, static_cast<const float*>(nw.data()), eps, out, stream_);
+  launch_split_add_rmsnorm(residual, parts, T * m, static_cast<const float*>(nw.data()), eps, out, launch_on());
 }
 
 }  // namespace serval::cuda

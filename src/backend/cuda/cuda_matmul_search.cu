@@ -6,10 +6,9 @@
 //
 // Why: decode GEMMs are skinny (tens to hundreds of token rows against
 // thousands of outputs) and bound by the weight stream, a corner the
-// heuristic's ranking serves unevenly. On the H200 the search takes 11-14%
-// off Llama-2-7B's stacked q/k/v at 256 tokens and 4-11% off its o-projection
-// at 32, 0-3% elsewhere (diary session 15, docs/PERFORMANCE.md). Its cost is the time
-// to load and run each kernel once: 0.4-3 s per shape.
+// heuristic's ranking serves unevenly: the search finds much faster
+// configurations for some shapes. Its cost is the time to load and run each
+// kernel once: 0.4-3 s per shape.
 #include <algorithm>
 #include <array>
 #include <cfloat>

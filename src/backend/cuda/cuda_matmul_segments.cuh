@@ -1,10 +1,10 @@
 #pragma once
-// The operands the decode matmul kernels share (the GEMV, cuda_gemv.cu, and
-// the skinny GEMM, cuda_skinny_gemm.cu): x [tokens, in] and up to three
-// weights w[i] [rows[i], in], each writing y[i] [tokens, rows[i]] (bf16, or
-// one f32 output alone); or the gated form, gate (w[0]) and up (w[1]) into
-// the one output y[0] = silu(x @ gate^T) * (x @ up^T). A kernel cuts the rows
-// into tiles of its own size, numbered segment after segment.
+// The operands of the GEMV's decode matmuls (cuda_gemv.cu,
+// cuda_gemv_wide.cu): x [tokens, in] and up to three weights w[i] [rows[i],
+// in], each writing y[i] [tokens, rows[i]] (bf16, or one f32 output alone);
+// or the gated form, gate (w[0]) and up (w[1]) into the one output
+// y[0] = silu(x @ gate^T) * (x @ up^T). A kernel cuts the rows into tiles of
+// its own size, numbered segment after segment.
 #include "backend/cuda/cuda_backend.h"
 
 namespace serval::cuda {

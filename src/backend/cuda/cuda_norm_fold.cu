@@ -14,11 +14,8 @@
 // Backend interface promises.
 //
 // Why: at batch 1 each of the 64 norm kernels of a 7B step held the GEMV after
-// it back ~1.8 us (session 18). H200, 7B bf16 (diary session 25, docs/PERFORMANCE.md):
-// batch 1 +2.9%, 4 sequences +2.8%, 8 and 16 sequences -0.6% and -1.0% (there
-// PDL hid most of the norm kernel, and the scales kernel costs about as much).
-// SERVAL_NO_NORM_ELISION=1: the norm kernels run (weights still folded);
-// SERVAL_NO_NORM_FOLD=1: neither (to compare).
+// it back ~1.8 us. CudaTuning::norm_elision off: the norm kernels run
+// (weights still folded); norm_fold off: neither.
 #include <algorithm>
 #include <vector>
 
@@ -45,8 +42,7 @@ __global__ void fold_norm_kernel(bf16* w, const float* g, int64_t rows, int64_t 
 }  // namespace
 
 bool CudaBackend::folds_norm_weights() const {
-  static const bool enabled = !env_is_one("SERVAL_NO_NORM_FOLD");
-  return enabled && act_dtype_ == DType::BF16;
+  return tuning_.norm_fold && act_dtype_ == DType::BF16;
 }
 
 void CudaBackend::fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>& ws) {
@@ -73,8 +69,7 @@ void CudaBackend::fold_norm_weight(const DeviceWeight& norm, const std::vector<D
 // batch of 17.
 bool CudaBackend::elide_norm(const Tensor& x, const CudaWeight& w, const Tensor& residual, const CudaWeight& norm,
                              const Tensor& out) const {
-  static const bool enabled = !env_is_one("SERVAL_NO_NORM_ELISION");
-  return enabled && norm.unit() && !batch_invariant_ && act_dtype_ == DType::BF16 && gemv_fits(x) &&
+  return tuning_.norm_elision && norm.unit() && !batch_invariant_ && act_dtype_ == DType::BF16 && gemv_fits(x) &&
          w.dtype() == DType::BF16 && w.cols() == x.cols && w.rows() % 8 == 0 && residual.dtype == DType::F32 &&
          residual.rows == x.rows && residual.cols == w.rows() && out.dtype == DType::BF16 && out.rows == x.rows &&
          out.cols == w.rows();
@@ -88,7 +83,7 @@ void CudaBackend::produce_norm(const Tensor& x, const CudaWeight& w, Tensor resi
   n.mode = GemvNorm::kProduce;
   n.residual = static_cast<float*>(residual.data);
   const bf16* wp = static_cast<const bf16*>(w.data());
-  gemv(x, &wp, &out, 1, stream_, {}, n);
+  gemv(x, &wp, &out, 1, launch_on(), {}, n);
   // Before any graph records this: settle's weight of ones, consume_norm's scales.
   if (!unit_norm_ || unit_norm_->cols() != w.rows()) {
     const std::vector<float> ones(static_cast<size_t>(w.rows()), 1.0f);
@@ -114,7 +109,7 @@ GemvNorm CudaBackend::consume_norm(const Tensor& x) {
   n.eps = p.eps;
   if (x.rows > kGemvNormOwnScalesMaxTokens) {  // one small kernel beats every block summing x
     auto* scales = static_cast<float*>(norm_scales_.data());
-    if (!p.scales_written) gemv_row_scales(x, p.eps, scales, stream_);
+    if (!p.scales_written) gemv_row_scales(x, p.eps, scales, launch_on());
     pending_norm_->scales_written = true;
     n.scales = scales;
   }

@@ -60,8 +60,7 @@ constexpr int kHeadsPerBlock = 8;
 // Threads per block, kBatch pairs each: a block of 8 heads x 64 pairs is 128
 // threads, which leaves room on each SM for the decode attention kernel
 // launched after it (3 blocks of 128 threads); at 512 threads per block this
-// kernel alone filled the SMs' threads. H200, 7B: 1.4-2.5% more decode
-// tokens/s at 256 sequences in three A/B runs, even at 32 and 64.
+// kernel alone filled the SMs' threads.
 constexpr int kBatch = 4, kMaxThreads = 128;
 
 template <typename T>
@@ -169,13 +168,13 @@ __global__ void rope_angles_kernel(const int32_t* positions, const float* inv_fr
 // q_out: where rotated q goes ([T, q_heads * head_dim]); `in` may point into it.
 template <typename T>
 void launch_rope_kv_write(const RopeKvInput<T>& in, const Tensor& q_out, int k_heads, const int32_t* positions,
-                          const RopeParams& p, const int64_t* slot_mapping, const KvLayer& kv, cudaStream_t stream) {
+                          const RopeParams& p, const int64_t* slot_mapping, const KvLayer& kv, const Launch& on) {
   const int q_heads = int(q_out.cols / p.head_dim);
   const int pairs = kHeadsPerBlock * (p.rope_dim / 2);
   const int threads = std::min(kMaxThreads, (ceil_div(pairs, kBatch) + 31) / 32 * 32);
   const dim3 grid(unsigned(q_out.rows), unsigned(ceil_div(q_heads + k_heads, kHeadsPerBlock)));
   const size_t smem = size_t(p.rope_dim) * sizeof(float);
-  launch_pdl(rope_kv_write_kernel<T>, grid, dim3(unsigned(threads)), smem, stream, in, static_cast<T*>(q_out.data),
+  launch_pdl(rope_kv_write_kernel<T>, grid, dim3(unsigned(threads)), smem, on, in, static_cast<T*>(q_out.data),
              positions, slot_mapping, p.inv_freq, static_cast<T*>(kv.k.data()), static_cast<T*>(kv.v.data()), q_heads,
              k_heads, p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
   SERVAL_CUDA_LAUNCH_CHECK();
@@ -203,11 +202,11 @@ void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32
   if (act_dtype_ == DType::F32)
     launch_rope_kv_write<float>({static_cast<const float*>(q.data), static_cast<const float*>(k.data),
                                  static_cast<const float*>(v.data), q.cols, k.cols},
-                                q, k_heads, positions, p, slot_mapping, kv, stream_);
+                                q, k_heads, positions, p, slot_mapping, kv, launch_on());
   else
     launch_rope_kv_write<bf16>(
         {bf(q), static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), q.cols, k.cols}, q, k_heads,
-        positions, p, slot_mapping, kv, stream_);
+        positions, p, slot_mapping, kv, launch_on());
 }
 
 void CudaBackend::rope_kv_write_from_stacked(const void* qkv, int64_t row, int64_t k_col, int64_t v_col, Tensor q,
@@ -221,7 +220,7 @@ void CudaBackend::rope_kv_write_from_stacked(const void* qkv, int64_t row, int64
   if (q.rows == 0) return;
   const bf16* base = static_cast<const bf16*>(qkv);
   launch_rope_kv_write<bf16>({base, base + k_col, base + v_col, row, row}, q, int(kv_cols / p.head_dim), positions, p,
-                             slot_mapping, kv, stream_);
+                             slot_mapping, kv, launch_on());
 }
 
 void CudaBackend::prepare_rope_angles(const int32_t* positions, int64_t tokens, const RopeParams& p) {

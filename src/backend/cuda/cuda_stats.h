@@ -1,9 +1,11 @@
 #pragma once
-// Counters of the CUDA backend that tests read through the Backend interface
-// (plain C++: no CUDA headers needed to include this).
+// Counters of the CUDA backend that tests read through the Backend interface,
+// and setters of its CudaTuning for tests of the paths it selects (plain
+// C++: no CUDA headers needed to include this).
 #include <cstdint>
 
 #include "runtime/backend.h"
+#include "runtime/cuda_tuning.h"
 
 namespace serval::cuda {
 
@@ -21,37 +23,33 @@ int64_t elided_norms(const Backend& be);
 int64_t gemm_searches(const Backend& be);
 // Products whose configuration came from the search's cache file instead.
 int64_t gemm_search_cache_hits(const Backend& be);
-// Sends 17..48-row matmuls to the skinny GEMM (on) or to cuBLASLt (off, the
-// default unless SERVAL_SKINNY_GEMM=1); `be` must be the CUDA backend.
-void use_skinny_gemm(Backend& be, bool on);
-// Sends the bf16 products of 17..64 rows to CUTLASS's decode GEMM (on, the
-// default where the build has CUTLASS, unless SERVAL_CUTLASS_GEMM=0) or to
-// cuBLASLt (off). Returns false if this build has no CUTLASS (then none go).
-// `be` must be the CUDA backend.
+// Sends the bf16 products of 17..64 rows to CUTLASS's decode GEMM (on) or to
+// cuBLASLt (off): CudaTuning::cutlass_gemm. Returns false if this build has
+// no CUTLASS (then none go). `be` must be the CUDA backend.
 bool use_cutlass_gemm(Backend& be, bool on);
 // Products that CUTLASS's decode GEMM computed.
 int64_t cutlass_gemm_calls(const Backend& be);
 // Whether CUTLASS's q/k/v product rotates q and k and writes the KV cache in
-// its epilogue: at all of its rows (on), or at none (off). By default only
-// at the 32-row tile's 17..32 rows (CudaBackend::cutlass_rope_rows).
+// its epilogue: at all of its rows (on), or at none (off)
+// (CudaTuning::cutlass_rope_rows; by default the 32-row tile's 17..32).
 void use_cutlass_rope_epilogue(Backend& be, bool on);
 // CUTLASS products that finished their outputs in the epilogue (the q/k/v
 // product's rope, an interleaved gate/up pair's silu * up).
 int64_t cutlass_epilogue_calls(const Backend& be);
 // Whether upload_gated_pair interleaves gate and up (cuda_gate_up_layout.cuh)
-// for the weights it uploads from now on: on (the default unless
-// SERVAL_GATE_UP_INTERLEAVED=0), or off.
+// for the weights it uploads from now on (CudaTuning::gate_up_interleaved).
 void use_interleaved_gate_up(Backend& be, bool on);
-// Which kernel serves decode rows: the stream kernel for long contexts
-// (BatchView::mean_context_len >= kLongDecodeContext) in batches whose items
-// fill the GPU (kAuto, the default unless SERVAL_NO_ATTN_STREAM=1), never
-// (kOff), or wherever it can (kAlways: tests); and how many launches it served.
-enum class AttentionStream { kAuto, kOff, kAlways };
+// Which kernel serves decode rows (CudaTuning::attn_stream): the stream
+// kernel for long contexts (BatchView::mean_context_len >= kLongDecodeContext)
+// in batches whose items fill the GPU (kAuto), never (kOff), or wherever it
+// can (kAlways); and how many launches it served.
+using AttentionStream = CudaTuning::AttnStream;
 void use_attention_stream(Backend& be, AttentionStream mode);
 int64_t stream_attention_calls(const Backend& be);
 // Rope and the KV write inside the split decode kernel (qkv_attention, a step
-// of decodes from 17 rows): on, or off (the default unless
-// SERVAL_ROPE_IN_ATTN=1), and how many launches did it.
+// of decodes from 17 rows): wherever it fits (on), or nowhere (off), where
+// by default only at CUTLASS's rows past its rope epilogue's
+// (CudaTuning::rope_in_attn); and how many launches did it.
 void use_rope_in_attention(Backend& be, bool on);
 int64_t rope_folded_attention_calls(const Backend& be);
 

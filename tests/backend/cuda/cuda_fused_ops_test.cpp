@@ -373,7 +373,7 @@ std::vector<float> pool_values(Backend& be, const DeviceBuffer& pool, int64_t el
 // kernel. The elided norms are counted, so a silent fallback fails.
 TEST(CudaFusedOps, NormLeftToTheNextGemvMatchesCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
-  if (!gpu->folds_norm_weights()) GTEST_SKIP() << "norm folding is off (SERVAL_NO_NORM_FOLD=1)";
+  if (!gpu->folds_norm_weights()) GTEST_SKIP() << "norm folding is off (CudaTuning::norm_fold)";
   auto cpu = create_backend("cpu", 0);
   const int64_t H = 512, Q = 512, I = 1024, KW = 256, kMaxT = 17;
   const int32_t D = 64;

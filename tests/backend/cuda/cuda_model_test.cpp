@@ -222,8 +222,8 @@ struct CpuComparison {
 };
 
 // 32 steps teacher-forced with the CPU's greedy tokens on a CPU and a CUDA
-// runner computing in `dtype`: each step compares one prediction.
-CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype) {
+// runner computing in `dtype` (and tuned so): each step compares one prediction.
+CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype, const CudaTuning& tuning = {}) {
   const ModelConfig cfg = tiny_config(rc.spec);
   const WeightStore weights = tiny_weights(cfg, rc.spec);
   std::vector<std::unique_ptr<ModelRunner>> runners;
@@ -232,6 +232,7 @@ CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype) {
     opts.device = dev;
     opts.dtype = dev == std::string("cpu") ? "auto" : dtype;
     opts.kv_cache_tokens = 256;
+    opts.cuda_tuning = tuning;
     runners.push_back(ModelRunner::create(cfg, weights, opts));
   }
   std::vector<int32_t> blocks(size_t(runners[0]->num_blocks()));
@@ -268,20 +269,20 @@ TEST(CudaModel, RandomModelsAgreeWithCpu) {
 }
 
 // The same with gate and up uploaded as two matrices
-// (SERVAL_GATE_UP_INTERLEAVED=0, which the backend reads when it is made),
-// where by default they are one interleaved pair (the test above).
+// (CudaTuning::gate_up_interleaved off), where by default they are one
+// interleaved pair (the test above).
 TEST(CudaModel, RandomModelsWithSeparateGateUpAgreeWithCpu) {
   SERVAL_CUDA_OR_SKIP(probe);
   probe.reset();
-  setenv("SERVAL_GATE_UP_INTERLEAVED", "0", 1);
+  CudaTuning apart;
+  apart.gate_up_interleaved = false;
   for (const RandomCase& rc : random_cases()) {
-    const CpuComparison c = compare_with_cpu(rc, "bfloat16");
+    const CpuComparison c = compare_with_cpu(rc, "bfloat16", apart);
     EXPECT_LT(c.worst, 2e-2) << rc.name << ": worst relative logit error over 32 steps";
     EXPECT_GE(c.agree, 31) << rc.name << ": greedy tokens agreed on " << c.agree << " of 32 steps";
     std::printf("[%s, gate/up apart] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, c.worst,
                 c.agree);
   }
-  unsetenv("SERVAL_GATE_UP_INTERLEAVED");
 }
 
 // float32 mode on the same miniatures (qk norm in place, bias, tied
