@@ -145,6 +145,10 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                          "batch; slower\n");
   }
   std::fprintf(stderr, "%s\n", m.plan.describe().c_str());
+  if (const int64_t window = m.runner->attention_window(); window > 0) {
+    std::fprintf(stderr, "sliding-window attention (%lld positions): KV blocks behind the window are released as "
+                         "sequences grow; prefix caching is off for this model\n", (long long)window);
+  }
   return m;
 }
 
