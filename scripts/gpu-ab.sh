@@ -7,7 +7,7 @@
 # Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--tuning KEY=VALUE,...]...
 #        [--flag "--FLAG ..."]... [--gemv FILTER]
 #   --8b: the benchmarks on a random Llama-3.1-8B-shape model (GQA 32/8) instead of Llama-2-7B
-#   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out)
+#   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out; pN: one N-token prefill)
 #   --tuning KEY=VALUE,...: also the base build with --cuda-tuning KEY=VALUE,... (a column
 #     "base KEY=VALUE,..."; keys: docs/CUDA_TUNING.md)
 #   --flag "--FLAG ...": also the base build with those serval bench flags (a column "base FLAG ...")
@@ -74,6 +74,8 @@ wait $MODEL_PID 2>/dev/null
 for N in $SEQS; do
   if [ "$N" = 1 ]; then
     row="batch 1, tg128"; args=(--requests 1 --input-len 1 --output-len 129)
+  elif [[ $N == p* ]]; then
+    row="prefill ${N#p}"; args=(--requests 1 --input-len "${N#p}" --output-len 2)
   else
     row="$N seqs, 128 + 128"; args=(--requests "$N" --input-len 128 --output-len 128)
   fi
@@ -91,9 +93,12 @@ for N in $SEQS; do
 import json, sys
 try:
     j = json.load(sys.stdin)
-    print("%.1f tok/s, %.3f ms" % (j["decode_tokens_per_s"], j["decode_step_ms"]))
+    if sys.argv[1].startswith("prefill"):
+        print("%.0f tok/s" % j["prefill_tokens_per_s"])
+    else:
+        print("%.1f tok/s, %.3f ms" % (j["decode_tokens_per_s"], j["decode_step_ms"]))
 except Exception:
-    print("failed")')
+    print("failed")' "$row")
     echo "$row $n: ${CELL["$row|$n"]}"
   done
 done
