@@ -117,15 +117,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   ro.max_model_len = int32_t(f.scheduler.max_model_len);
   SERVAL_CHECK(device == "cpu" || f.kv_cache_memory_fraction == 0,
                "--kv-cache-memory-fraction plans host memory; on a GPU use --gpu-memory-fraction or --kv-cache-tokens");
-  if (f.kv_cache_tokens == 0 && f.kv_cache_memory_fraction != 0) {
-    // The runner converts the weights to f32: that, and a small activation
-    // reserve, come off the available memory first.
-    int64_t params = 0;
-    for (const auto& [name, t] : m.model.weights.all()) params += t.numel();
-    const int64_t reserve = int64_t(params) * 4 + (int64_t(256) << 20);
-    ro.kv_cache_tokens = kv_tokens_for_memory(f.kv_cache_memory_fraction, available_memory_bytes(),
-                                              reserve, bytes_per_token, f.block_size);
-  }
+  ro.host_memory_fraction = f.kv_cache_memory_fraction;
   m.runner = ModelRunner::create(c, m.model.weights, ro);
   m.plan.num_blocks = m.runner->num_blocks();
   m.plan.block_size = m.runner->block_size();

@@ -10,6 +10,7 @@
 #include "runtime/backend.h"
 #include "runtime/device_model.h"
 #include "runtime/forward_pass.h"
+#include "kv/kv_memory_plan.h"
 #include "runtime/memory_plan.h"
 #include "runtime/step_graphs.h"
 #include "runtime/workspace.h"
@@ -44,6 +45,12 @@ class BackendModelRunner : public ModelRunner {
 
  private:
   void allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts);
+  // K and V of one token in every layer, as the backend keeps them.
+  int64_t kv_bytes_per_token(const ModelDef& def) const {
+    int64_t bytes = 0;
+    for (int64_t l = 0; l < def.num_layers(); ++l) bytes += def.kv_spec(l, backend_->kv_dtype()).bytes_per_token();
+    return bytes;
+  }
   void ensure_workspace(int64_t tokens, int64_t rows);
   BatchView upload_batch(const Batch& batch);
   void validate(const Batch& batch) const;
@@ -86,12 +93,18 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
                "; run it with --device cpu");
   backend_->set_batch_invariant(opts.batch_invariant);
   backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
-  check_weights_fit(planned_weight_bytes(def, weights, *backend_),
-                    *backend_, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
+  const int64_t weight_bytes = planned_weight_bytes(def, weights, *backend_);
+  check_weights_fit(weight_bytes, *backend_, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
+  // A host-memory pool is planned from the memory available before the weights load.
+  RunnerOptions planned = opts;
+  planned.kv_cache_tokens = opts.kv_cache_tokens > 0 ? opts.kv_cache_tokens
+                                                      : plan_host_kv_tokens(opts, *backend_, KvPoolBudget{
+                                                            kv_bytes_per_token(def), weight_bytes, 0, 0, 0},
+                                                            available_memory_bytes());
   model_ = std::make_unique<DeviceModel>(def, weights, *backend_, opts.rope_permute);
   // Activations for the largest step first: the KV pool gets what is left.
   ensure_workspace(std::max<int64_t>(opts.max_num_batched_tokens, opts.max_num_seqs), opts.max_num_seqs);
-  allocate_kv_pool(def, opts);
+  allocate_kv_pool(def, planned);
   if (backend_->supports_graphs() && !opts.enforce_eager) {
     const int32_t max_len = opts.max_model_len > 0 ? opts.max_model_len : int32_t(cfg_.max_position);
     graphs_ = std::make_unique<StepGraphs>(*backend_, std::min<int32_t>(opts.max_num_seqs, 512), max_len,
@@ -104,7 +117,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
 void BackendModelRunner::allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts) {
   block_size_ = opts.block_size;
   KvPoolBudget budget;
-  for (int64_t l = 0; l < def.num_layers(); ++l) budget.bytes_per_token += def.kv_spec(l, backend_->kv_dtype()).bytes_per_token();
+  budget.bytes_per_token = kv_bytes_per_token(def);
   budget.weight_bytes = model_->bytes();
   budget.activation_bytes = ws_.bytes;
   budget.activation_tokens = ws_.capacity;

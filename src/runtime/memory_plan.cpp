@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kv/kv_memory_plan.h"
 
 namespace serval {
 
@@ -48,6 +49,15 @@ int64_t plan_kv_tokens(const RunnerOptions& opts, Backend& be, const KvPoolBudge
     return budget / b.bytes_per_token;
   }
   return 4 * std::min<int64_t>(b.max_position, 4096);
+}
+
+int64_t plan_host_kv_tokens(const RunnerOptions& opts, const Backend& be, const KvPoolBudget& b,
+                            int64_t available_bytes) {
+  if (opts.host_memory_fraction == 0 || opts.kv_cache_tokens > 0 || opts.kv_memory_bytes > 0 ||
+      be.has_device_memory())
+    return 0;
+  return kv_tokens_for_memory(opts.host_memory_fraction, available_bytes,
+                              b.weight_bytes + kHostActivationReserveBytes, b.bytes_per_token, opts.block_size);
 }
 
 }  // namespace serval

@@ -18,6 +18,9 @@ inline constexpr int64_t kDeviceReserveBytes = int64_t(1) << 30;
 // backend without device memory.
 void check_weights_fit(int64_t weight_bytes, Backend& be, double fraction);
 
+// Activation memory kept out of a host-memory pool (host_memory_fraction).
+inline constexpr int64_t kHostActivationReserveBytes = int64_t(256) << 20;
+
 struct KvPoolBudget {
   int64_t bytes_per_token = 0;     // K and V of one token in every layer
   int64_t weight_bytes = 0;        // for the message when nothing is left
@@ -31,5 +34,11 @@ struct KvPoolBudget {
 // process already holds and kDeviceReserveBytes, else 4 sequences of
 // min(max_position, 4096). Throws serval::Error when less than a block fits.
 int64_t plan_kv_tokens(const RunnerOptions& opts, Backend& be, const KvPoolBudget& budget);
+
+// opts.host_memory_fraction's pool, in tokens (0 where it does not apply:
+// set, a token count or byte size given, device memory), planned before the
+// weights load: `available_bytes` is the host's memory available then.
+int64_t plan_host_kv_tokens(const RunnerOptions& opts, const Backend& be, const KvPoolBudget& budget,
+                            int64_t available_bytes);
 
 }  // namespace serval

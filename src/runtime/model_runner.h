@@ -30,6 +30,10 @@ struct RunnerOptions {
   // this fraction of the device's memory. 0 (or a CPU): the pool holds 4
   // sequences of min(max_position, 4096) tokens.
   double gpu_memory_fraction = 0;
+  // On the CPU (host memory), with neither kv_cache_tokens nor kv_memory_bytes:
+  // the pool takes this fraction of the memory available once the weights
+  // (as the backend will hold them) and an activation reserve are taken.
+  double host_memory_fraction = 0;
   int threads = 0;              // CPU threads for kernels and BLAS; 0: all cores
   // The largest step the engine will run (activation buffers are planned for
   // it; a larger one grows them) and the most sequences in one step.

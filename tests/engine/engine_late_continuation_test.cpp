@@ -151,9 +151,12 @@ TEST(EngineLateContinuation, TheDeviceStaysBusy) {
     if (steps[k].queued > steps[k - 1].done - kStepTime / 2) ++late;
   }
   const int n = int(steps.size()) - 5;
-  // A loaded machine may wake the loop late now and then.
+  // A loaded machine may wake the loop late now and then, and its slower host
+  // makes the timer plan earlier (its cost estimate grows): at a load of 8 on
+  // 2 cores, 18 of 45 steps were still planned in the second half. Planned at
+  // once (no late continuations), none would be.
   EXPECT_LE(idle, n / 4) << idle << " of " << n << " steps found the device idle";
-  EXPECT_GE(late, n * 3 / 4) << late << " of " << n << " steps were started late";
+  EXPECT_GE(late, n / 4) << late << " of " << n << " steps were started late";
   EXPECT_EQ(engine.kv_usage().used_blocks, 0);
 }
 
