@@ -47,6 +47,13 @@ struct AttnParamsT {
   int num_seqs = 0, num_heads = 0, kv_heads = 0, group = 0, head_dim = 0;
   int block_size = 0, max_blocks_per_seq = 0;
   float scale_log2 = 0;  // softmax scale * log2(e): the kernels use exp2
+  // Sliding window (KvGeometry::window): a query at position q attends to keys
+  // max(0, q + 1 - window) .. q; 0: none. Every kernel but the stream decode
+  // kernel honours it (plan_attention never picks that one under a window);
+  // with 0 each launches the same kernel as without the field (the window is
+  // a template flag of every kernel, chosen at launch). Table entries of
+  // blocks wholly before a row's first key may be -1 (released): never read.
+  int window = 0;
   // Sequences with at least this many new tokens are the prefill kernels'; the
   // rest (one token) the decode kernels'. 1 (f32, batch-invariant mode): the
   // prefill kernels take every row and no decode kernel runs.
