@@ -478,11 +478,12 @@ int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_
 void attention_decode_split_scratch_bound(const AttnParams& p, int num_sms, int64_t& partial_floats,
                                           int64_t& merge_counters) {
   partial_floats = merge_counters = 0;
-  // Over both kernels (with and without a window): one scratch serves the
-  // layers of a model with windowed and full layers alike.
-  AttnParams other = p;
-  other.window = p.window > 0 ? 0 : 1;
-  const int per_sm = std::max(resident_blocks_for(p), resident_blocks_for(other));
+  // A windowed layer's bound covers the kernel without a window too, so that
+  // one scratch serves a model of windowed and full layers (a model without
+  // windows never touches the windowed kernels).
+  AttnParams full = p;
+  full.window = 0;
+  const int per_sm = std::max(resident_blocks_for(p), resident_blocks_for(full));
   if (per_sm == 0) return;
   const int64_t slots = int64_t(per_sm) * std::max(num_sms, 1);
   const int64_t per_seq = int64_t(p.kv_heads) * head_blocks(p.group);
