@@ -47,13 +47,6 @@ struct AttnParamsT {
   int num_seqs = 0, num_heads = 0, kv_heads = 0, group = 0, head_dim = 0;
   int block_size = 0, max_blocks_per_seq = 0;
   float scale_log2 = 0;  // softmax scale * log2(e): the kernels use exp2
-  // Sliding window (KvGeometry::window): a query at position q attends to keys
-  // max(0, q + 1 - window) .. q; 0: none. Every kernel but the stream decode
-  // kernel honours it (plan_attention never picks that one under a window);
-  // with 0 each launches the same kernel as without the field (the window is
-  // a template flag of every kernel, chosen at launch). Table entries of
-  // blocks wholly before a row's first key may be -1 (released): never read.
-  int window = 0;
   // Sequences with at least this many new tokens are the prefill kernels'; the
   // rest (one token) the decode kernels'. 1 (f32, batch-invariant mode): the
   // prefill kernels take every row and no decode kernel runs.
@@ -89,6 +82,14 @@ struct AttnParamsT {
   int stream_blocks = 0;
   int* piece_ready = nullptr;
   AttnRopeFold fold;  // the split kernel only (bf16)
+  // Sliding window (KvGeometry::window): a query at position q attends to keys
+  // max(0, q + 1 - window) .. q; 0: none. Every kernel but the stream decode
+  // kernel honours it (plan_attention never picks that one under a window).
+  // The window is a template flag of each kernel, chosen at launch: with 0 the
+  // same kernels run as without the field (which is last, so the others keep
+  // their offsets and the kernels their bytes). Table entries of blocks wholly
+  // before a row's first key may be -1 (released): never read.
+  int window = 0;
 };
 using AttnParams = AttnParamsT<bf16>;
 
