@@ -462,8 +462,8 @@ class Backend {
 std::string resolve_device(const std::string& device);
 
 // Why `device` ("cpu" or "cuda", resolved) cannot run `def`'s model ("" when
-// it can): an attention kernel it lacks (a head_dim CUDA has not compiled, a
-// sliding window). Checked when a runner is made, so a model a device cannot
+// it can): an attention kernel it lacks (a head_dim CUDA has not compiled).
+// Checked when a runner is made, so a model a device cannot
 // run fails at start-up, and by --device auto to fall back to the CPU.
 std::string device_cannot_run(const std::string& device, const ModelDef& def);
 

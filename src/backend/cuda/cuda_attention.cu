@@ -6,6 +6,7 @@
 // (--dtype float32) one CUDA-core kernel serves every sequence; in
 // batch-invariant mode the prefill kernels serve every sequence.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/cuda_attention.cuh"
@@ -40,6 +41,7 @@ AttnParamsT<T> attn_params(const Tensor& q, const KvLayer& kv, const KvGeometry&
   p.block_size = g.block_size;
   p.max_blocks_per_seq = b.max_blocks_per_seq;
   p.scale_log2 = float(double(scale) * 1.4426950408889634);
+  p.window = int(std::min<int64_t>(g.window, INT32_MAX));
   return p;
 }
 
@@ -100,9 +102,10 @@ void CudaBackend::plan_attention(AttnParams& p, const BatchView& b) {
   // the partials' size follow from it and the shape only, so the eager step
   // that precedes a capture sizes the scratch for every replay.
   p.num_splits = attention_decode_splits(p, b.max_context_len, num_sms_);
-  if (tuning_.attn_stream == AttentionStream::kAlways ||
-      (tuning_.attn_stream == AttentionStream::kAuto &&
-       attention_decode_stream_preferred(p, num_sms_, b.mean_context_len)))
+  // The stream kernel has no window: windowed layers always take the split kernel.
+  if (p.window == 0 && (tuning_.attn_stream == AttentionStream::kAlways ||
+                        (tuning_.attn_stream == AttentionStream::kAuto &&
+                         attention_decode_stream_preferred(p, num_sms_, b.mean_context_len))))
     p.stream_blocks = attention_decode_stream_blocks(p, num_sms_);
   if (p.stream_blocks > 0) {
     ++stream_attention_calls_;

@@ -82,6 +82,14 @@ struct AttnParamsT {
   int stream_blocks = 0;
   int* piece_ready = nullptr;
   AttnRopeFold fold;  // the split kernel only (bf16)
+  // Sliding window (KvGeometry::window): a query at position q attends to keys
+  // max(0, q + 1 - window) .. q; 0: none. Every kernel but the stream decode
+  // kernel honours it (plan_attention never picks that one under a window).
+  // The window is a template flag of each kernel, chosen at launch: with 0 the
+  // same kernels run as without the field (which is last, so the others keep
+  // their offsets and the kernels their bytes). Table entries of blocks wholly
+  // before a row's first key may be -1 (released): never read.
+  int window = 0;
 };
 using AttnParams = AttnParamsT<bf16>;
 

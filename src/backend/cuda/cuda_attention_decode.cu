@@ -163,8 +163,12 @@ using namespace ptx;
 // on the whole chain having finished); only the host-written metadata is read
 // before it.
 
-// Fragment layouts: cuda_attention_decode_tile.cuh.
-template <int D, int NH>
+// Fragment layouts: cuda_attention_decode_tile.cuh. kWindow (p.window > 0):
+// the sequence's keys are n_ctx - window .. n_ctx - 1 (those from 0 if
+// fewer); its splits divide the tiles from the one holding the first key,
+// and keys before it (in that tile) are neither copied nor looked up in the
+// block table (their blocks may be released) and are masked.
+template <int D, int NH, bool kWindow>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel(AttnParams p) {
   using Sm = SplitSmem<D>;
   constexpr int DP = Sm::DP, MT = DP / 16;
@@ -189,16 +193,22 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   // A table entry for key j, read whether or not j is in the context (the
   // index is clamped to the row), so that no load waits on the context length.
   auto table_entry = [&](int j) -> int64_t { return table[min(j / p.block_size, p.max_blocks_per_seq - 1)]; };
-  int64_t entry0[kStages];
+  // (With a window the first tile's entries may be released: not read ahead.)
+  int64_t entry0[kStages] = {};
+  if constexpr (!kWindow) {
 #pragma unroll
-  for (int st = 0; st < kStages; ++st) entry0[st] = table_entry(key_index(0, st));
+    for (int st = 0; st < kStages; ++st) entry0[st] = table_entry(key_index(0, st));
+  }
   const int q0 = p.query_start[s];
   const bool is_decode = p.query_start[s + 1] - q0 == 1;  // else the prefill kernel serves it
   const int n_ctx = is_decode ? p.context_len[s] : 0;     // a decode's position is n_ctx - 1
   const int n_tiles = (n_ctx + kTile - 1) / kTile;
-  const int tps = split_tiles(n_tiles, p.num_splits);
-  const int live = (n_tiles + tps - 1) / tps;  // the first splits hold keys; the rest are empty
-  const int tile0 = split * tps, tile_end = min(n_tiles, tile0 + tps);
+  // The window's first key, and its tile: the splits share tiles tile_lo ..
+  const int key_lo = kWindow ? max(0, n_ctx - p.window) : 0;
+  const int tile_lo = kWindow ? key_lo / kTile : 0;
+  const int tps = split_tiles(n_tiles - tile_lo, p.num_splits);
+  const int live = (n_tiles - tile_lo + tps - 1) / tps;  // the first splits hold keys; the rest are empty
+  const int tile0 = tile_lo + split * tps, tile_end = min(n_tiles, tile0 + tps);
   const int64_t part_row = ((int64_t(s) * p.kv_heads + kvh) * p.num_splits + split) * G + h0;
   // This warp's tiles: tile0 + warp, + kWarps, ... below tile_end.
   const int nt = max(0, (tile_end - tile0 - warp + kWarps - 1) / kWarps);
@@ -207,18 +217,20 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   // (-1 past the context); the loads' lanes take it by shuffle.
   const int64_t slot_stride = int64_t(p.kv_heads) * D, head_off = int64_t(kvh) * D;
   auto offset_of = [&](int i, int j, int64_t blk) -> int64_t {
-    if (i >= nt || j >= n_ctx) return -1;
+    if (i >= nt || j >= n_ctx || (kWindow && j < key_lo)) return -1;
     return (blk * p.block_size + j % p.block_size) * slot_stride + head_off;
   };
+  // With a window, keys before key_lo look up key_lo's entry (never used).
+  auto window_entry = [&](int j) { return table_entry(kWindow ? max(j, key_lo) : j); };
   auto key_offset = [&](int i) {
     const int j = key_index(tile0, i);
-    return offset_of(i, j, table_entry(j));
+    return offset_of(i, j, window_entry(j));
   };
   int64_t first[kStages];
 #pragma unroll
   for (int st = 0; st < kStages; ++st) {
     const int j = key_index(tile0, st);
-    first[st] = offset_of(st, j, tile0 == 0 ? entry0[st] : table_entry(j));
+    first[st] = offset_of(st, j, !kWindow && tile0 == 0 ? entry0[st] : window_entry(j));
   }
   unsigned char* ring_p = smem + warp * kStages * Sm::STAGE_BYTES;
   const WarpRing<D> ring{smem_u32(ring_p)};
@@ -286,7 +298,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
       __syncwarp();
     }
     const uint32_t ks = ring.base + (i % kStages) * Sm::STAGE_BYTES + lds_off;
-    st.step(qa, ks, ks + Sm::TILE_ELEMS * 2, (tile0 + warp + i * kWarps) * kTile, n_ctx, p.scale_log2, t);
+    st.template step<kWindow>(qa, ks, ks + Sm::TILE_ELEMS * 2, (tile0 + warp + i * kWarps) * kTile, n_ctx,
+                              p.scale_log2, t, key_lo);
     __syncwarp();  // every lane is done with this stage before it is refilled
     if (i + kStages < nt) ring.issue(i % kStages, pending, lane, p.k_pool, p.v_pool);
     cp_async_commit();
@@ -388,19 +401,19 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
 
 // Blocks of one instantiation that an SM holds at once (set up once, so that
 // calls under stream capture touch nothing but the launch).
-template <int D, int NH>
+template <int D, int NH, bool kWindow = false>
 int resident_blocks() {
   static int per_sm = 0;
   if (per_sm == 0) {
     constexpr int smem = SplitSmem<D>::BYTES;
+    const auto kernel = attn_decode_kernel<D, NH, kWindow>;
     if (smem > 48 * 1024)
-      SERVAL_CUDA_CHECK(
-          cudaFuncSetAttribute(attn_decode_kernel<D, NH>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // K/V bypass L1 (cp.async.cg): give the SM's memory to shared, for occupancy.
-    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D, NH>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                            int(cudaSharedmemCarveoutMaxShared)));
     int n = 0;
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<D, NH>, kThreads, smem));
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
     per_sm = std::max(n, 1);
   }
   return per_sm;
@@ -410,18 +423,22 @@ int resident_blocks() {
 int resident_blocks_for(const AttnParams& p) {
   int per_sm = 0;
   with_head_dim(p.head_dim, [&](auto d) {
-    per_sm = two_head_tiles(p.group) ? resident_blocks<decltype(d)::value, 2>() : resident_blocks<decltype(d)::value, 1>();
+    constexpr int D = decltype(d)::value;
+    if (p.window > 0)
+      per_sm = two_head_tiles(p.group) ? resident_blocks<D, 2, true>() : resident_blocks<D, 1, true>();
+    else
+      per_sm = two_head_tiles(p.group) ? resident_blocks<D, 2>() : resident_blocks<D, 1>();
   });
   return per_sm;
 }
 
-template <int D, int NH>
+template <int D, int NH, bool kWindow>
 void launch_decode(const AttnParams& p, const Launch& on) {
-  resident_blocks<D, NH>();  // sets the shared-memory limit on first use
+  resident_blocks<D, NH, kWindow>();  // sets the shared-memory limit on first use
   const dim3 grid(unsigned(p.kv_heads * head_blocks(p.group)), unsigned(p.num_seqs), unsigned(p.num_splits));
   // Programmatic dependent launches: the kernels wait for the previous one
   // (griddepcontrol.wait) first thing.
-  launch_pdl(attn_decode_kernel<D, NH>, grid, dim3(kThreads), size_t(SplitSmem<D>::BYTES), on, p);
+  launch_pdl(attn_decode_kernel<D, NH, kWindow>, grid, dim3(kThreads), size_t(SplitSmem<D>::BYTES), on, p);
 }
 
 }  // namespace
@@ -450,7 +467,9 @@ int splits_for(int64_t base, int64_t slots, int max_splits) {
 int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_sms) {
   const int per_sm = resident_blocks_for(p);
   if (per_sm == 0) return 1;  // no kernel for this head_dim: the launch reports it
-  // Never splits shorter than kMinSplitTiles of the bound.
+  // Never splits shorter than kMinSplitTiles of the bound. A window's keys
+  // span at most window + kTile - 1 positions of whole tiles.
+  if (p.window > 0) max_context_bound = int(std::min<int64_t>(max_context_bound, int64_t(p.window) + kTile));
   const int bound_tiles = ceil_div(std::max(max_context_bound, 1), kTile);
   return splits_for(int64_t(p.num_seqs) * p.kv_heads * head_blocks(p.group), int64_t(per_sm) * std::max(num_sms, 1),
                     std::min(kMaxSplits, ceil_div(bound_tiles, kMinSplitTiles)));
@@ -459,7 +478,12 @@ int attention_decode_splits(const AttnParams& p, int max_context_bound, int num_
 void attention_decode_split_scratch_bound(const AttnParams& p, int num_sms, int64_t& partial_floats,
                                           int64_t& merge_counters) {
   partial_floats = merge_counters = 0;
-  const int per_sm = resident_blocks_for(p);
+  // A windowed layer's bound covers the kernel without a window too, so that
+  // one scratch serves a model of windowed and full layers (a model without
+  // windows never touches the windowed kernels).
+  AttnParams full = p;
+  full.window = 0;
+  const int per_sm = std::max(resident_blocks_for(p), resident_blocks_for(full));
   if (per_sm == 0) return;
   const int64_t slots = int64_t(per_sm) * std::max(num_sms, 1);
   const int64_t per_seq = int64_t(p.kv_heads) * head_blocks(p.group);
@@ -493,10 +517,11 @@ bool launch_attention_decode(const AttnParams& p, const Launch& on) {
                "decode attention: ", p.num_splits, " splits need partials and merge counters");
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
+    const bool windowed = p.window > 0;
     if (two_head_tiles(p.group))
-      launch_decode<D, 2>(p, on);
+      windowed ? launch_decode<D, 2, true>(p, on) : launch_decode<D, 2, false>(p, on);
     else
-      launch_decode<D, 1>(p, on);
+      windowed ? launch_decode<D, 1, true>(p, on) : launch_decode<D, 1, false>(p, on);
   });
 }
 

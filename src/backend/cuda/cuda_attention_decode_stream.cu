@@ -427,6 +427,7 @@ int64_t attention_decode_stream_warps(const AttnParams& p) { return int64_t(p.st
 bool launch_attention_decode_stream(const AttnParams& p, const Launch& on) {
   SERVAL_CHECK(p.stream_blocks > 0 && p.num_seqs <= kAttnStreamMaxSeqs && p.piece_ready != nullptr,
                "decode attention (stream): bad launch");
+  SERVAL_CHECK(p.window == 0, "decode attention (stream): no sliding window (plan_attention takes the split kernel)");
   return with_stream_kernel(p, [&](auto kernel, int, int smem) {
     launch_pdl(kernel, dim3(unsigned(p.stream_blocks)), dim3(kThreads), size_t(smem), on, p);
   });

@@ -157,9 +157,11 @@ struct WarpState {
 
   // One tile at shared addresses ks / vs (this lane's ldmatrix rows): S = Q
   // K^T, the online softmax of keys key0 .. key0 + 15 (those at n_ctx and past
-  // masked), O^T += V^T P^T. Every tile has a live key.
+  // masked, and with kWindow those before key_lo), O^T += V^T P^T. Every tile
+  // has a live key.
+  template <bool kWindow = false>
   __device__ __forceinline__ void step(const uint32_t (&qa)[DecodeSmem<D>::DP / 16][4], uint32_t ks, uint32_t vs,
-                                       int key0, int n_ctx, float scale_log2, int t) {
+                                       int key0, int n_ctx, float scale_log2, int t, int key_lo = 0) {
     constexpr int KC = DecodeSmem<D>::DP / 16;
     float sc[2][4] = {};  // S for keys 0-7 and 8-15 of the tile
 #pragma unroll
@@ -178,7 +180,8 @@ struct WarpState {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + (e >> 1) * 8 + 2 * t + (e & 1);
-        x[e] = key < n_ctx ? sc[e >> 1][2 * r + (e & 1)] * scale_log2 : -CUDART_INF_F;
+        const bool live = kWindow ? key < n_ctx && key >= key_lo : key < n_ctx;
+        x[e] = live ? sc[e >> 1][2 * r + (e & 1)] * scale_log2 : -CUDART_INF_F;
       }
       float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

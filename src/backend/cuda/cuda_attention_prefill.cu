@@ -13,11 +13,16 @@
 // the block table with cp.async into a double buffer, so the next tile loads
 // while this one is computed; keys run from 0, so a chunk sees the cached
 // prefix and itself. Shared-memory rows are XOR-swizzled in 16-byte chunks
-// so that ldmatrix and cp.async are free of bank conflicts.
+// so that ldmatrix and cp.async are free of bank conflicts. With a sliding
+// window (kWindow) keys start at the tile holding the block's first row's
+// first key, keys below each row's window are masked like the causal ones,
+// a warp skips tiles below every one of its rows' windows, and keys below
+// the block's first key are never looked up (their blocks may be released).
 #include <math_constants.h>
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "backend/cuda/cuda_attention.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
@@ -52,7 +57,7 @@ __device__ __forceinline__ uint32_t swz(int row, int ch) {
 
 // One block's work item: query tile `tile` of sequence s (a prefill
 // sequence with a row in that tile), KV head kvh.
-template <int D, bool kFastTable>
+template <int D, bool kFastTable, bool kWindow>
 __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile, int kvh, unsigned char* smem) {
   constexpr int RB = D * 2;         // bytes per row
   constexpr int NCH = D / 8;        // 16-byte chunks per row
@@ -89,6 +94,10 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
   for (int k = lane; k < n_tok; k += 32) last = max(last, pos[k]);
   const int n_keys = __reduce_max_sync(0xffffffffu, last) + 1;
   const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+  // The block's first key (positions increase within a chunk: its first
+  // row's window starts lowest) and its tile.
+  const int key_lo = kWindow ? max(0, pos[0] + 1 - p.window) : 0;
+  const int kt_lo = kWindow ? key_lo / kKeys : 0;
   // Row positions live in shared memory (read on masked tiles only: registers
   // are short); lane owns row warp * 32 + lane for the warp's first and last.
   int* s_pos = reinterpret_cast<int*>(smem + (kRows + 4 * kKeys) * RB);
@@ -117,7 +126,8 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
   const Bf16x8* v_pool = reinterpret_cast<const Bf16x8*>(p.v_pool);
   auto table_entry = [&](int kt) {
     const int j = kt * kKeys + ld_key;
-    return kFastTable && j < n_keys ? table[j >> bs_shift] : 0;
+    // (LD_N keys in one block: it holds a key from key_lo on, so it is live.)
+    return kFastTable && j < n_keys && (!kWindow || j + LD_N > key_lo) ? table[j >> bs_shift] : 0;
   };
   // Pool rows (slot, KV head) in 32 bits (2^32 rows is far beyond any pool), widened once.
   auto load_kv = [&](int kt, int stage, int block) {
@@ -127,7 +137,7 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
 #pragma unroll
     for (int u = 0; u < LD_N; ++u) {
       const int j = j0 + u;
-      const bool live = j < n_keys;
+      const bool live = kWindow ? j < n_keys && j >= key_lo : j < n_keys;
       uint64_t chunk;
       if constexpr (kFastTable) {
         chunk = chunk0 + u * kv_row_chunks;
@@ -140,9 +150,9 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
       cp_async_16(s_v + dst, live ? v_pool + chunk : v_pool, live);
     }
   };
-  load_kv(0, 0, table_entry(0));
+  load_kv(kt_lo, kt_lo & 1, table_entry(kt_lo));
   cp_async_commit();
-  int next_block = table_entry(1);  // for the tile loaded next
+  int next_block = table_entry(kt_lo + 1);  // for the tile loaded next
 
   // Per-lane ldmatrix offsets; the 16-byte chunk of k-step ks (16 columns)
   // is reached by XOR with ks * 32 (see swz: row % 8 == lane % 8 throughout).
@@ -170,7 +180,7 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
     }
   }
 
-  for (int kt = 0; kt < n_tiles; ++kt) {
+  for (int kt = kt_lo; kt < n_tiles; ++kt) {
     // Tile kt has landed for every thread, and every warp is done with the
     // stage the next load overwrites (it held tile kt - 1).
     cp_async_wait_all();
@@ -182,6 +192,7 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
     cp_async_commit();
     const int key0 = kt * kKeys;
     if (key0 > w_last) continue;  // warp-uniform: none of this warp's rows sees these keys
+    if (kWindow && key0 + kKeys <= w_first + 1 - p.window) continue;  // ... nor these: below every window
     const uint32_t s_k = s_kv + 2 * (kt & 1) * KV_BYTES, s_v = s_k + KV_BYTES;
 
     // ---- S = Q K^T ----
@@ -209,19 +220,21 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
       }
     }
 
-    // ---- causal mask: only where this tile reaches past the warp's first row ----
-    if (key0 + kKeys - 1 > w_first) {
+    // ---- causal mask: only where this tile reaches past the warp's first row
+    // (or, with a window, starts below the warp's last row's first key) ----
+    if (key0 + kKeys - 1 > w_first || (kWindow && key0 < w_last + 1 - p.window)) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           // keys past the row's position, relative to this lane's first key column
           const int lim = s_pos[warp * kWarpRows + mt * 16 + hf * 8 + (lane >> 2)] - key0 - (lane & 3) * 2;
+          const int lo = kWindow ? lim + 1 - p.window : 0;  // and keys before the row's window
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-              if (nt * 8 + e > lim) sc[mt][nt][2 * hf + e] = -CUDART_INF_F;
+              if (nt * 8 + e > lim || (kWindow && nt * 8 + e < lo)) sc[mt][nt][2 * hf + e] = -CUDART_INF_F;
         }
     }
 
@@ -316,7 +329,7 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, int s, int tile
 // found by a warp-wide scan of query_start: decode sequences and tiles past a
 // sequence's end cost no block, and Z is sized by the launcher so the grid
 // stays a few waves even for a batch of hundreds of decode rows.
-template <int D, bool kFastTable>
+template <int D, bool kFastTable, bool kWindow>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_prefill_tc_kernel(AttnParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int kvh = blockIdx.x, z = blockIdx.z, Z = gridDim.z;
@@ -334,19 +347,18 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_prefill_tc_ker
     while (mine) {
       const int i = __ffs(mine) - 1;
       mine &= mine - 1;
-      attend_tile<D, kFastTable>(p, s0 + i, tile, kvh, smem);
+      attend_tile<D, kFastTable, kWindow>(p, s0 + i, tile, kvh, smem);
     }
   }
 }
 
-template <int D, bool kFastTable>
+template <int D, bool kFastTable, bool kWindow>
 void launch_tc(const AttnParams& p, int max_query_len, cudaStream_t stream) {
   constexpr int smem = tc_smem_bytes<D>();
   static const bool configured = [] {  // per-kernel attributes, set once
-    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<D, kFastTable>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           smem));
-    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<D, kFastTable>,
-                                           cudaFuncAttributePreferredSharedMemoryCarveout,
+    const auto kernel = attn_prefill_tc_kernel<D, kFastTable, kWindow>;
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                            int(cudaSharedmemCarveoutMaxShared)));
     return true;
   }();
@@ -358,7 +370,7 @@ void launch_tc(const AttnParams& p, int max_query_len, cudaStream_t stream) {
   const int64_t per_z = int64_t(p.kv_heads) * tiles;
   const int z = int(std::clamp<int64_t>((1024 + per_z - 1) / per_z, 1, std::min(p.num_seqs, 1024)));
   const dim3 grid(unsigned(p.kv_heads), unsigned(tiles), unsigned(z));
-  attn_prefill_tc_kernel<D, kFastTable><<<grid, kThreads, smem, stream>>>(p);
+  attn_prefill_tc_kernel<D, kFastTable, kWindow><<<grid, kThreads, smem, stream>>>(p);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
@@ -371,10 +383,17 @@ bool launch_attention_prefill(const AttnParams& p, int max_query_len, cudaStream
   SERVAL_CHECK(p.block_size >= 1, "cuda attention: block size ", p.block_size);
   if (max_query_len < p.min_query_len || p.num_seqs <= 0) return true;
   const bool fast = p.block_size >= 8 && (p.block_size & (p.block_size - 1)) == 0;
-  if (p.head_dim == 64)
-    fast ? launch_tc<64, true>(p, max_query_len, stream) : launch_tc<64, false>(p, max_query_len, stream);
+  auto launch = [&](auto d, auto w) {
+    constexpr int D = decltype(d)::value;
+    constexpr bool W = decltype(w)::value;
+    fast ? launch_tc<D, true, W>(p, max_query_len, stream) : launch_tc<D, false, W>(p, max_query_len, stream);
+  };
+  using D64 = std::integral_constant<int, 64>;
+  using D128 = std::integral_constant<int, 128>;
+  if (p.window > 0)
+    p.head_dim == 64 ? launch(D64{}, std::true_type{}) : launch(D128{}, std::true_type{});
   else
-    fast ? launch_tc<128, true>(p, max_query_len, stream) : launch_tc<128, false>(p, max_query_len, stream);
+    p.head_dim == 64 ? launch(D64{}, std::false_type{}) : launch(D128{}, std::false_type{});
   return true;
 }
 

@@ -9,6 +9,9 @@
 // or f32 with --dtype float32. In f32 mode it is the only attention kernel
 // (the tensor-core ones are bf16), so it also serves decode rows: a sequence
 // with one new token is a tile of G live rows (so in batch-invariant mode).
+// With a sliding window (kWindow) the keys start at the tile holding the
+// block's first row's first key; keys below a row's window are masked, and
+// keys below the block's first key are never looked up (released blocks).
 #include <math_constants.h>
 
 
@@ -41,7 +44,7 @@ constexpr size_t prefill_smem() {
 // Thread (ty, tx) = (tid / 8, tid % 8) owns query rows 4ty..4ty+3; for scores
 // it owns keys 8tx..8tx+7 of the tile, for the output the 8-wide chunks
 // tx, tx + 8, ... of head_dim (so 8 neighbouring lanes read 128 contiguous bytes).
-template <typename T, int D>
+template <typename T, int D, bool kWindow>
 __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p) {
   using V8 = Vec8<T>;
   constexpr int BK = kKeyTile, NCH = D / 8, CPT = (NCH + 7) / 8, VS = D + 8;
@@ -59,6 +62,9 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p
   if (t0 >= qe) return;
   const int t_last = min(t0 + QT, qe) - 1;
   const int n_keys = p.positions[t_last] + 1;  // positions increase within a chunk
+  // With a window: the first row's first key, and the first tile's.
+  const int key_lo = kWindow ? max(0, p.positions[t0] + 1 - p.window) : 0;
+  const int key_begin = kWindow ? key_lo / kKeyTile * kKeyTile : 0;
   const int32_t* table = p.block_table + int64_t(s) * p.max_blocks_per_seq;
   const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
 
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p
     for (int c = 0; c < CPT * 8; ++c) acc[i][c] = 0.0f;
   }
 
-  for (int key0 = 0; key0 < n_keys; key0 += BK) {
+  for (int key0 = key_begin; key0 < n_keys; key0 += BK) {
     __syncthreads();  // the previous tile's K, V and P are consumed
     // All of a thread's K and V loads (bf16), or batches of 4 of them (f32:
     // twice the registers per load), are in flight before their first store.
@@ -104,9 +110,9 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p
         kr[b] = vr[b] = V8{};
         if (c < BK * NCH) {
           const int kkey = c % BK, kch = c / BK, vkey = c / NCH, vch = c % NCH;
-          if (key0 + kkey < n_keys)
+          if (key0 + kkey < n_keys && (!kWindow || key0 + kkey >= key_lo))
             kr[b] = reinterpret_cast<const V8*>(paged_row(p.k_pool, p, table, key0 + kkey, kvh))[kch];
-          if (key0 + vkey < n_keys)
+          if (key0 + vkey < n_keys && (!kWindow || key0 + vkey >= key_lo))
             vr[b] = reinterpret_cast<const V8*>(paged_row(p.v_pool, p, table, key0 + vkey, kvh))[vch];
         }
       }
@@ -142,7 +148,8 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p
       float mx = -CUDART_INF_F;
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
-        if (key0 + tx * 8 + jj > pos[i]) sc[i][jj] = -CUDART_INF_F;
+        if (key0 + tx * 8 + jj > pos[i] || (kWindow && key0 + tx * 8 + jj <= pos[i] - p.window))
+          sc[i][jj] = -CUDART_INF_F;
         mx = fmaxf(mx, sc[i][jj]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -210,19 +217,27 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p
   }
 }
 
-template <typename T, int D>
-void launch_prefill(const AttnParamsT<T>& p, int max_query_len, cudaStream_t stream) {
+template <typename T, int D, bool kWindow>
+void launch_window(const AttnParamsT<T>& p, int max_query_len, cudaStream_t stream) {
   constexpr size_t smem = prefill_smem<T, D>();
   static bool configured = false;  // the attribute is per kernel, set once
   if (smem > 48 * 1024 && !configured) {
-    SERVAL_CUDA_CHECK(
-        cudaFuncSetAttribute(attn_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const auto kernel = attn_prefill_kernel<T, D, kWindow>;
+    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
   const int qt = kRows / p.group;
   const dim3 grid(unsigned((max_query_len + qt - 1) / qt), unsigned(p.kv_heads), unsigned(p.num_seqs));
-  attn_prefill_kernel<T, D><<<grid, kThreads, smem, stream>>>(p);
+  attn_prefill_kernel<T, D, kWindow><<<grid, kThreads, smem, stream>>>(p);
   SERVAL_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T, int D>
+void launch_prefill(const AttnParamsT<T>& p, int max_query_len, cudaStream_t stream) {
+  if (p.window > 0)
+    launch_window<T, D, true>(p, max_query_len, stream);
+  else
+    launch_window<T, D, false>(p, max_query_len, stream);
 }
 
 void check_group(int group) {
