@@ -22,13 +22,16 @@ std::string resolve_device(const std::string& device) {
 
 std::string device_cannot_run(const std::string& device, const ModelDef& def) {
   if (device != "cuda") return "";  // the CPU's attention takes any
-  const int64_t head_dim = def.config().head_dim;
 #ifdef SERVAL_WITH_CUDA
+  // Sliding windows: every CUDA attention path takes them.
+  const int64_t head_dim = def.config().head_dim;
   if (!cuda_attention_supports_head_dim(head_dim))
     return str_cat("no attention kernel for its head_dim of ", head_dim);
-#endif
-  // Sliding windows: every CUDA attention path takes them.
   return "";
+#else
+  (void)def;
+  return "this build has no CUDA backend";
+#endif
 }
 
 DType compute_dtype(const std::string& requested, const std::string& dtype) {
