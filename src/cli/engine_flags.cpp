@@ -96,8 +96,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   SERVAL_CHECK(f.scheduler.max_model_len >= 0 && f.scheduler.max_model_len <= c.max_position,
                "--max-model-len must be in [1, ", c.max_position, "] (the model's context), got ",
                f.scheduler.max_model_len);
-  int64_t bytes_per_token = 0;
-  for (int64_t l = 0; l < def.num_layers(); ++l) bytes_per_token += def.kv_spec(l, kv_dtype).bytes_per_token();
+  const int64_t bytes_per_token = def.kv_bytes_per_token(kv_dtype);
   SERVAL_CHECK(f.gpu_memory_fraction > 0 && f.gpu_memory_fraction <= 1,
                "--gpu-memory-fraction must be in (0, 1], got ", f.gpu_memory_fraction);
   RunnerOptions ro;

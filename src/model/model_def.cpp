@@ -101,6 +101,12 @@ KvLayerSpec ModelDef::kv_spec(int64_t l, DType dtype) const {
   return KvLayerSpec{dtype, int32_t(a.num_kv_heads), int32_t(a.head_dim), a.window};
 }
 
+int64_t ModelDef::kv_bytes_per_token(DType dtype) const {
+  int64_t bytes = 0;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) bytes += kv_spec(l, dtype).bytes_per_token();
+  return bytes;
+}
+
 int64_t ModelDef::widest_window() const {
   int64_t widest = 0;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {

@@ -95,6 +95,8 @@ class ModelDef {
 
   // What layer l's KV cache holds, its elements in `dtype`.
   KvLayerSpec kv_spec(int64_t l, DType dtype) const;
+  // K and V of one token in every layer, elements in `dtype`.
+  int64_t kv_bytes_per_token(DType dtype) const;
   // The widest window of any layer, 0 when a layer attends to everything:
   // KV blocks older than it are read by no layer.
   int64_t widest_window() const;

@@ -34,7 +34,7 @@ class BackendModelRunner : public ModelRunner {
   int64_t num_blocks() const override { return num_blocks_; }
   std::string device() const override { return backend_->name(); }
   RopeStyle rope_style() const override { return model_->rope().style; }
-  int64_t attention_window() const override { return model_->def().widest_window(); }
+  int64_t attention_window() const override { return window_; }
   int64_t weight_bytes() const override { return model_->bytes(); }
   int64_t activation_bytes() const override { return ws_.bytes; }
   int64_t graph_replays() const override { return graph_replays_; }
@@ -45,12 +45,7 @@ class BackendModelRunner : public ModelRunner {
 
  private:
   void allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts);
-  // K and V of one token in every layer, as the backend keeps them.
-  int64_t kv_bytes_per_token(const ModelDef& def) const {
-    int64_t bytes = 0;
-    for (int64_t l = 0; l < def.num_layers(); ++l) bytes += def.kv_spec(l, backend_->kv_dtype()).bytes_per_token();
-    return bytes;
-  }
+
   void ensure_workspace(int64_t tokens, int64_t rows);
   BatchView upload_batch(const Batch& batch);
   void validate(const Batch& batch) const;
@@ -64,6 +59,7 @@ class BackendModelRunner : public ModelRunner {
   std::unique_ptr<DeviceModel> model_;
   KvPool kv_;
   int32_t block_size_ = 0;
+  int64_t window_ = 0;  // ModelDef::widest_window, read by every step's validation
   int64_t num_blocks_ = 0;  // blocks the engine may use; the pool may hold one spare (graph padding)
   Workspace ws_;
   std::unique_ptr<StepGraphs> graphs_;  // null: eager only
@@ -99,9 +95,10 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   RunnerOptions planned = opts;
   planned.kv_cache_tokens = opts.kv_cache_tokens > 0 ? opts.kv_cache_tokens
                                                       : plan_host_kv_tokens(opts, *backend_, KvPoolBudget{
-                                                            kv_bytes_per_token(def), weight_bytes, 0, 0, 0},
+                                                            def.kv_bytes_per_token(backend_->kv_dtype()), weight_bytes, 0, 0, 0},
                                                             available_memory_bytes());
   model_ = std::make_unique<DeviceModel>(def, weights, *backend_, opts.rope_permute);
+  window_ = def.widest_window();
   // Activations for the largest step first: the KV pool gets what is left.
   ensure_workspace(std::max<int64_t>(opts.max_num_batched_tokens, opts.max_num_seqs), opts.max_num_seqs);
   allocate_kv_pool(def, planned);
@@ -117,7 +114,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
 void BackendModelRunner::allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts) {
   block_size_ = opts.block_size;
   KvPoolBudget budget;
-  budget.bytes_per_token = kv_bytes_per_token(def);
+  budget.bytes_per_token = def.kv_bytes_per_token(backend_->kv_dtype());
   budget.weight_bytes = model_->bytes();
   budget.activation_bytes = ws_.bytes;
   budget.activation_tokens = ws_.capacity;
@@ -193,7 +190,7 @@ BatchView BackendModelRunner::upload_batch(const Batch& b) {
 }
 
 void BackendModelRunner::validate(const Batch& batch) const {
-  batch.validate(block_size_, num_blocks_, model_->def().widest_window());
+  batch.validate(block_size_, num_blocks_, window_);
   for (int32_t t = 0; t < batch.num_tokens(); ++t) {
     const int32_t source = batch.token_source.empty() ? -1 : batch.token_source[t];
     SERVAL_CHECK(source < sampled_specs_, "batch: token_source[", t, "] = ", source, " names no spec of the sample ",
