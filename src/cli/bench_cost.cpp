@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/backend.h"
+
 namespace serval::cli {
 
 StepCost::StepCost(const ModelConfig& c, const std::string& device) {
@@ -9,7 +11,7 @@ StepCost::StepCost(const ModelConfig& c, const std::string& device) {
   const double layer = H * (Q + 2 * KV) + Q * H + 3 * H * double(c.intermediate_size);
   lm_head_params_ = double(c.vocab_size) * H;
   matrix_params_ = layer * double(c.num_layers) + lm_head_params_;
-  const double elem = device == "cuda" ? 2.0 : 4.0;
+  const double elem = is_cuda_device(device) ? 2.0 : 4.0;
   weight_bytes_ = elem * matrix_params_;
   kv_bytes_per_token_ = 2.0 * elem * double(c.num_layers) * KV;  // K and V of every layer
   // q.k and p.v: 2 FLOPs per multiply-add, head_dim of each query head, twice.

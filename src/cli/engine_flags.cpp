@@ -46,7 +46,7 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
                  "on a GPU: the CUDA backend's kernel choices as key=value,... for A/B benchmarks "
                  "(docs/CUDA_TUNING.md; keys: " + cuda_tuning_keys() + ")");
   sub.add_option("--threads", f.threads, "CPU threads (default: all cores)");
-  sub.add_option("--device", f.device, "cpu, cuda or auto (default: auto, cuda when there is a GPU)");
+  sub.add_option("--device", f.device, "cpu, cuda (the first GPU), cuda:N (GPU N) or auto (default: auto, cuda when there is a GPU)");
   sub.add_option("--dtype", f.dtype,
                  "activations, weight matrices and KV cache: auto (bf16 on a GPU), bfloat16 or float32 "
                  "(default: auto; the CPU computes in float32)");

@@ -67,6 +67,13 @@ void Backend::start_sample(const Tensor& logits, std::span<const SampleSpec> spe
   started_.push(std::move(out));
 }
 
+Tensor Backend::finish_norm(NormedRows& x) { return normalized(x, "finish_norm"); }
+
+const Tensor& Backend::normalized(const NormedRows& x, const char* op) {
+  SERVAL_CHECK(!x.deferred, op, ": the rows' norm was left deferred, which this backend does not do");
+  return x.rows;
+}
+
 void Backend::begin_capture() { fail("the ", name(), " backend cannot record graphs"); }
 
 std::unique_ptr<DeviceGraph> Backend::end_capture() { fail("the ", name(), " backend cannot record graphs"); }

@@ -70,6 +70,20 @@ struct Tensor {
   Tensor reshaped(int64_t new_cols) const { return {data, dtype, numel() / new_cols, new_cols}; }
 };
 
+// The input of the matmuls after an RMSNorm whose weight those matmuls hold
+// folded (Backend::fold_norm_weight): `rows` normalized, or, where
+// matmul_add_rmsnorm left the norm to them (`deferred`), the rows before the
+// norm (each to be scaled by its 1 / rms, eps as given). Only the ops that
+// take a NormedRows read a deferred one; Backend::finish_norm normalizes it
+// in place for any other reader. A Tensor converts to a normalized one.
+struct NormedRows {
+  NormedRows(const Tensor& t) : rows(t) {}  // NOLINT: implicit, the common case
+  NormedRows(const Tensor& t, float eps_, bool deferred_) : rows(t), eps(eps_), deferred(deferred_) {}
+  Tensor rows;
+  float eps = 0;
+  bool deferred = false;
+};
+
 // A weight prepared for one backend. Shape is outermost first: {out, in} for a
 // linear layer, {n} for a norm or bias vector, {vocab, hidden} for embeddings.
 // A matrix is a Linear on the device: it also says the format the backend
@@ -348,12 +362,19 @@ class Backend {
   // then out = rmsnorm(residual) * norm: a projection back into the residual
   // stream and the norm after it, which a backend may fuse (e.g. split the
   // product's k and sum the parts in the norm). `proj` is scratch of
-  // [x.rows, w.rows] in the activation dtype. Default: matmul, add_rmsnorm.
-  virtual void matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
-                                  const DeviceWeight& norm, float eps, Tensor out) {
+  // [x.rows, w.rows] in the activation dtype. Returns out, whose norm a
+  // backend may leave to the matmuls that read it (NormedRows::deferred) where
+  // `norm` is a weight of ones. Default: matmul, add_rmsnorm.
+  [[nodiscard]] virtual NormedRows matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj,
+                                                      Tensor residual, const DeviceWeight& norm, float eps,
+                                                      Tensor out) {
     matmul(x, w, nullptr, proj);
     add_rmsnorm(residual, proj, norm, eps, out);
+    return out;
   }
+  // x's rows normalized in place if their norm was deferred (x is then no
+  // longer deferred); returns them.
+  virtual Tensor finish_norm(NormedRows& x);
   // x += delta.
   virtual void add(Tensor x, const Tensor& delta) = 0;
   // Once per forward, before its first layer: the step's positions, the same
@@ -377,18 +398,18 @@ class Backend {
   // projections, which a backend may finish in the projection's epilogue
   // (rotating q and k, writing k and v to their slots). k and v need not hold
   // anything afterwards; q is rotated. Default: matmul_multi, rope_kv_write.
-  virtual void qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk,
+  virtual void qkv_rope_kv_write(const NormedRows& x, const DeviceWeight& wq, const DeviceWeight& wk,
                                  const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
                                  const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
                                  const KvGeometry& geom) {
-    matmul_multi(x, {&wq, &wk, &wv}, {q, k, v});
+    matmul_multi(normalized(x, "qkv_rope_kv_write"), {&wq, &wk, &wv}, {q, k, v});
     rope_kv_write(q, k, v, positions, rope, slot_mapping, kv, geom);
   }
   // qkv_rope_kv_write, then paged_attention of its q into out: the attention
   // up to its output projection, with the batch's positions and slots. A
   // backend may rotate and write the new K/V inside the attention kernel; q,
   // k and v need not hold anything afterwards. Default: the two ops.
-  virtual void qkv_attention(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
+  virtual void qkv_attention(const NormedRows& x, const DeviceWeight& wq, const DeviceWeight& wk, const DeviceWeight& wv,
                              Tensor q, Tensor k, Tensor v, const RopeParams& rope, const KvLayer& kv,
                              const KvGeometry& geom, const BatchView& batch, int32_t num_heads, float scale,
                              Tensor out) {
@@ -413,9 +434,9 @@ class Backend {
   // `up_buf` are scratch of out's shape that a backend may use; out may be
   // gate_buf. Default: matmul_multi into them, then silu_mul (elementwise, so
   // in place is fine).
-  virtual void gated_mlp_up(const Tensor& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
+  virtual void gated_mlp_up(const NormedRows& x, const DeviceWeight& gate, const DeviceWeight& up, Tensor gate_buf,
                             Tensor up_buf, Tensor out) {
-    matmul_multi(x, {&gate, &up}, {gate_buf, up_buf});
+    matmul_multi(normalized(x, "gated_mlp_up"), {&gate, &up}, {gate_buf, up_buf});
     silu_mul(gate_buf, up_buf, out);
   }
   // out[r, :] = x[rows[r], :] for r < out.rows.
@@ -453,9 +474,18 @@ class Backend {
   // caller must not start penalized specs with one). Default: yes.
   virtual bool counts_fed_tokens() const { return true; }
 
+ protected:
+  // x's rows, which must not be deferred (a backend that never defers a norm
+  // reads them as they are); `op` names the caller in the error.
+  static const Tensor& normalized(const NormedRows& x, const char* op);
+
  private:
   StartedSamples started_;
 };
+
+// Whether `device` names a GPU: "cuda" (the first) or "cuda:N"; a malformed
+// "cuda:..." throws serval::Error.
+bool is_cuda_device(const std::string& device);
 
 // "cuda" when `device` is "auto" and this build has CUDA and the machine a
 // GPU, "cpu" for "auto" otherwise; any other name unchanged.
@@ -473,7 +503,7 @@ std::string device_cannot_run(const std::string& device, const ModelDef& def);
 // Throws serval::Error for another dtype or bfloat16 on the CPU.
 DType compute_dtype(const std::string& device, const std::string& dtype);
 
-// Creates the backend for `device` ("cpu", "cuda" or "auto") computing in
+// Creates the backend for `device` ("cpu", "cuda", "cuda:N" or "auto") computing in
 // `dtype` (see compute_dtype); `threads` 0 means all cores; `cuda_tuning`
 // for the CUDA backend (the CPU's has no such knobs). Throws serval::Error
 // for devices this build does not have and dtypes they refuse.

@@ -7,10 +7,26 @@ namespace serval {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend/cpu/cpu_backend.cpp
 #ifdef SERVAL_WITH_CUDA
-std::unique_ptr<Backend> make_cuda_backend(DType act_dtype, const CudaTuning& tuning);  // backend/cuda/cuda_backend.cu
+std::unique_ptr<Backend> make_cuda_backend(int device, DType act_dtype, const CudaTuning& tuning);  // backend/cuda/cuda_backend.cu
 bool cuda_device_present();                                   // backend/cuda/cuda_backend.cu
 bool cuda_attention_supports_head_dim(int64_t head_dim);       // backend/cuda/cuda_attention_decode.cu
 #endif
+
+namespace {
+
+// The index N of "cuda:N" ("cuda": 0), or -1 for a name that is not a CUDA device.
+int cuda_index(const std::string& device) {
+  if (device == "cuda") return 0;
+  if (device.rfind("cuda:", 0) != 0) return -1;
+  const std::string n = device.substr(5);
+  SERVAL_CHECK(!n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == std::string::npos,
+               "device \"", device, "\": expected cuda:N with N a GPU's index (cuda:0, cuda:1, ...)");
+  return std::stoi(n);
+}
+
+}  // namespace
+
+bool is_cuda_device(const std::string& device) { return cuda_index(device) >= 0; }
 
 std::string resolve_device(const std::string& device) {
   if (device != "auto") return device;
@@ -21,7 +37,7 @@ std::string resolve_device(const std::string& device) {
 }
 
 std::string device_cannot_run(const std::string& device, const ModelDef& def) {
-  if (device != "cuda") return "";  // the CPU's attention takes any
+  if (!is_cuda_device(device)) return "";  // the CPU's attention takes any
 #ifdef SERVAL_WITH_CUDA
   // Sliding windows: every CUDA attention path takes them.
   const int64_t head_dim = def.config().head_dim;
@@ -52,8 +68,8 @@ std::unique_ptr<Backend> create_backend(const std::string& requested, int thread
   const DType act = compute_dtype(device, dtype);
   if (device == "cpu") return make_cpu_backend(threads);
 #ifdef SERVAL_WITH_CUDA
-  if (device == "cuda") return make_cuda_backend(act, cuda_tuning);
-  fail("device \"", device, "\" is not available in this build (available: cpu, cuda)");
+  if (is_cuda_device(device)) return make_cuda_backend(cuda_index(device), act, cuda_tuning);
+  fail("device \"", device, "\" is not available in this build (available: cpu, cuda, cuda:N)");
 #else
   (void)act;
   (void)cuda_tuning;

@@ -20,12 +20,12 @@ class ForwardPass {
   // A bias or a per-head norm comes between the projection and rope, so the
   // layer cannot take the fused q/k/v path (Backend::qkv_attention).
   static bool unfused_qkv(const DeviceLayer& L) { return L.def.attention.qkv_bias || L.def.attention.qk_norm; }
-  // xn holds the attention's input norm; attn gets its output, before the o product.
+  // xn_ holds the attention's input norm; attn gets its output, before the o product.
   void attention(size_t l);
-  // The o product into the residual, then the MLP's input norm into xn.
+  // The o product into the residual, then the MLP's input norm into xn_.
   void attention_out(size_t l);
-  // The MLP from xn into the residual, then the next layer's input norm (or
-  // the final norm where every row needs logits) into xn.
+  // The MLP from xn_ into the residual, then the next layer's input norm (or
+  // the final norm where every row needs logits) into xn_.
   void mlp(size_t l);
   void lm_head();
 
@@ -36,6 +36,9 @@ class ForwardPass {
   const KvPool& kv_;
   const BatchView& bv_;
   const int64_t T_;
+  // The normalized rows in ws_.xn that the next matmuls read; the backend
+  // may have left their norm to those matmuls (NormedRows::deferred).
+  NormedRows xn_{Tensor{}};
 };
 
 void ForwardPass::run() {
@@ -46,6 +49,7 @@ void ForwardPass::run() {
   // Only the fused path may use the step's angles.
   if (!layers.empty() && !unfused_qkv(layers[0])) be_.prepare_rope_angles(bv_.positions, T_, m_.rope());
   be_.rmsnorm(x, m_.attn_norm(0), cfg_.rms_eps, xn);
+  xn_ = xn;
   for (size_t l = 0; l < layers.size(); ++l) {
     attention(l);
     attention_out(l);
@@ -57,7 +61,6 @@ void ForwardPass::run() {
 void ForwardPass::attention(size_t l) {
   const DeviceLayer& L = m_.layers()[l];
   const AttentionDef& a = L.def.attention;
-  const Tensor xn = act(ws_.xn, T_, cfg_.hidden_size);
   const int64_t qd = a.num_heads * a.head_dim, kvd = a.num_kv_heads * a.head_dim;
   const Tensor q = act(ws_.q, T_, qd), k = act(ws_.k, T_, kvd), v = act(ws_.v, T_, kvd);
   const Tensor out = act(ws_.attn, T_, qd);
@@ -65,9 +68,10 @@ void ForwardPass::attention(size_t l) {
   const KvLayer& kv = kv_.layers[l];
   const KvGeometry& geom = kv_.geoms[l];
   if (!unfused_qkv(L)) {
-    be_.qkv_attention(xn, *L.wq, *L.wk, *L.wv, q, k, v, m_.rope(), kv, geom, bv_, int32_t(a.num_heads), scale, out);
+    be_.qkv_attention(xn_, *L.wq, *L.wk, *L.wv, q, k, v, m_.rope(), kv, geom, bv_, int32_t(a.num_heads), scale, out);
     return;
   }
+  const Tensor xn = be_.finish_norm(xn_);
   if (a.qkv_bias) {
     be_.matmul(xn, *L.wq, L.bq.get(), q);
     be_.matmul(xn, *L.wk, L.bk.get(), k);
@@ -88,8 +92,8 @@ void ForwardPass::attention_out(size_t l) {
   const AttentionDef& a = L.def.attention;
   const Tensor x{ws_.x.data(), DType::F32, T_, cfg_.hidden_size};
   const Tensor attn = act(ws_.attn, T_, a.num_heads * a.head_dim);
-  be_.matmul_add_rmsnorm(attn, *L.wo, act(ws_.proj, T_, cfg_.hidden_size), x, m_.ffn_norm(l), cfg_.rms_eps,
-                         act(ws_.xn, T_, cfg_.hidden_size));
+  xn_ = be_.matmul_add_rmsnorm(attn, *L.wo, act(ws_.proj, T_, cfg_.hidden_size), x, m_.ffn_norm(l), cfg_.rms_eps,
+                               act(ws_.xn, T_, cfg_.hidden_size));
 }
 
 void ForwardPass::mlp(size_t l) {
@@ -98,13 +102,13 @@ void ForwardPass::mlp(size_t l) {
   const Tensor x{ws_.x.data(), DType::F32, T_, H};
   const Tensor xn = act(ws_.xn, T_, H), proj = act(ws_.proj, T_, H);
   const Tensor gate = act(ws_.gate, T_, I), up = act(ws_.up, T_, I);
-  be_.gated_mlp_up(xn, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate
+  be_.gated_mlp_up(xn_, *L.gate, *L.up, gate, up, gate);  // silu(gate) * up lands in gate
   if (l + 1 < m_.layers().size()) {
-    be_.matmul_add_rmsnorm(gate, *L.down, proj, x, m_.attn_norm(l + 1), cfg_.rms_eps, xn);
+    xn_ = be_.matmul_add_rmsnorm(gate, *L.down, proj, x, m_.attn_norm(l + 1), cfg_.rms_eps, xn);
   } else if (bv_.num_logits_rows > 0 && bv_.logits_rows_all) {
     // Every row needs logits (a decode step): the final norm follows the
     // last projection as the other norms do, with no gather between.
-    be_.matmul_add_rmsnorm(gate, *L.down, proj, x, m_.final_norm(), cfg_.rms_eps, xn);
+    xn_ = be_.matmul_add_rmsnorm(gate, *L.down, proj, x, m_.final_norm(), cfg_.rms_eps, xn);
   } else {
     be_.matmul(gate, *L.down, nullptr, proj);
     be_.add(x, proj);
@@ -115,9 +119,11 @@ void ForwardPass::mlp(size_t l) {
 void ForwardPass::lm_head() {
   const int64_t R = bv_.num_logits_rows, H = cfg_.hidden_size;
   if (R == 0) return;
-  const Tensor rows_n = act(ws_.xn, R, H);
+  Tensor rows_n = act(ws_.xn, R, H);
   const Tensor out{ws_.logits.data(), DType::F32, R, cfg_.vocab_size};
-  if (!bv_.logits_rows_all) {
+  if (bv_.logits_rows_all) {
+    rows_n = be_.finish_norm(xn_);
+  } else {
     const Tensor x{ws_.x.data(), DType::F32, T_, H};
     const Tensor rows{ws_.rows.data(), DType::F32, R, H};
     be_.gather_rows(x, bv_.logits_rows, rows);

@@ -18,7 +18,7 @@
 namespace serval {
 
 struct RunnerOptions {
-  std::string device = "cpu";   // "cpu", "cuda" or "auto" (cuda when there is a GPU)
+  std::string device = "cpu";   // "cpu", "cuda", "cuda:N" or "auto" (cuda when there is a GPU)
   // Activations, weight matrices and KV cache: "auto" (bf16 on a GPU, f32 on
   // the CPU), "bfloat16" (GPU only) or "float32" (on a GPU: slower, follows
   // the CPU token for token).

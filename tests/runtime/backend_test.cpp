@@ -91,6 +91,54 @@ TEST(Backend, DeviceCannotRunNamesTheKernelADeviceLacks) {
 #endif
 }
 
+// "cuda:N" names GPU N wherever "cuda" is accepted; a malformed index is
+// refused with the form expected, and a GPU that is not there (or a build
+// without CUDA) fails when the backend is made, naming the device.
+TEST(Backend, CudaDeviceNamesTakeAnIndex) {
+  for (const char* gpu : {"cuda", "cuda:0", "cuda:1", "cuda:15"}) EXPECT_TRUE(is_cuda_device(gpu)) << gpu;
+  for (const char* other : {"cpu", "auto", "cudax", "gpu", ""}) EXPECT_FALSE(is_cuda_device(other)) << other;
+  for (const char* bad : {"cuda:", "cuda:a", "cuda:-1", "cuda:1x", "cuda:99999"}) {
+    try {
+      (void)is_cuda_device(bad);
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("expected cuda:N"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(compute_dtype("cuda:1", "auto"), DType::BF16);
+  EXPECT_EQ(device_cannot_run("cuda:0", def_with(64, 0)), device_cannot_run("cuda", def_with(64, 0)));
+  try {
+    (void)create_backend("cuda:63", 1);
+    FAIL() << "a 64th GPU";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("cuda:63") != std::string::npos || msg.find("device 63") != std::string::npos ||
+                msg.find("no CUDA device") != std::string::npos)
+        << msg;
+  }
+}
+
+// A backend that never defers a norm (the CPU's) refuses deferred rows in
+// the ops that take NormedRows, and finish_norm leaves rows as they are.
+TEST(Backend, DeferredNormsAreRefusedWhereNothingDefersThem) {
+  auto be = create_backend("cpu", 1);
+  std::vector<float> x(8, 1.0f), out(8, 0.0f);
+  const Tensor xt{x.data(), DType::F32, 2, 4}, out_t{out.data(), DType::F32, 2, 4};
+  const std::vector<float> w(16, 0.5f);
+  auto gate = be->upload_weight(TensorView{"gate", DType::F32, {4, 4}, w.data(), 64});
+  auto up = be->upload_weight(TensorView{"up", DType::F32, {4, 4}, w.data(), 64});
+  NormedRows plain = xt;
+  EXPECT_EQ(be->finish_norm(plain).data, x.data());
+  const NormedRows deferred(xt, 1e-5f, true);
+  try {
+    be->gated_mlp_up(deferred, *gate, *up, out_t, out_t, out_t);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gated_mlp_up: the rows' norm was left deferred"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A fed token goes onto the output of a penalized spec only (nothing else
 // reads the output); every fed_source is cleared; a source the start before
 // did not have is refused.

@@ -399,12 +399,14 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
   merge_splits<D>(p, s, kvh, h0, GL, live, orow, reinterpret_cast<float*>(smem));
 }
 
-// Blocks of one instantiation that an SM holds at once (set up once, so that
-// calls under stream capture touch nothing but the launch).
+// Blocks of one instantiation that an SM holds at once (set up once per
+// device, so that calls under stream capture touch nothing but the launch).
 template <int D, int NH, bool kWindow = false>
 int resident_blocks() {
-  static int per_sm = 0;
-  if (per_sm == 0) {
+  static PerDevice<int> per_sm;
+  int dev = 0;
+  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+  return per_sm.get(dev, [] {
     constexpr int smem = SplitSmem<D>::BYTES;
     const auto kernel = attn_decode_kernel<D, NH, kWindow>;
     if (smem > 48 * 1024)
@@ -414,9 +416,8 @@ int resident_blocks() {
                                            int(cudaSharedmemCarveoutMaxShared)));
     int n = 0;
     SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
-    per_sm = std::max(n, 1);
-  }
-  return per_sm;
+    return std::max(n, 1);
+  });
 }
 
 // The same for the instantiation that serves p (0: no kernel for its head_dim).

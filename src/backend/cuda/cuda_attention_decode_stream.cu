@@ -361,12 +361,14 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_stream
   }
 }
 
-// Blocks of one instantiation that an SM holds at once (set up once, so that
-// calls under stream capture touch nothing but the launch).
+// Blocks of one instantiation that an SM holds at once (set up once per
+// device, so that calls under stream capture touch nothing but the launch).
 template <int D, int NH>
 int stream_resident_blocks() {
-  static int per_sm = 0;
-  if (per_sm == 0) {
+  static PerDevice<int> per_sm;
+  int dev = 0;
+  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+  return per_sm.get(dev, [] {
     constexpr int smem = StreamSmem<D>::BYTES;
     auto* kernel = attn_decode_stream_kernel<D, NH>;
     if (smem > 48 * 1024)
@@ -375,9 +377,8 @@ int stream_resident_blocks() {
                                            int(cudaSharedmemCarveoutMaxShared)));
     int n = 0;
     SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
-    per_sm = std::max(n, 1);
-  }
-  return per_sm;
+    return std::max(n, 1);
+  });
 }
 
 // Calls f(kernel, resident blocks per SM, shared bytes) for p's instantiation.

@@ -355,14 +355,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_prefill_tc_ker
 template <int D, bool kFastTable, bool kWindow>
 void launch_tc(const AttnParams& p, int max_query_len, cudaStream_t stream) {
   constexpr int smem = tc_smem_bytes<D>();
-  static const bool configured = [] {  // per-kernel attributes, set once
+  // Per-kernel attributes, set once on each device.
+  static PerDevice<bool> configured;
+  int dev = 0;
+  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+  configured.get(dev, [] {
     const auto kernel = attn_prefill_tc_kernel<D, kFastTable, kWindow>;
     SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                            int(cudaSharedmemCarveoutMaxShared)));
     return true;
-  }();
-  (void)configured;
+  });
   // z: enough sequence slots for ~1024 blocks (a few waves of 2-3 blocks per
   // SM), never more than there are sequences.
   const int qt = kRows / p.group, tiles = (max_query_len + qt - 1) / qt;

@@ -220,11 +220,15 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnParamsT<T> p
 template <typename T, int D, bool kWindow>
 void launch_window(const AttnParamsT<T>& p, int max_query_len, cudaStream_t stream) {
   constexpr size_t smem = prefill_smem<T, D>();
-  static bool configured = false;  // the attribute is per kernel, set once
-  if (smem > 48 * 1024 && !configured) {
-    const auto kernel = attn_prefill_kernel<T, D, kWindow>;
-    SERVAL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = true;
+  static PerDevice<bool> configured;  // the attribute is per kernel and device, set once
+  if (smem > 48 * 1024) {
+    int dev = 0;
+    SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+    configured.get(dev, [] {
+      SERVAL_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<T, D, kWindow>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      return true;
+    });
   }
   const int qt = kRows / p.group;
   const dim3 grid(unsigned((max_query_len + qt - 1) / qt), unsigned(p.kv_heads), unsigned(p.num_seqs));

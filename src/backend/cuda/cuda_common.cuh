@@ -4,7 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <utility>
 
 #include "backend/cuda/cuda_launch.h"
@@ -27,6 +29,46 @@ using bf16 = __nv_bfloat16;
 #define SERVAL_CUDA_LAUNCH_CHECK() SERVAL_CUDA_CHECK(cudaGetLastError())
 
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// A value worked out once per device (a kernel's occupancy, attributes set on
+// a kernel): a process-wide cache that holds for every GPU, not just the
+// first one used.
+template <typename T>
+class PerDevice {
+ public:
+  static constexpr int kMaxDevices = 64;
+  template <typename Make>
+  T get(int device, Make&& make) {
+    SERVAL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device ", device, " is past the ", kMaxDevices,
+                 " this build counts");
+    Slot& s = slots_[device];
+    if (s.ready.load(std::memory_order_acquire)) return s.value;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ready.load(std::memory_order_relaxed)) {
+      s.value = make();
+      s.ready.store(true, std::memory_order_release);
+    }
+    return s.value;
+  }
+
+ private:
+  struct Slot {
+    std::atomic<bool> ready{false};
+    T value{};
+  };
+  Slot slots_[kMaxDevices];
+  std::mutex mu_;
+};
+
+// The SM count of the device a launch goes to (Launch::device_sms, else the
+// current device's).
+inline int device_sms(const Launch& on) {
+  if (on.device_sms > 0) return on.device_sms;
+  int dev = 0, sms = 0;
+  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+  SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
 
 // Programmatic dependent launch (Hopper): `kernel` may be scheduled while the
 // kernel before it on `stream` is still running, so its launch latency (and,

@@ -119,9 +119,12 @@ bool launch_kernel(const typename Kernel::Arguments& args, const CutlassLaunch& 
   // No workspace (no split-K of its own: no memset node between it and the
   // kernel before).
   if (!Kernel::can_implement(args) || Kernel::get_workspace_size(args) != 0) return false;
-  // The shared-memory size once per kernel, not at every launch (prefill
-  // and eager steps launch outside graphs).
-  static const bool configured = [] {
+  // The shared-memory size once per kernel and device, not at every launch
+  // (prefill and eager steps launch outside graphs).
+  static PerDevice<bool> configured;
+  int dev = 0;
+  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+  configured.get(dev, [] {
     SERVAL_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(Kernel::SharedStorageSize)));
@@ -130,8 +133,7 @@ bool launch_kernel(const typename Kernel::Arguments& args, const CutlassLaunch& 
                                              cudaFuncAttributePreferredSharedMemoryCarveout,
                                              int(cudaSharedmemCarveoutMaxShared)));
     return true;
-  }();
-  (void)configured;
+  });
   const typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
   return cutlass::kernel_launch<Kernel>(Kernel::get_grid_shape(params), Kernel::get_block_shape(),
                                         Kernel::SharedStorageSize, l.stream, params,

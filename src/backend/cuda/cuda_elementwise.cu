@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_elem.cuh"
 #include "backend/cuda/cuda_gate_up_layout.cuh"
+#include "backend/cuda/cuda_launches.h"
 
 namespace serval::cuda {
 
@@ -256,7 +257,7 @@ void gather(const void* src, DType src_dtype, const int32_t* idx, const Tensor& 
 
 // out (and delta) are of type O; x is bf16 or f32.
 template <bool kAdd, typename O>
-void launch_rmsnorm(const Tensor& x, const O* delta, const float* w, float eps, O* out, const Launch& on) {
+void launch_rmsnorm_kernel(const Tensor& x, const O* delta, const float* w, float eps, O* out, const Launch& on) {
   const dim3 grid(unsigned(x.rows)), block(unsigned(row_threads(x.cols)));
   if (x.dtype == DType::F32)
     launch_pdl(rmsnorm_kernel<kAdd, float, O>, grid, block, 0, on, f32(x), delta, w, eps, out, x.cols);
@@ -269,9 +270,9 @@ template <bool kAdd>
 void rmsnorm_dispatch(const Tensor& x, const Tensor* delta, const float* w, float eps, const Tensor& out,
                       const Launch& on) {
   if (out.dtype == DType::F32)
-    launch_rmsnorm<kAdd, float>(x, delta ? f32(*delta) : nullptr, w, eps, f32(out), on);
+    launch_rmsnorm_kernel<kAdd, float>(x, delta ? f32(*delta) : nullptr, w, eps, f32(out), on);
   else
-    launch_rmsnorm<kAdd, bf16>(x, delta ? bf(*delta) : nullptr, w, eps, bf(out), on);
+    launch_rmsnorm_kernel<kAdd, bf16>(x, delta ? bf(*delta) : nullptr, w, eps, bf(out), on);
 }
 
 template <typename T>
@@ -296,54 +297,52 @@ void CudaBackend::embedding(const DeviceWeight& table, const int32_t* ids, const
   SERVAL_CHECK((w.dtype() == DType::BF16 || w.dtype() == DType::F32) && w.cols() == out.cols, "embedding: table \"",
                w.name(), "\" does not match the output width ", out.cols);
   check_stream(out, "embedding");
-  overwritten(out);
   if (out.rows == 0) return;
-  gather(w.data(), w.dtype(), ids, out, launch_on(), feed);
+  dev_.bind();
+  gather(w.data(), w.dtype(), ids, out, launch_on(dev_, cfg_), feed);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, Tensor out) {
   check_stream(x, "gather_rows");
-  settle(x);
   SERVAL_CHECK(out.dtype == x.dtype && out.cols == x.cols, "gather_rows: output must match the input's dtype and width");
   if (out.rows == 0) return;
-  gather(x.data, x.dtype, rows, out, launch_on());
+  dev_.bind();
+  gather(x.data, x.dtype, rows, out, launch_on(dev_, cfg_));
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const DeviceWeight& w, float eps, Tensor out) {
   check_stream(x, "rmsnorm");
-  check_act(out, act_dtype_, "rmsnorm's output");
+  check_act(out, cfg_.act_dtype, "rmsnorm's output");
   SERVAL_CHECK(out.data != x.data || x.dtype == out.dtype,
                "rmsnorm: a ", dtype_name(x.dtype), " input cannot be normalized in place into ", dtype_name(out.dtype));
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == x.cols, "rmsnorm: weight \"", cw.name(), "\" has ",
                cw.cols(), " entries, rows have ", x.cols);
-  settle(x);
-  overwritten(out);
   if (x.rows == 0) return;
-  rmsnorm_dispatch<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, launch_on());
+  dev_.bind();
+  rmsnorm_dispatch<false>(x, nullptr, static_cast<const float*>(cw.data()), eps, out, launch_on(dev_, cfg_));
 }
 
 void CudaBackend::add_rmsnorm(Tensor residual, const Tensor& delta, const DeviceWeight& w, float eps, Tensor out) {
   check_stream(residual, "add_rmsnorm");
-  check_act(delta, act_dtype_, "add_rmsnorm's delta");
-  check_act(out, act_dtype_, "add_rmsnorm's output");
+  check_act(delta, cfg_.act_dtype, "add_rmsnorm's delta");
+  check_act(out, cfg_.act_dtype, "add_rmsnorm's output");
   const CudaWeight& cw = as_cuda(w);
   SERVAL_CHECK(cw.dtype() == DType::F32 && cw.cols() == residual.cols, "add_rmsnorm: weight \"", cw.name(),
                "\" has ", cw.cols(), " entries, rows have ", residual.cols);
-  settle(delta);
-  overwritten(out);
   if (residual.rows == 0) return;
-  rmsnorm_dispatch<true>(residual, &delta, static_cast<const float*>(cw.data()), eps, out, launch_on());
+  dev_.bind();
+  rmsnorm_dispatch<true>(residual, &delta, static_cast<const float*>(cw.data()), eps, out, launch_on(dev_, cfg_));
 }
 
 void CudaBackend::add(Tensor x, const Tensor& delta) {
   check_stream(x, "add");
-  check_act(delta, act_dtype_, "add's delta");
-  settle(delta);
+  check_act(delta, cfg_.act_dtype, "add's delta");
   const int64_t n = x.numel();
   if (n == 0) return;
-  const dim3 grid(unsigned(grid_for(n, 256, num_sms_))), block(256);
-  const Launch on = launch_on();
+  dev_.bind();
+  const dim3 grid(unsigned(grid_for(n, 256, dev_.num_sms()))), block(256);
+  const Launch on = launch_on(dev_, cfg_);
   if (delta.dtype == DType::F32) {
     if (x.dtype == DType::F32)
       launch_pdl(add_kernel<float, float>, grid, block, 0, on, f32(x), static_cast<const float*>(delta.data), n);
@@ -359,32 +358,34 @@ void CudaBackend::add(Tensor x, const Tensor& delta) {
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor out) {
-  check_act(gate, act_dtype_, "silu_mul");
-  check_act(up, act_dtype_, "silu_mul");
-  check_act(out, act_dtype_, "silu_mul's output");
-  settle(gate);
-  settle(up);
+  check_act(gate, cfg_.act_dtype, "silu_mul");
+  check_act(up, cfg_.act_dtype, "silu_mul");
+  check_act(out, cfg_.act_dtype, "silu_mul's output");
   if (gate.numel() == 0) return;
-  if (act_dtype_ == DType::F32)
-    launch_silu_mul<float>(gate, up, out, num_sms_, stream_);
+  dev_.bind();
+  if (cfg_.act_dtype == DType::F32)
+    launch_silu_mul<float>(gate, up, out, dev_.num_sms(), dev_.stream());
   else
-    launch_silu_mul<bf16>(gate, up, out, num_sms_, stream_);
+    launch_silu_mul<bf16>(gate, up, out, dev_.num_sms(), dev_.stream());
 }
 
-void CudaBackend::silu_mul_interleaved(const void* product, Tensor out) {
+void launch_silu_mul_interleaved(const void* product, Tensor out, int sms, cudaStream_t stream) {
   check_act(out, DType::BF16, "silu_mul_interleaved's output");
   SERVAL_CHECK(out.cols % kGateUpGroupRows == 0, "silu_mul_interleaved: ", out.cols, " outputs per row are not in ",
                "groups of ", kGateUpGroupRows);
   const int64_t n8 = out.numel() / 8;
   if (n8 == 0) return;
   const auto* y = static_cast<const Vec8<bf16>*>(product);
-  silu_mul_vec_kernel<bf16><<<grid_for(n8, 256, num_sms_), 256, 0, stream_>>>(
+  silu_mul_vec_kernel<bf16><<<grid_for(n8, 256, sms), 256, 0, stream>>>(
       y, y + 1, reinterpret_cast<Vec8<bf16>*>(out.data), n8, 2);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
-// residual (f32) += the sum of two f32 partials (`stride` floats apart, each
-// [rows, cols]) rounded to bf16; out (bf16) = rmsnorm(residual) * w.
+void launch_rmsnorm(const Tensor& x, const float* w, float eps, Tensor out, const Launch& on) {
+  if (x.rows == 0) return;
+  rmsnorm_dispatch<false>(x, nullptr, w, eps, out, on);
+}
+
 void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
                               float eps, const Tensor& out, const Launch& on) {
   const dim3 grid(unsigned(residual.rows)), block(unsigned(row_threads(residual.cols)));
@@ -393,7 +394,6 @@ void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
-// Used by matmul for biased projections (qwen2); y is bf16 or f32.
 void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias) {
   const int64_t n = y.numel();
   if (n == 0) return;

@@ -301,18 +301,17 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
 // fewer SMs means fewer weight bytes in flight GPU-wide (CudaTuning::gemv_sms,
 // a measuring tool).
 template <auto kKernel>
-int resident_blocks(int sms) {
-  static const int per_sm = [] {  // a property of the kernel, read once
-    int n = 0;
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
-    return std::max(n, 1);
-  }();
-  if (sms <= 0) {
-    int dev = 0;
-    SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
-    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  }
-  return per_sm * sms;
+int resident_blocks(const Launch& on) {
+  int dev = 0;
+  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+  // A property of the kernel on this device's architecture, read once per device.
+  static PerDevice<int> per_sm;
+  const int n = per_sm.get(dev, [] {
+    int blocks = 0;
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0));
+    return std::max(blocks, 1);
+  });
+  return n * (on.grid_sms > 0 ? on.grid_sms : device_sms(on));
 }
 
 template <auto kKernel>
@@ -320,7 +319,7 @@ void launch_as(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, cons
   // Balanced persistent grid: the fewest units per block that fit the resident
   // blocks, and just enough blocks for that, so every block gets the same
   // count (the last ones one fewer at most). Depends on the shape only.
-  const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>(on.grid_sms));
+  const int per_block = ceil_div(p.tiles, resident_blocks<kKernel>(on));
   const int blocks = ceil_div(p.tiles, per_block);
   launch_pdl(kKernel, dim3(unsigned(blocks)), dim3(kThreads), 0, on, p, r, n);
 }

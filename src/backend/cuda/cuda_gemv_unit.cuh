@@ -6,7 +6,7 @@
 // the stores, the rope epilogue). See cuda_gemv.cu for the design.
 #include <type_traits>
 
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_tensor.h"
 #include "backend/cuda/cuda_decode_matmul.h"
 #include "backend/cuda/cuda_elem.cuh"
 #include "backend/cuda/cuda_gate_up_layout.cuh"

@@ -128,12 +128,7 @@ __global__ void __launch_bounds__(kThreads) gemv_wide_kernel(const __grid_consta
 // two blocks per SM; any count gives the same bits.
 template <typename Out, bool kGated, bool kRope>
 void launch_wide(const GemvParams& p, const GemvRopeKv& r, const Launch& on) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
-    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
+  const int sms = device_sms(on);
   const int group_blocks = ceil_div(p.tokens, kWideGroups * 16);
   auto blocks = [&](int units) { return int64_t(ceil_div(p.tiles, units)) * group_blocks; };
   const int units = !kGated && blocks(4) >= 2 * sms ? 4 : blocks(2) >= 2 * sms ? 2 : 1;

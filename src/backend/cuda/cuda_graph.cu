@@ -1,7 +1,7 @@
-// CUDA graphs for the CUDA backend: the stream's work between begin_capture()
+// CUDA graphs for the CUDA backend (CudaDevice): the stream's work between begin_capture()
 // and end_capture() is recorded into a graph and instantiated once; replay()
 // launches it with one call instead of one launch per kernel.
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_device.h"
 
 namespace serval::cuda {
 
@@ -9,18 +9,22 @@ namespace {
 
 class CudaGraph : public DeviceGraph {
  public:
-  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  CudaGraph(cudaGraphExec_t exec, const CudaDevice& dev) : exec_(exec), dev_(dev) {}
   ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
-  void replay() override { SERVAL_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+  void replay() override {
+    dev_.bind();
+    SERVAL_CUDA_CHECK(cudaGraphLaunch(exec_, dev_.stream()));
+  }
 
  private:
   cudaGraphExec_t exec_;
-  cudaStream_t stream_;
+  const CudaDevice& dev_;
 };
 
 }  // namespace
 
-void CudaBackend::begin_capture() {
+void CudaDevice::begin_capture() {
+  bind();
   SERVAL_CHECK(!capturing_, "cuda backend: begin_capture() while a capture is in progress");
   // Thread-local mode: other threads' CUDA calls (e.g. the server's) are not
   // affected by this capture, and ours fail loudly if they would break it.
@@ -28,7 +32,8 @@ void CudaBackend::begin_capture() {
   capturing_ = true;
 }
 
-std::unique_ptr<DeviceGraph> CudaBackend::end_capture() {
+std::unique_ptr<DeviceGraph> CudaDevice::end_capture() {
+  bind();
   SERVAL_CHECK(capturing_, "cuda backend: end_capture() without begin_capture()");
   capturing_ = false;
   cudaGraph_t graph = nullptr;
@@ -37,7 +42,7 @@ std::unique_ptr<DeviceGraph> CudaBackend::end_capture() {
   const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   SERVAL_CHECK(err == cudaSuccess, "cuda backend: cannot instantiate the captured graph: ", cudaGetErrorString(err));
-  return std::make_unique<CudaGraph>(exec, stream_);
+  return std::make_unique<CudaGraph>(exec, *this);
 }
 
 }  // namespace serval::cuda

@@ -51,14 +51,16 @@ void launch_kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mappi
 
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv,
                            const KvGeometry& g) {
+  const DType act = cfg_.act_dtype;
   const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;
-  SERVAL_CHECK(k.dtype == act_dtype_ && v.dtype == act_dtype_ && k.cols == row && v.cols == row,
-               "kv_write: k and v must be ", dtype_name(act_dtype_), " of width ", row, ", got ", k.cols, " and ", v.cols);
+  SERVAL_CHECK(k.dtype == act && v.dtype == act && k.cols == row && v.cols == row, "kv_write: k and v must be ",
+               dtype_name(act), " of width ", row, ", got ", k.cols, " and ", v.cols);
   if (k.rows == 0) return;
-  if (act_dtype_ == DType::F32)
-    launch_kv_write<float>(k, v, slot_mapping, kv, row, stream_);
+  dev_.bind();
+  if (act == DType::F32)
+    launch_kv_write<float>(k, v, slot_mapping, kv, row, dev_.stream());
   else
-    launch_kv_write<bf16>(k, v, slot_mapping, kv, row, stream_);
+    launch_kv_write<bf16>(k, v, slot_mapping, kv, row, dev_.stream());
 }
 
 }  // namespace serval::cuda

@@ -1,20 +1,12 @@
-// cuBLASLt products for the CUDA backend: a plan per shape (descriptors and
-// an algorithm), the algorithm chosen at the shape's first use outside a
-// graph capture by timing the heuristic's best candidates on the real
-// operands, each after an L2 flush (with --gemm-search, a wider search from
-// them: cuda_matmul_search.cu, its choices kept across runs in a
-// --gemm-search-cache file), the winner kept per (out, token bucket, in, out
-// dtype, batch); and the call itself (lt_matmul). Which products go to
-// cuBLASLt: cuda_matmul.cu.
+// LtMatmul: cuBLASLt plans, their timing and the call itself (cuda_lt_matmul.h).
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
 #include <cstdio>
 #include <string>
 
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_lt_matmul.h"
 #include "backend/cuda/cuda_matmul_search.h"
-#include "backend/cuda/cuda_stats.h"
 
 namespace serval::cuda {
 
@@ -22,7 +14,7 @@ namespace {
 
 constexpr int kCandidates = 8;  // heuristic results timed per shape (the H200's heuristic returns 8 at most)
 constexpr int kTimedRuns = 3;   // after one warm-up run each
-constexpr int64_t kSearchMaxTokens = 256;  // the wide search (gemm_search_) serves decode-sized shapes
+constexpr int64_t kSearchMaxTokens = 256;  // the wide search (search_) serves decode-sized shapes
 
 void lt_check(cublasStatus_t st, const char* what) {
   SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt: ", what, " failed with status ", int(st));
@@ -55,19 +47,19 @@ struct EventPair {
 // Times a plan's algorithm on the real operands: one warm-up run, then `runs`
 // runs, each between two events after an L2 flush (y is overwritten, as the
 // call that follows does anyway).
-class CudaBackend::LtRunTimer : public LtTimer {
+class LtMatmul::RunTimer : public LtTimer {
  public:
-  LtRunTimer(CudaBackend& be, const MatmulPlan& p, const void* w, const void* x, void* y)
-      : be_(be), p_(p), w_(w), x_(x), y_(y) {}
+  RunTimer(LtMatmul& lt, const Plan& p, const void* w, const void* x, void* y)
+      : lt_(lt), p_(p), w_(w), x_(x), y_(y) {}
 
   float time(const cublasLtMatmulAlgo_t& algo, int runs) override {
     if (run(algo) != CUBLAS_STATUS_SUCCESS) return FLT_MAX;  // refuses these operands
     float total = 0.0f;
     for (int r = 0; r < runs; ++r) {
-      be_.flush_l2();
-      SERVAL_CUDA_CHECK(cudaEventRecord(ev_.start, be_.stream_));
+      lt_.flush_l2();
+      SERVAL_CUDA_CHECK(cudaEventRecord(ev_.start, lt_.dev_.stream()));
       const bool ok = run(algo) == CUBLAS_STATUS_SUCCESS;
-      SERVAL_CUDA_CHECK(cudaEventRecord(ev_.stop, be_.stream_));
+      SERVAL_CUDA_CHECK(cudaEventRecord(ev_.stop, lt_.dev_.stream()));
       SERVAL_CUDA_CHECK(cudaEventSynchronize(ev_.stop));
       if (!ok) return FLT_MAX;
       float ms = 0.0f;
@@ -80,11 +72,11 @@ class CudaBackend::LtRunTimer : public LtTimer {
  private:
   cublasStatus_t run(const cublasLtMatmulAlgo_t& algo) {
     const float one = 1.0f, zero = 0.0f;
-    return cublasLtMatmul(be_.lt_, p_.op, &one, w_, p_.a, x_, p_.b, &zero, y_, p_.c, y_, p_.c, &algo,
-                          be_.lt_workspace_.data(), size_t(be_.lt_workspace_.bytes()), be_.stream_);
+    return cublasLtMatmul(lt_.lt_, p_.op, &one, w_, p_.a, x_, p_.b, &zero, y_, p_.c, y_, p_.c, &algo,
+                          lt_.workspace_.data(), size_t(lt_.workspace_.bytes()), lt_.dev_.stream());
   }
-  CudaBackend& be_;
-  const MatmulPlan& p_;
+  LtMatmul& lt_;
+  const Plan& p_;
   const void* w_;
   const void* x_;
   void* y_;
@@ -96,19 +88,19 @@ class CudaBackend::LtRunTimer : public LtTimer {
 // A and B are in the activation dtype; the output is that too, or f32 for the
 // LM head's logits (y_f32). The backend has one activation dtype, so the key
 // need not hold it. The algorithm is the heuristic's first until
-// tune_matmul() has timed the candidates.
-CudaBackend::MatmulPlan& CudaBackend::matmul_plan(const GemmShape& s) {
+// tune() has timed the candidates.
+LtMatmul::Plan& LtMatmul::plan(const GemmShape& s) {
   const int64_t m = s.m, n = s.n, k = s.k, ld = s.ld();
   const bool y_f32 = s.y_f32;
   const auto key = s.key();
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  MatmulPlan p;
+  Plan p;
   lt_check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
-  const cudaDataType_t ab = act_dtype_ == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t ab = cfg_.act_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   lt_check(cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(k), uint64_t(m), ld), "layout A");
   lt_check(cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(k), uint64_t(n), ld), "layout B");
   lt_check(cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : ab, uint64_t(m), uint64_t(n), m), "layout C");
@@ -127,14 +119,14 @@ CudaBackend::MatmulPlan& CudaBackend::matmul_plan(const GemmShape& s) {
   }
   cublasLtMatmulPreference_t pref = nullptr;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-  const uint64_t ws = uint64_t(lt_workspace_.bytes());
+  const uint64_t ws = uint64_t(workspace_.bytes());
   lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
            "set workspace");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt: no algorithm for a ", dtype_name(act_dtype_),
+  SERVAL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt: no algorithm for a ", dtype_name(cfg_.act_dtype),
                " matmul of out ", m,
                ", tokens ", n, ", in ", k, " (status ", int(st), ")");
   p.algo = result.algo;
@@ -156,12 +148,12 @@ CudaBackend::MatmulPlan& CudaBackend::matmul_plan(const GemmShape& s) {
 // hundreds of times L2), but a 4096 x 4096 bf16 weight (32 MB) run again and
 // again stays in the H200's 50 MB L2, and warm timing ranks the candidates by
 // L2 bandwidth instead.
-void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, const void* x, void* y) {
+void LtMatmul::tune(Plan& p, const GemmShape& s, const void* w, const void* x, void* y) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SERVAL_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  SERVAL_CUDA_CHECK(cudaStreamIsCapturing(dev_.stream(), &capture));
   if (capture != cudaStreamCaptureStatusNone) return;
   p.tuned = true;
-  const size_t ws_bytes = size_t(lt_workspace_.bytes());
+  const size_t ws_bytes = size_t(workspace_.bytes());
   GemmShape bucket = s;
   bucket.n = token_bucket(s.n);
   const auto key = bucket.key();
@@ -172,14 +164,14 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
       p.algo = it->second;
     return;
   }
-  const bool search = gemm_search_ && s.n <= kSearchMaxTokens;
+  const bool search = search_ && s.n <= kSearchMaxTokens;
   // The search's earlier result for this product, from its cache file.
   const GemmSearchCache::Key cache_key = {bucket.m,        bucket.n,        bucket.k,        bucket.y_f32,
                                           bucket.batch,    bucket.stride_w, bucket.stride_x, bucket.stride_y,
-                                          bucket.ld(),     act_dtype_ == DType::F32};
+                                          bucket.ld(),     cfg_.act_dtype == DType::F32};
   if (search && searched_before(p, s.y_f32, cache_key, p.algo)) {
     tuned_algos_.emplace(key, p.algo);
-    ++gemm_search_cache_hits_;
+    ++search_cache_hits_;
     return;
   }
   cublasLtMatmulPreference_t pref = nullptr;
@@ -196,7 +188,7 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
     tuned_algos_.emplace(key, p.algo);
     return;
   }
-  LtRunTimer timer(*this, p, w, x, y);
+  RunTimer timer(*this, p, w, x, y);
   float best_ms = FLT_MAX;
   cublasLtMatmulAlgo_t best = p.algo;
   std::vector<LtAlgo> seeds;
@@ -214,7 +206,7 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
     const LtSearchResult r = search_lt_algo({lt_, p.op, p.a, p.b, p.c, ws_bytes}, seeds, timer, kTimedRuns);
     const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const bool wins = r.best_ms < best_ms;
-    ++gemm_searches_;
+    ++searches_;
     std::fprintf(stderr,
                  "gemm search: out %lld, tokens %lld, in %lld, batch %lld: %.2f us (heuristic %.2f us), %d "
                  "configurations in %.1f s%s%s\n",
@@ -222,9 +214,9 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
                  1e3 * std::min(r.best_ms, best_ms), 1e3 * best_ms, r.tried, search_s, wins ? ": " : "",
                  wins ? describe_lt_algo(r.algo).c_str() : ", the heuristic's kept");
     if (wins) best = r.algo;
-    if (gemm_search_cache_) {
+    if (search_cache_) {
       try {
-        gemm_search_cache_->put(cache_key, lt_config_of(best));
+        search_cache_->put(cache_key, lt_config_of(best));
       } catch (const Error& e) {  // (a full disk, say) the step goes on; only the file misses this product
         std::fprintf(stderr, "gemm search: %s\n", e.what());
       }
@@ -236,66 +228,75 @@ void CudaBackend::tune_matmul(MatmulPlan& p, const GemmShape& s, const void* w, 
 
 // The search's choice for `key` in an earlier run (its cache file), if there
 // is one and cuBLASLt accepts it for p's operands.
-bool CudaBackend::searched_before(const MatmulPlan& p, bool y_f32, const GemmSearchCache::Key& key,
-                                  cublasLtMatmulAlgo_t& algo) const {
-  const auto config = gemm_search_cache_ ? gemm_search_cache_->find(key) : std::nullopt;
+bool LtMatmul::searched_before(const Plan& p, bool y_f32, const GemmSearchCache::Key& key,
+                               cublasLtMatmulAlgo_t& algo) const {
+  const auto config = search_cache_ ? search_cache_->find(key) : std::nullopt;
   if (!config) return false;
-  const cudaDataType_t ab = act_dtype_ == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t ab = cfg_.act_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   cublasLtMatmulAlgo_t a{};
   cublasLtMatmulHeuristicResult_t check{};
   if (!lt_algo_from_config(lt_, ab, y_f32 ? CUDA_R_32F : ab, *config, a) ||
       cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &a, &check) != CUBLAS_STATUS_SUCCESS ||
-      check.workspaceSize > size_t(lt_workspace_.bytes()))
+      check.workspaceSize > size_t(workspace_.bytes()))
     return false;
   algo = a;
   return true;
 }
 
-void CudaBackend::set_gemm_search(bool on, const std::string& cache_file) {
-  gemm_search_ = on || !cache_file.empty();
-  gemm_search_cache_.reset();
+void LtMatmul::set_search(bool on, const std::string& cache_file) {
+  search_ = on || !cache_file.empty();
+  search_cache_.reset();
   if (cache_file.empty()) return;
   cudaDeviceProp prop{};
-  SERVAL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  SERVAL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev_.index()));
   // A configuration holds for this GPU model, SM count and library only.
-  gemm_search_cache_ = std::make_unique<GemmSearchCache>(
-      cache_file, str_cat(prop.name, ", ", num_sms_, " SMs, cuBLASLt ", cublasLtGetVersion()));
-  if (gemm_search_cache_->set_aside())
+  search_cache_ = std::make_unique<GemmSearchCache>(
+      cache_file, str_cat(prop.name, ", ", dev_.num_sms(), " SMs, cuBLASLt ", cublasLtGetVersion()));
+  if (search_cache_->set_aside())
     std::fprintf(stderr, "gemm search cache %s: written for another GPU or cuBLASLt; searching anew, it is replaced\n",
                  cache_file.c_str());
   else
-    std::fprintf(stderr, "gemm search cache %s: %zu products\n", cache_file.c_str(), gemm_search_cache_->size());
+    std::fprintf(stderr, "gemm search cache %s: %zu products\n", cache_file.c_str(), search_cache_->size());
 }
 
 // Evicts the weights from L2 by writing twice its size (allocated at the
 // first tuning, from the memory kept out of the KV pool).
-void CudaBackend::flush_l2() {
+void LtMatmul::flush_l2() {
   if (l2_flush_.bytes() == 0) {
     int l2 = 0;
-    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_));
-    l2_flush_ = alloc(2 * std::max<int64_t>(l2, int64_t(1) << 20));
+    SERVAL_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev_.index()));
+    l2_flush_ = dev_.alloc(2 * std::max<int64_t>(l2, int64_t(1) << 20));
   }
-  SERVAL_CUDA_CHECK(cudaMemsetAsync(l2_flush_.data(), 1, size_t(l2_flush_.bytes()), stream_));
+  SERVAL_CUDA_CHECK(cudaMemsetAsync(l2_flush_.data(), 1, size_t(l2_flush_.bytes()), dev_.stream()));
 }
 
-// The product `s` through cuBLASLt, W at w, x at x, y at y.
-void CudaBackend::lt_matmul(const GemmShape& s, const void* w, const void* x, void* y) {
-  // cuBLASLt's kernels change with the batch size.
-  SERVAL_CHECK(!batch_invariant_, "cuBLASLt matmul (out ", s.m, ", tokens ", s.n, ", in ", s.k,
+LtMatmul::LtMatmul(CudaDevice& dev, const CudaConfig& cfg) : dev_(dev), cfg_(cfg) {
+  dev_.bind();
+  lt_check(cublasLtCreate(&lt_), "Create");
+  workspace_ = dev_.alloc(int64_t(32) << 20);
+}
+
+LtMatmul::~LtMatmul() {
+  dev_.bind();
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+void LtMatmul::run(const GemmShape& s, const void* w, const void* x, void* y) {
+  SERVAL_CHECK(!cfg_.batch_invariant, "cuBLASLt matmul (out ", s.m, ", tokens ", s.n, ", in ", s.k,
                ") in batch-invariant mode");
-  MatmulPlan& p = matmul_plan(s);
-  if (!p.tuned) tune_matmul(p, s, w, x, y);
-  if (s.batch > 1) ++batched_gemm_calls_;
+  Plan& p = plan(s);
+  if (!p.tuned) tune(p, s, w, x, y);
+  if (s.batch > 1) ++batched_calls_;
   const float one = 1.0f, zero = 0.0f;
-  lt_check(cublasLtMatmul(lt_, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo, lt_workspace_.data(),
-                          size_t(lt_workspace_.bytes()), stream_),
+  lt_check(cublasLtMatmul(lt_, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo, workspace_.data(),
+                          size_t(workspace_.bytes()), dev_.stream()),
            "Matmul");
-}
-
-int64_t gemm_searches(const Backend& be) { return cuda_backend_of(be, "gemm_searches").gemm_searches(); }
-
-int64_t gemm_search_cache_hits(const Backend& be) {
-  return cuda_backend_of(be, "gemm_search_cache_hits").gemm_search_cache_hits();
 }
 
 }  // namespace serval::cuda

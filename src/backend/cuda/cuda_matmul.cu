@@ -1,27 +1,22 @@
-// y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
+// CudaMatmul (cuda_matmul.h). y = x @ W^T: up to 16 rows of x through our GEMV kernel (cuda_gemv.cu),
 // 17..64 through CUTLASS's decode GEMM (cuda_cutlass_gemm.cu), the others
 // through cuBLASLt, bf16 in and out (or f32 logits) with f32 accumulation. With f32
 // activations (--dtype float32) every shape goes through cuBLASLt in plain
 // f32: f32 operands, CUBLAS_COMPUTE_32F (FFMA kernels; TF32 would need
 // CUBLAS_COMPUTE_32F_FAST_TF32). How a cuBLASLt product is planned, and its
-// algorithm chosen: cuda_lt_matmul.cu. matmul_multi runs weights laid out back
+// algorithm chosen: LtMatmul. matmul_multi runs weights laid out back
 // to back (q/k/v, gate/up) as one strided-batched cuBLASLt call. The gated
-// MLP's products: cuda_gated_mlp.cu.
+// MLP's products: cuda_gated_mlp.cu; the norms: cuda_norm_fold.cu.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
 
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_cutlass_gemm.h"
-#include "backend/cuda/cuda_decode_matmul.h"
-#include "backend/cuda/cuda_stats.h"
+#include "backend/cuda/cuda_launches.h"
+#include "backend/cuda/cuda_matmul.h"
 
 namespace serval::cuda {
-
-void add_bias(cudaStream_t stream, int sms, Tensor y, const float* bias);  // cuda_elementwise.cu
-void launch_split_add_rmsnorm(const Tensor& residual, const float* partials, int64_t stride, const float* w,
-                              float eps, const Tensor& out, const Launch& on);  // cuda_elementwise.cu
 
 namespace {
 
@@ -52,52 +47,9 @@ bool batch_follows(const Tensor& x, const std::vector<const DeviceWeight*>& ws, 
 
 }  // namespace
 
-int64_t stacked_qkv_calls(const Backend& be) {
-  return cuda_backend_of(be, "stacked_qkv_calls").stacked_qkv_calls();
-}
-
-int64_t batched_gemm_calls(const Backend& be) {
-  return cuda_backend_of(be, "batched_gemm_calls").batched_gemm_calls();
-}
-
 // Rows the GEMV takes: 1..16; in batch-invariant mode any number.
-bool CudaBackend::own_kernel_fits(const Tensor& x) const {
-  return batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
-}
-
-void CudaBackend::own_matmul(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n) {
-  gemv(x, ws, ys, n, launch_on());
-}
-
-void CudaBackend::own_matmul_gated(const Tensor& x, const bf16* gate, const bf16* up, Tensor out) {
-  gemv_gated(x, gate, up, out, launch_on());
-}
-
-void CudaBackend::set_batch_invariant(bool on) {
-  SERVAL_CHECK(!on || act_dtype_ == DType::BF16, "--batch-invariant on the GPU needs bfloat16 activations (in ",
-               "float32 every matmul goes through cuBLASLt, whose kernels change with the batch size)");
-  batch_invariant_ = on;
-}
-
-bool use_cutlass_gemm(Backend& be, bool on) {
-  cuda_backend_of(be, "use_cutlass_gemm").set_cutlass_gemm(on && cutlass_gemm_built());
-  return cutlass_gemm_built();
-}
-
-int64_t cutlass_gemm_calls(const Backend& be) {
-  return cuda_backend_of(be, "cutlass_gemm_calls").cutlass_gemm_calls();
-}
-
-void use_cutlass_rope_epilogue(Backend& be, bool on) {
-  cuda_backend_of(be, "use_cutlass_rope_epilogue").set_cutlass_rope_epilogue(on);
-}
-
-void use_interleaved_gate_up(Backend& be, bool on) {
-  cuda_backend_of(be, "use_interleaved_gate_up").set_interleaved_gate_up(on);
-}
-
-int64_t cutlass_epilogue_calls(const Backend& be) {
-  return cuda_backend_of(be, "cutlass_epilogue_calls").cutlass_epilogue_calls();
+bool CudaMatmul::own_kernel_fits(const Tensor& x) const {
+  return cfg_.batch_invariant ? gemv_any_rows_fits(x) : gemv_fits(x);
 }
 
 // Products of 17..64 rows of bf16 on CUTLASS's decode GEMM
@@ -106,57 +58,53 @@ int64_t cutlass_epilogue_calls(const Backend& be) {
 // there, whose kernels cannot wait on the kernel before them. (Rope and the
 // KV write in the q/k/v product's epilogue: up to
 // CudaTuning::cutlass_rope_rows, past which the rope kernel measured faster.)
-bool CudaBackend::cutlass_rows(int64_t rows) const {
-  return tuning_.cutlass_gemm && !batch_invariant_ && act_dtype_ == DType::BF16 && rows >= 17 &&
-         rows <= kCutlassMaxRows;
+bool CudaMatmul::cutlass_rows(int64_t rows) const {
+  return cfg_.tuning.cutlass_gemm && cutlass_gemm_built() && !cfg_.batch_invariant && cfg_.act_dtype == DType::BF16 &&
+         rows >= 17 && rows <= kCutlassMaxRows;
 }
 
-void CudaBackend::gemm(const GemmShape& s, const void* w, const void* x, void* y) {
-  if (cutlass_rows(s.n) && cutlass_gemm(s, w, x, y, cutlass_on())) {
+void CudaMatmul::gemm(const GemmShape& s, const void* w, const void* x, void* y) {
+  if (cutlass_rows(s.n) && cutlass_gemm(s, w, x, y, cutlass_on(dev_, cfg_))) {
     ++cutlass_gemm_calls_;
     return;
   }
-  lt_matmul(s, w, x, y);
+  lt_.run(s, w, x, y);
 }
 
-void CudaBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
-  const CudaWeight& cw = as_cuda(w);
-  SERVAL_CHECK(cw.dtype() == act_dtype_ && x.dtype == act_dtype_, "matmul: expects ", dtype_name(act_dtype_),
+void CudaMatmul::matmul(const Tensor& x, const CudaWeight& cw, const CudaWeight* bias, Tensor y) {
+  const DType act = cfg_.act_dtype;
+  SERVAL_CHECK(cw.dtype() == act && x.dtype == act, "matmul: expects ", dtype_name(act),
                " input and weight \"", cw.name(), "\"");
   SERVAL_CHECK(x.cols == cw.cols() && y.cols == cw.rows() && y.rows == x.rows, "matmul: x [", x.rows, ", ", x.cols,
                "] @ \"", cw.name(), "\" [", cw.rows(), ", ", cw.cols(), "]^T does not fit y [", y.rows, ", ",
                y.cols, "]");
-  SERVAL_CHECK(y.dtype == act_dtype_ || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
-               dtype_name(act_dtype_), ", or f32 without a bias");
+  SERVAL_CHECK(y.dtype == act || (y.dtype == DType::F32 && bias == nullptr), "matmul: output must be ",
+               dtype_name(act), ", or f32 without a bias");
   SERVAL_CHECK(!cw.interleaved(), "matmul: \"", cw.name(), "\" is half of an interleaved gate/up pair, which only ",
                "gated_mlp_up reads");
-  settle(x);
-  overwritten(y);
   if (x.rows == 0) return;
-  if (batch_invariant_ && !own_kernel_fits(x)) {
-    rowwise_matmul(x, static_cast<const bf16*>(cw.data()), y, stream_);
-  } else if (act_dtype_ == DType::BF16 && own_kernel_fits(x)) {
+  if (cfg_.batch_invariant && !own_kernel_fits(x)) {
+    rowwise_matmul(x, static_cast<const bf16*>(cw.data()), y, dev_.stream());
+  } else if (act == DType::BF16 && own_kernel_fits(x)) {
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
-    own_matmul(x, &w_ptr, &y, 1);
+    gemv(x, &w_ptr, &y, 1, launch_on(dev_, cfg_));
   } else {
     gemm({cw.rows(), x.rows, x.cols, y.dtype == DType::F32}, cw.data(), x.data, y.data);
   }
   if (bias != nullptr) {
-    const CudaWeight& b = as_cuda(*bias);
+    const CudaWeight& b = *bias;
     SERVAL_CHECK(b.dtype() == DType::F32 && b.cols() == y.cols, "matmul: bias \"", b.name(), "\" has ", b.cols(),
                  " entries, y has ", y.cols, " columns");
-    add_bias(stream_, num_sms_, y, static_cast<const float*>(b.data()));
+    add_bias(dev_.stream(), dev_.num_sms(), y, static_cast<const float*>(b.data()));
   }
 }
 
-void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
-                               const std::vector<Tensor>& ys) {
+void CudaMatmul::matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
+                              const std::vector<Tensor>& ys) {
   SERVAL_CHECK(ws.size() == ys.size(), "matmul_multi: ", ws.size(), " weights for ", ys.size(), " outputs");
   for (const DeviceWeight* w : ws)
     SERVAL_CHECK(!as_cuda(*w).interleaved(), "matmul_multi: \"", w->name(), "\" is half of an interleaved gate/up ",
                  "pair, which only gated_mlp_up reads");
-  settle(x);
-  for (const Tensor& y : ys) overwritten(y);
   bool fused = own_kernel_fits(x) && ws.size() >= 1 && ws.size() <= 3;
   const bf16* w_ptrs[3] = {};
   for (size_t i = 0; fused && i < ws.size(); ++i) {
@@ -165,10 +113,13 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
             ys[i].cols == cw.rows() && ys[i].rows == x.rows;
     w_ptrs[i] = static_cast<const bf16*>(cw.data());
   }
-  if (fused) return own_matmul(x, w_ptrs, ys.data(), int(ws.size()));
+  if (fused) return gemv(x, w_ptrs, ys.data(), int(ws.size()), launch_on(dev_, cfg_));
   // (In batch-invariant mode a row the GEMV cannot read goes to matmul's
   // row-wise kernel, one weight at a time: never to cuBLASLt.)
-  if (own_kernel_fits(x) || batch_invariant_) return Backend::matmul_multi(x, ws, ys);
+  if (own_kernel_fits(x) || cfg_.batch_invariant) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, as_cuda(*ws[i]), nullptr, ys[i]);
+    return;
+  }
   // cuBLASLt: a run of weights of one shape at one stride (upload_weight_group
   // lays q/k/v and gate/up out so) whose outputs also lie at one stride is one
   // strided-batched GEMM: more tiles per launch, one ramp and tail instead of
@@ -178,7 +129,7 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
     int64_t stride_w = 0, stride_y = 0;
     while (j < ws.size() && batch_follows(x, ws, ys, i, j, stride_w, stride_y)) ++j;
     if (j - i == 1)
-      matmul(x, *ws[i], nullptr, ys[i]);
+      matmul(x, as_cuda(*ws[i]), nullptr, ys[i]);
     else
       gemm({.m = ws[i]->rows(), .n = x.rows, .k = x.cols, .y_f32 = ys[i].dtype == DType::F32,
             .batch = int64_t(j - i), .stride_w = stride_w, .stride_y = stride_y},
@@ -194,12 +145,11 @@ void CudaBackend::matmul_multi(const Tensor& x, const std::vector<const DeviceWe
 // without that kernel between the projection and attention (one launch fewer
 // per layer at batch 1). Other shapes, NeoX rope, f32, CudaTuning::gemv_rope
 // off: the two ops.
-bool CudaBackend::gemv_rope_fits(const Tensor& x, const CudaWeight& cq, const CudaWeight& ck, const CudaWeight& cv,
-                                 const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
-                                 const KvGeometry& geom) const {
+bool CudaMatmul::gemv_rope_fits(const Tensor& x, const CudaWeight& cq, const CudaWeight& ck, const CudaWeight& cv,
+                                const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                const KvGeometry& geom) const {
   const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
-  const bool gemv_takes = batch_invariant_ ? gemv_any_rows_fits(x) : gemv_fits(x);
-  return tuning_.gemv_rope && act_dtype_ == DType::BF16 && gemv_takes && rope.style == RopeStyle::Interleaved &&
+  return cfg_.tuning.gemv_rope && cfg_.act_dtype == DType::BF16 && own_kernel_fits(x) && rope.style == RopeStyle::Interleaved &&
          rope.head_dim == geom.head_dim && rope.head_dim % 8 == 0 && rope.rope_dim % 2 == 0 && rope.rope_dim > 0 &&
          rope.rope_dim <= rope.head_dim && rope.inv_freq != nullptr && cq.dtype() == DType::BF16 &&
          ck.dtype() == DType::BF16 && cv.dtype() == DType::BF16 && cq.cols() == x.cols && ck.cols() == x.cols &&
@@ -208,18 +158,20 @@ bool CudaBackend::gemv_rope_fits(const Tensor& x, const CudaWeight& cq, const Cu
          k.cols == kv_row && v.rows == x.rows && v.cols == kv_row;
 }
 
-void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, const DeviceWeight& wk,
-                                    const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
-                                    const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
-                                    const KvGeometry& geom) {
-  const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
-  const bool fits = gemv_rope_fits(x, cq, ck, cv, q, k, v, rope, geom);
-  if (!fits) {
-    settle(x);
-    if (stacked_qkv_fits(x, cq, ck, cv, q, rope, geom))
-      return stacked_qkv_rope_kv_write(x, cq, ck, cv, q, positions, rope, slot_mapping, kv, geom);
-    return Backend::qkv_rope_kv_write(x, wq, wk, wv, q, k, v, positions, rope, slot_mapping, kv, geom);
+bool CudaMatmul::qkv_rope_kv_write(const NormedRows& xn, const CudaWeight& cq, const CudaWeight& ck,
+                                   const CudaWeight& cv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
+                                   const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
+                                   const KvGeometry& geom) {
+  if (!gemv_rope_fits(xn.rows, cq, ck, cv, q, k, v, rope, geom)) {
+    const Tensor x = normalized(xn);
+    if (!stacked_qkv_fits(x, cq, ck, cv, q, rope, geom)) return false;
+    if (cutlass_qkv_rope_kv_write(x, cq, ck, q, positions, rope, slot_mapping, kv, geom)) return true;
+    const bf16* qkv = stacked_qkv(x, cq, ck, cv);
+    rope_kv_write_from_stacked(qkv, cq.rows() + ck.rows() + cv.rows(), cq.rows(), cq.rows() + ck.rows(), q,
+                               ck.rows(), positions, rope, slot_mapping, kv, geom, launch_on(dev_, cfg_));
+    return true;
   }
+  const Tensor& x = xn.rows;
   const bf16* w_ptrs[3] = {static_cast<const bf16*>(cq.data()), static_cast<const bf16*>(ck.data()),
                            static_cast<const bf16*>(cv.data())};
   const Tensor ys[3] = {q, k, v};
@@ -231,7 +183,8 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
   r.v_pool = static_cast<bf16*>(kv.v.data());
   r.head_dim = rope.head_dim;
   r.rope_dim = rope.rope_dim;
-  gemv(x, w_ptrs, ys, 3, launch_on(), r, consume_norm(x));
+  gemv(x, w_ptrs, ys, 3, launch_on(dev_, cfg_), r, consume_norm(xn));
+  return true;
 }
 
 // 17..256 rows on cuBLASLt with the three weights back to back in memory
@@ -241,9 +194,9 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& x, const DeviceWeight& wq, con
 // model's q alone and its k/v batch of two stream slower than its q/k/v rows
 // as one larger GEMM. More rows (prefill) keep the separate products and
 // their memory; so does CudaTuning::stacked_qkv off.
-bool CudaBackend::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
-                                   const CudaWeight& wv, const Tensor& q, const RopeParams& rope,
-                                   const KvGeometry& geom) const {
+bool CudaMatmul::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
+                                  const CudaWeight& wv, const Tensor& q, const RopeParams& rope,
+                                  const KvGeometry& geom) const {
   const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
   // One group, back to back (weights that merely happen to be adjacent are
   // not taken: which GEMM runs must not depend on where the allocator put them).
@@ -251,7 +204,7 @@ bool CudaBackend::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const 
     return a.group() != nullptr && a.group() == b.group() &&
            static_cast<const char*>(a.data()) + a.rows() * a.cols() * 2 == static_cast<const char*>(b.data());
   };
-  return tuning_.stacked_qkv && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 && x.rows > 0 &&
+  return cfg_.tuning.stacked_qkv && !cfg_.batch_invariant && cfg_.act_dtype == DType::BF16 && x.dtype == DType::BF16 && x.rows > 0 &&
          x.rows <= 256 &&
          !own_kernel_fits(x) && wq.dtype() == DType::BF16 && wk.dtype() == DType::BF16 &&
          wv.dtype() == DType::BF16 && wq.cols() == x.cols && wk.cols() == x.cols && wv.cols() == x.cols &&
@@ -259,10 +212,10 @@ bool CudaBackend::stacked_qkv_fits(const Tensor& x, const CudaWeight& wq, const 
          q.rows == x.rows && q.cols == wq.rows() && rope.head_dim == geom.head_dim && rope.inv_freq != nullptr;
 }
 
-const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
-                                     const CudaWeight& wv) {
+const bf16* CudaMatmul::stacked_qkv(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
+                                    const CudaWeight& wv) {
   const int64_t row = wq.rows() + wk.rows() + wv.rows();
-  void* qkv = scratch(stacked_qkv_, x.rows * row * 2);
+  void* qkv = dev_.scratch(stacked_qkv_, x.rows * row * 2);
   gemm({.m = row, .n = x.rows, .k = x.cols}, wq.data(), x.data, qkv);
   ++stacked_qkv_calls_;
   return static_cast<const bf16*>(qkv);
@@ -271,15 +224,15 @@ const bf16* CudaBackend::stacked_qkv(const Tensor& x, const CudaWeight& wq, cons
 // Where CUTLASS takes the rows with its 32-row tile (cutlass_rope_rows), rope
 // of the interleaved style and the KV write happen in the product's
 // epilogue: no stacked product in memory and no rope kernel.
-bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
-                                            const int32_t* positions, const RopeParams& rope,
-                                            const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
+bool CudaMatmul::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk, Tensor q,
+                                           const int32_t* positions, const RopeParams& rope,
+                                           const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
   // (The epilogue's can_implement checks the widths and rope_dim.) Only
   // with the step's angles (prepare_rope_angles) for these positions.
   if (!cutlass_rope_rows(x.rows) || rope.style != RopeStyle::Interleaved ||
       q.cols != wq.rows() || rope_angles_for_ != RopeAnglesFor{positions, rope.inv_freq, x.rows, rope.rope_dim})
     return false;
-  const CutlassQkvRopeKv e{bf(q),
+  const CutlassQkvRopeKv e{static_cast<bf16*>(q.data),
                            static_cast<bf16*>(kv.k.data()),
                            static_cast<bf16*>(kv.v.data()),
                            static_cast<const float2*>(rope_angles_.data()),
@@ -289,21 +242,11 @@ bool CudaBackend::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
                            int(geom.head_dim),
                            int(rope.rope_dim)};
   const GemmShape s{.m = wq.rows() + 2 * wk.rows(), .n = x.rows, .k = x.cols};
-  if (!serval::cuda::cutlass_qkv_rope_kv_write(s, wq.data(), x.data, e, cutlass_on())) return false;
+  if (!serval::cuda::cutlass_qkv_rope_kv_write(s, wq.data(), x.data, e, cutlass_on(dev_, cfg_))) return false;
   ++stacked_qkv_calls_;
   ++cutlass_gemm_calls_;
   ++cutlass_epilogue_calls_;
   return true;
-}
-
-void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq, const CudaWeight& wk,
-                                            const CudaWeight& wv, Tensor q, const int32_t* positions,
-                                            const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
-                                            const KvGeometry& geom) {
-  if (cutlass_qkv_rope_kv_write(x, wq, wk, q, positions, rope, slot_mapping, kv, geom)) return;
-  const bf16* qkv = stacked_qkv(x, wq, wk, wv);
-  rope_kv_write_from_stacked(qkv, wq.rows() + wk.rows() + wv.rows(), wq.rows(), wq.rows() + wk.rows(), q, wk.rows(),
-                             positions, rope, slot_mapping, kv, geom);
 }
 
 // 129..256 rows of bf16 (cuBLASLt) with rows of a multiple of 256
@@ -320,27 +263,40 @@ void CudaBackend::stacked_qkv_rope_kv_write(const Tensor& x, const CudaWeight& w
 // CUTLASS's decode GEMM takes the rows (cutlass_rows) they split too: there
 // the halves give a 4096-output weight 128 tiles of 64 W rows, one per SM,
 // where whole it has 64. CudaTuning::split_k off: matmul then add_rmsnorm.
-void CudaBackend::matmul_add_rmsnorm(const Tensor& x, const DeviceWeight& w, Tensor proj, Tensor residual,
-                                     const DeviceWeight& norm, float eps, Tensor out) {
-  const CudaWeight& cw = as_cuda(w);
-  const CudaWeight& nw = as_cuda(norm);
-  settle(x);
-  if (elide_norm(x, cw, residual, nw, out)) return produce_norm(x, cw, residual, eps, out);  // cuda_norm_fold.cu
-  overwritten(out);
-  const bool fits = tuning_.split_k && !batch_invariant_ && act_dtype_ == DType::BF16 && x.dtype == DType::BF16 &&
+// Before either: the norm left to the GEMVs after it (cuda_norm_fold.cu).
+std::optional<NormedRows> CudaMatmul::matmul_add_rmsnorm(const Tensor& x, const CudaWeight& cw, Tensor residual,
+                                                         const CudaWeight& nw, float eps, Tensor out) {
+  if (std::optional<NormedRows> deferred = defer_norm(x, cw, residual, nw, eps, out)) return deferred;
+  const bool fits = cfg_.tuning.split_k && !cfg_.batch_invariant && cfg_.act_dtype == DType::BF16 &&
+                    x.dtype == DType::BF16 &&
                     ((x.rows > 128 && x.rows <= 256) || (cutlass_rows(x.rows) && !own_kernel_fits(x))) &&
                     cw.dtype() == DType::BF16 && cw.cols() == x.cols &&
                     x.cols % 256 == 0 && cw.rows() % 64 == 0 &&
                     residual.dtype == DType::F32 && residual.rows == x.rows && residual.cols == cw.rows() &&
                     residual.cols % 8 == 0 && out.dtype == DType::BF16 && out.rows == x.rows &&
                     out.cols == residual.cols && nw.dtype() == DType::F32 && nw.cols() == residual.cols;
-  if (!fits) return Backend::matmul_add_rmsnorm(x, w, proj, residual, norm, eps, out);
+  if (!fits) return std::nullopt;
   const int64_t T = x.rows, m = cw.rows(), half = x.cols / 2;
-  float* parts = static_cast<float*>(scratch(split_k_partials_, 2 * T * m * int64_t(sizeof(float))));
+  float* parts = static_cast<float*>(dev_.scratch(split_k_partials_, 2 * T * m * int64_t(sizeof(float))));
   gemm({.m = m, .n = T, .k = half, .y_f32 = true, .batch = 2, .stride_w = half, .stride_x = half,
         .stride_y = T * m, .ld_k = x.cols},
        cw.data(), x.data, parts);
-  launch_split_add_rmsnorm(residual, parts, T * m, static_cast<const float*>(nw.data()), eps, out, launch_on());
+  launch_split_add_rmsnorm(residual, parts, T * m, static_cast<const float*>(nw.data()), eps, out,
+                           launch_on(dev_, cfg_));
+  return NormedRows(out);
+}
+
+void CudaMatmul::prepare_rope_angles(const int32_t* positions, int64_t tokens, const RopeParams& p) {
+  rope_angles_for_ = {};
+  // (cutlass_rope_rows implies bf16; the epilogue's can_implement checks rope_dim.)
+  if (!cutlass_rope_rows(tokens) || p.style != RopeStyle::Interleaved || p.inv_freq == nullptr || p.rope_dim <= 0)
+    return;
+  const int half = p.rope_dim / 2;
+  // Sized for the most rows at once: growing scratch drops recorded graphs.
+  auto* angles =
+      static_cast<float2*>(dev_.scratch(rope_angles_, kCutlassMaxRows * half * int64_t(sizeof(float2))));
+  launch_rope_angles(positions, p.inv_freq, tokens, half, angles, dev_.stream());
+  rope_angles_for_ = {positions, p.inv_freq, tokens, p.rope_dim};
 }
 
 }  // namespace serval::cuda

@@ -5,7 +5,7 @@
 // or the gated form, gate (w[0]) and up (w[1]) into the one output
 // y[0] = silu(x @ gate^T) * (x @ up^T). A kernel cuts the rows into tiles of
 // its own size, numbered segment after segment.
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_tensor.h"
 
 namespace serval::cuda {
 

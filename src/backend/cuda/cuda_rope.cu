@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_cutlass_gemm.h"
 #include "backend/cuda/cuda_elem.cuh"
+#include "backend/cuda/cuda_launches.h"
 #include "backend/cuda/cuda_rope.cuh"
 
 namespace serval::cuda {
@@ -192,64 +193,61 @@ void check_rope(const Tensor& q, const Tensor& k, const RopeParams& p, DType act
 
 void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32_t* positions, const RopeParams& p,
                                 const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& g) {
-  check_rope(q, k, p, act_dtype_);
+  const DType act = cfg_.act_dtype;
+  check_rope(q, k, p, act);
   const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;
-  SERVAL_CHECK(v.dtype == act_dtype_ && k.cols == row && v.cols == row && g.head_dim == p.head_dim,
-               "rope_kv_write: k and v must be ", dtype_name(act_dtype_), " of width ", row, ", got ", k.cols, " and ",
+  SERVAL_CHECK(v.dtype == act && k.cols == row && v.cols == row && g.head_dim == p.head_dim,
+               "rope_kv_write: k and v must be ", dtype_name(act), " of width ", row, ", got ", k.cols, " and ",
                v.cols);
   if (q.rows == 0) return;
+  dev_.bind();
   const int k_heads = int(k.cols / p.head_dim);
-  if (act_dtype_ == DType::F32)
+  const Launch on = launch_on(dev_, cfg_);
+  if (act == DType::F32)
     launch_rope_kv_write<float>({static_cast<const float*>(q.data), static_cast<const float*>(k.data),
                                  static_cast<const float*>(v.data), q.cols, k.cols},
-                                q, k_heads, positions, p, slot_mapping, kv, launch_on());
+                                q, k_heads, positions, p, slot_mapping, kv, on);
   else
     launch_rope_kv_write<bf16>(
         {bf(q), static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), q.cols, k.cols}, q, k_heads,
-        positions, p, slot_mapping, kv, launch_on());
+        positions, p, slot_mapping, kv, on);
 }
 
-void CudaBackend::rope_kv_write_from_stacked(const void* qkv, int64_t row, int64_t k_col, int64_t v_col, Tensor q,
-                                             int64_t kv_cols, const int32_t* positions, const RopeParams& p,
-                                             const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& g) {
-  check_rope(q, q, p, act_dtype_);
-  SERVAL_CHECK(act_dtype_ == DType::BF16 && kv_cols == int64_t(g.num_kv_heads) * g.head_dim &&
+void rope_kv_write_from_stacked(const void* qkv, int64_t row, int64_t k_col, int64_t v_col, Tensor q,
+                                int64_t kv_cols, const int32_t* positions, const RopeParams& p,
+                                const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& g, const Launch& on) {
+  check_rope(q, q, p, DType::BF16);
+  SERVAL_CHECK(kv_cols == int64_t(g.num_kv_heads) * g.head_dim &&
                    g.head_dim == p.head_dim && k_col >= q.cols && v_col >= k_col + kv_cols && row >= v_col + kv_cols,
                "rope_kv_write_from_stacked: q [", q.rows, ", ", q.cols, "], k at ", k_col, ", v at ", v_col,
                " do not fit a stacked row of ", row);
   if (q.rows == 0) return;
   const bf16* base = static_cast<const bf16*>(qkv);
   launch_rope_kv_write<bf16>({base, base + k_col, base + v_col, row, row}, q, int(kv_cols / p.head_dim), positions, p,
-                             slot_mapping, kv, launch_on());
+                             slot_mapping, kv, on);
 }
 
-void CudaBackend::prepare_rope_angles(const int32_t* positions, int64_t tokens, const RopeParams& p) {
-  rope_angles_for_ = {};
-  // (cutlass_rope_rows implies bf16; the epilogue's can_implement checks rope_dim.)
-  if (!cutlass_rope_rows(tokens) || p.style != RopeStyle::Interleaved || p.inv_freq == nullptr || p.rope_dim <= 0)
-    return;
-  const int half = p.rope_dim / 2;
-  // Sized for the most rows at once: growing scratch drops recorded graphs.
-  auto* angles = static_cast<float2*>(scratch(rope_angles_, kCutlassMaxRows * half * int64_t(sizeof(float2))));
-  rope_angles_kernel<<<unsigned(tokens), std::min(256, (half + 31) / 32 * 32), 0, stream_>>>(positions, p.inv_freq,
-                                                                                              half, angles);
+void launch_rope_angles(const int32_t* positions, const float* inv_freq, int64_t tokens, int half, float2* angles,
+                        cudaStream_t stream) {
+  rope_angles_kernel<<<unsigned(tokens), std::min(256, (half + 31) / 32 * 32), 0, stream>>>(positions, inv_freq, half,
+                                                                                           angles);
   SERVAL_CUDA_LAUNCH_CHECK();
-  rope_angles_for_ = {positions, p.inv_freq, tokens, p.rope_dim};
 }
 
 void CudaBackend::rope(Tensor q, Tensor k, const int32_t* positions, const RopeParams& p) {
-  check_rope(q, k, p, act_dtype_);
+  check_rope(q, k, p, cfg_.act_dtype);
   if (q.rows == 0) return;
+  dev_.bind();
   const int q_heads = int(q.cols / p.head_dim), k_heads = int(k.cols / p.head_dim);
   const int pairs = (q_heads + k_heads) * (p.rope_dim / 2);
   const int threads = std::min(512, (pairs + 31) / 32 * 32);
   const bool neox = p.style == RopeStyle::Neox;
-  if (act_dtype_ == DType::F32)
-    rope_kernel<float><<<unsigned(q.rows), threads, 0, stream_>>>(static_cast<float*>(q.data),
+  if (cfg_.act_dtype == DType::F32)
+    rope_kernel<float><<<unsigned(q.rows), threads, 0, dev_.stream()>>>(static_cast<float*>(q.data),
                                                                   static_cast<float*>(k.data), positions, p.inv_freq,
                                                                   q_heads, k_heads, p.head_dim, p.rope_dim, neox);
   else
-    rope_kernel<bf16><<<unsigned(q.rows), threads, 0, stream_>>>(bf(q), bf(k), positions, p.inv_freq, q_heads,
+    rope_kernel<bf16><<<unsigned(q.rows), threads, 0, dev_.stream()>>>(bf(q), bf(k), positions, p.inv_freq, q_heads,
                                                                  k_heads, p.head_dim, p.rope_dim, neox);
   SERVAL_CUDA_LAUNCH_CHECK();
 }

@@ -1,9 +1,9 @@
-// CudaBackend::sample, host side. Per call: one Task per spec, the penalty
+// CudaSampler (cuda_sampler.h). Per call: one Task per spec, the penalty
 // entries (each distinct token of prompt ∪ output once, with its output
 // count: O(prompt + output) per row, never O(vocab)) and the bans are packed
 // into one pinned buffer and sent in one copy (none when the device holds
 // those bytes from the call before); the kernels (cuda_sampling_kernels.cu)
-// run on stream_ after the LM head and write the results into pinned memory,
+// run on the device's stream after the LM head and write the results into pinned memory,
 // which finish_sample reads after waiting for that start's event. Two starts
 // may be unfinished (Backend::kMaxStartedSamples), each with its own pinned
 // buffers (a slot); the kernels also write each token to a device array
@@ -15,7 +15,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_sampler.h"
 #include "backend/cuda/cuda_sampling.cuh"
 
 namespace serval::cuda {
@@ -49,8 +49,10 @@ struct SampleSlot {
   }
 };
 
-// Kept across calls in CudaBackend::sampler_state_; buffers grow, never shrink.
-struct SamplerState {
+}  // namespace
+
+// Kept across calls; buffers grow, never shrink.
+struct CudaSampler::State {
   SampleSlot slots[Backend::kMaxStartedSamples];
   int first = 0, started = 0;  // the oldest unfinished start's slot, and how many are unfinished
   int64_t latest_specs = 0;    // specs of the latest start (what a fed_source may name); 0 if it threw
@@ -66,6 +68,10 @@ struct SamplerState {
   std::vector<int32_t> output_count;
   std::vector<uint8_t> seen;
 };
+
+namespace {
+
+using SamplerState = CudaSampler::State;
 
 // Callers have no copy in flight on the buffer: a slot is reused only after
 // its start was finished (its event waited for).
@@ -165,20 +171,25 @@ void check_status(const Result& r, int64_t vocab, int32_t row) {
 
 }  // namespace
 
-void CudaBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) {
-  SERVAL_CHECK(started_samples() == 0, "cuda sampler: sample() while a started sample is unfinished");
+CudaSampler::CudaSampler(CudaDevice& dev) : dev_(dev), st_(std::make_unique<State>()) {}
+
+CudaSampler::~CudaSampler() = default;
+
+void CudaSampler::sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) {
+  SERVAL_CHECK(started() == 0, "cuda sampler: sample() while a started sample is unfinished");
   for (size_t i = 0; i < specs.size(); ++i)
     SERVAL_CHECK(specs[i].fed_source < 0, "sample: spec ", i, " has a fed token; start_sample resolves those");
-  start_sample(logits, specs);
-  finish_sample(out);
+  start(logits, specs);
+  finish(out);
 }
 
-void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec> specs) {
-  if (!sampler_state_) sampler_state_ = std::make_shared<SamplerState>();
-  SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
-  SERVAL_CHECK(st.started < kMaxStartedSamples, "cuda sampler: ", kMaxStartedSamples,
+void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs) {
+  constexpr int kMaxStarted = Backend::kMaxStartedSamples;
+  State& st = *st_;
+  SERVAL_CHECK(st.started < kMaxStarted, "cuda sampler: ", kMaxStarted,
                " samples are already started and unfinished");
-  SampleSlot& slot = st.slots[(st.first + st.started) % kMaxStartedSamples];
+  dev_.bind();
+  SampleSlot& slot = st.slots[(st.first + st.started) % kMaxStarted];
   slot.spec_rows.clear();
   slot.spec_logprobs.clear();
   slot.task_of_spec.clear();
@@ -242,16 +253,16 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   // dev_in holds these bytes already), kernels writing the pinned results, an event. Each CUDA
   // call here costs microseconds of the step.
   const int64_t work_stride = (vocab + 3) / 4 * 4;  // rows 16-byte aligned
-  char* dev_in = static_cast<char*>(host_op_scratch(st.dev_in, in_bytes));
+  char* dev_in = static_cast<char*>(dev_.host_op_scratch(st.dev_in, in_bytes));
   float* work =
-      work_rows > 0 ? static_cast<float*>(host_op_scratch(st.work, int64_t(work_rows) * work_stride * 4)) : nullptr;
+      work_rows > 0 ? static_cast<float*>(dev_.host_op_scratch(st.work, int64_t(work_rows) * work_stride * 4)) : nullptr;
   int32_t* fed =
-      any_fed ? static_cast<int32_t*>(host_op_scratch(st.fed, int64_t(st.general_tasks.size()) * 4)) : nullptr;
+      any_fed ? static_cast<int32_t*>(dev_.host_op_scratch(st.fed, int64_t(st.general_tasks.size()) * 4)) : nullptr;
   const bool sent = st.sent_to == dev_in && int64_t(st.sent.size()) == in_bytes &&
                     std::memcmp(st.sent.data(), in, size_t(in_bytes)) == 0;
   if (!sent) {
     st.sent_to = nullptr;
-    SERVAL_CUDA_CHECK(cudaMemcpyAsync(dev_in, slot.host_in, size_t(in_bytes), cudaMemcpyHostToDevice, stream_));
+    SERVAL_CUDA_CHECK(cudaMemcpyAsync(dev_in, slot.host_in, size_t(in_bytes), cudaMemcpyHostToDevice, dev_.stream()));
     st.sent.assign(in, in + in_bytes);
     st.sent_to = dev_in;
   }
@@ -272,13 +283,13 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
     // and before the kernels overwrite them.
     if (fed)
       sampling::launch_read_fed_tokens(dev_tasks + num_greedy, int(st.general_tasks.size()), sampled_tokens(), fed,
-                                       stream_);
-    l.tokens = sampled_token_buffer(n);
-    sampling::launch_sampling(l, int(num_greedy), int(n - num_greedy), stream_);
-    SERVAL_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+                                       dev_.stream());
+    l.tokens = token_buffer(n);
+    sampling::launch_sampling(l, int(num_greedy), int(n - num_greedy), dev_.stream());
+    SERVAL_CUDA_CHECK(cudaEventRecord(slot.done, dev_.stream()));
   } catch (...) {
     st.sent_to = nullptr;
-    cudaStreamSynchronize(stream_);  // the next call may rewrite the pinned buffers
+    cudaStreamSynchronize(dev_.stream());  // the next call may rewrite the pinned buffers
     throw;
   }
   // What finish_sample needs of the specs, which may be gone by then.
@@ -292,32 +303,26 @@ void CudaBackend::start_sample(const Tensor& logits, std::span<const SampleSpec>
   ++st.started;
 }
 
-int32_t* CudaBackend::sampled_token_buffer(int64_t n) {
-  if (!sampler_state_) sampler_state_ = std::make_shared<SamplerState>();
-  SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
+int32_t* CudaSampler::token_buffer(int64_t n) {
   // Graphs record its address (TokenFeed): scratch() marks them stale when it moves.
-  return static_cast<int32_t*>(scratch(st.tokens, std::max<int64_t>(n, 1024) * int64_t(sizeof(int32_t))));
+  return static_cast<int32_t*>(dev_.scratch(st_->tokens, std::max<int64_t>(n, 1024) * int64_t(sizeof(int32_t))));
 }
 
-const int32_t* CudaBackend::sampled_tokens() { return sampled_token_buffer(0); }
+int CudaSampler::started() const { return st_->started; }
 
-int CudaBackend::started_samples() const {
-  return sampler_state_ ? static_cast<const SamplerState*>(sampler_state_.get())->started : 0;
-}
-
-bool CudaBackend::sample_ready() const {
-  if (started_samples() == 0) return true;
-  const SamplerState& st = *static_cast<const SamplerState*>(sampler_state_.get());
+bool CudaSampler::ready() const {
+  if (started() == 0) return true;
+  const State& st = *st_;
   const SampleSlot& slot = st.slots[st.first];
   // An error is finish_sample's to report.
   return slot.spec_rows.empty() || cudaEventQuery(slot.done) != cudaErrorNotReady;
 }
 
-void CudaBackend::finish_sample(std::vector<SampleResult>& out) {
-  SERVAL_CHECK(started_samples() > 0, "cuda sampler: finish_sample without a started sample");
-  SamplerState& st = *static_cast<SamplerState*>(sampler_state_.get());
+void CudaSampler::finish(std::vector<SampleResult>& out) {
+  SERVAL_CHECK(started() > 0, "cuda sampler: finish_sample without a started sample");
+  State& st = *st_;
   SampleSlot& slot = st.slots[st.first];
-  st.first = (st.first + 1) % kMaxStartedSamples;
+  st.first = (st.first + 1) % Backend::kMaxStartedSamples;
   --st.started;
   const size_t n = slot.spec_rows.size();
   out.assign(n, SampleResult{});

@@ -288,7 +288,8 @@ TEST(CudaFusedOps, MatmulAddRmsnormMatchesCpu) {
 #ifdef SERVAL_WITH_CUDA
     const int64_t cutlass_before = cuda::cutlass_gemm_calls(*gpu);
 #endif
-    gpu->matmul_add_rmsnorm(a_g.t, *m_g, p_g.t, r_g.t, *n_g, 1e-5f, o_g.t);
+    NormedRows o_n = gpu->matmul_add_rmsnorm(a_g.t, *m_g, p_g.t, r_g.t, *n_g, 1e-5f, o_g.t);
+    EXPECT_FALSE(o_n.deferred) << "a norm with its own weight, rows " << c.rows;
 #ifdef SERVAL_WITH_CUDA
     if (cutlass) {
       EXPECT_EQ(cuda::cutlass_gemm_calls(*gpu) - cutlass_before, c.rows >= 17 && c.rows <= 64 ? 1 : 0)
@@ -365,12 +366,13 @@ std::vector<float> pool_values(Backend& be, const DeviceBuffer& pool, int64_t el
 
 // The RMSNorm left to the GEMV after it (cuda_norm_fold.cu): the norm's weight
 // folded into gate/up and q/k/v, matmul_add_rmsnorm with a unit norm at up to
-// 16 rows launches no norm kernel and gated_mlp_up / qkv_rope_kv_write scale
-// their products. Against the CPU (add_rmsnorm with the weight, the unfolded
-// weights): the residual, silu(gate) * up, q and both pools within bf16
-// rounding; the normalized x as read back (an op that cannot scale settles it
-// first); row 0 of 5, 9 and 16 rows bitwise as alone; 17 rows take the norm
-// kernel. The elided norms are counted, so a silent fallback fails.
+// 16 rows launches no norm kernel (it returns deferred rows) and
+// gated_mlp_up / qkv_rope_kv_write scale their products. Against the CPU
+// (add_rmsnorm with the weight, the unfolded weights): the residual,
+// silu(gate) * up, q and both pools within bf16 rounding; the normalized x as
+// read back after finish_norm; row 0 of 5, 9 and 16 rows bitwise as alone; 17
+// rows take the norm kernel. The elided norms are counted, so a silent
+// fallback fails.
 TEST(CudaFusedOps, NormLeftToTheNextGemvMatchesCpu) {
   SERVAL_CUDA_OR_SKIP(gpu);
   if (!gpu->folds_norm_weights()) GTEST_SKIP() << "norm folding is off (CudaTuning::norm_fold)";
@@ -428,17 +430,19 @@ TEST(CudaFusedOps, NormLeftToTheNextGemvMatchesCpu) {
               gb_g = zeros(*gpu, T, I), ub_g = zeros(*gpu, T, I), q_g = zeros(*gpu, T, Q), k_g = zeros(*gpu, T, KW),
               v_g = zeros(*gpu, T, KW);
     DevTensor r_g = upload_f32(*gpu, x, T, H);
-    gpu->matmul_add_rmsnorm(a_g.t, *wg.o, p_g.t, r_g.t, *unit, eps, xn_g.t);
-    gpu->gated_mlp_up(xn_g.t, *wg.gate, *wg.up, gb_g.t, ub_g.t, gb_g.t);
+    NormedRows xn_mlp = gpu->matmul_add_rmsnorm(a_g.t, *wg.o, p_g.t, r_g.t, *unit, eps, xn_g.t);
+    EXPECT_EQ(xn_mlp.deferred, T <= 16) << "T " << T;
+    gpu->gated_mlp_up(xn_mlp, *wg.gate, *wg.up, gb_g.t, ub_g.t, gb_g.t);
     const std::vector<float> res = download(*gpu, r_g.t), mlp = download(*gpu, gb_g.t);
     // The normalized x, read back: the rows times their 1 / rms, without the weight.
-    const std::vector<float> xn = download(*gpu, xn_g.t), xn_want = download(*cpu, xn_c.t);
+    const std::vector<float> xn = download(*gpu, gpu->finish_norm(xn_mlp)), xn_want = download(*cpu, xn_c.t);
+    EXPECT_FALSE(xn_mlp.deferred);
     std::vector<float> xn_unweighted(xn_want.size());
     for (size_t i = 0; i < xn_want.size(); ++i) xn_unweighted[i] = xn_want[i] / g[i % size_t(H)];
     r_g = upload_f32(*gpu, x, T, H);
     KvLayer kv_g = gpu->alloc_kv_layer(geom);
-    gpu->matmul_add_rmsnorm(a_g.t, *wg.o, p_g.t, r_g.t, *unit, eps, xn_g.t);
-    gpu->qkv_rope_kv_write(xn_g.t, *wg.q, *wg.k, *wg.v, q_g.t, k_g.t, v_g.t,
+    const NormedRows xn_qkv = gpu->matmul_add_rmsnorm(a_g.t, *wg.o, p_g.t, r_g.t, *unit, eps, xn_g.t);
+    gpu->qkv_rope_kv_write(xn_qkv, *wg.q, *wg.k, *wg.v, q_g.t, k_g.t, v_g.t,
                            static_cast<const int32_t*>(rows_g.positions.data()), rope_g.params,
                            static_cast<const int64_t*>(rows_g.slots.data()), kv_g, geom);
     if (T <= 16) elided += 2;
