@@ -120,6 +120,9 @@ class Engine {
   // The checks submit() makes before queuing (all but the queue bound and
   // shutdown): throws serval::Error naming the problem. Thread-safe.
   void check(const EngineRequest& request) const;
+  // The context and KV cache a request must fit (sched/request_fit.h); fixed
+  // at construction.
+  KvFitLimits fit_limits() const { return sched_.fit_limits(); }
   // Ends a request with a final kAbort event (no-op if unknown or finished).
   // Thread-safe.
   void abort(int64_t request_id);

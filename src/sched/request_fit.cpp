@@ -1,6 +1,7 @@
 #include "sched/request_fit.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 
@@ -16,14 +17,30 @@ int64_t kv_blocks_held(const KvFitLimits& l, int64_t len) {
   return std::min(all, (l.window + std::max<int64_t>(l.max_chunk_tokens, 1) + bs - 1) / bs + 1);
 }
 
-void check_request_fits(const KvFitLimits& l, int64_t prompt, int64_t max_tokens, const std::string& who) {
+int64_t context_room(const KvFitLimits& l, int64_t prompt) {
+  return l.max_model_len == 0 ? std::numeric_limits<int64_t>::max() : l.max_model_len - prompt;
+}
+
+RequestFit request_fit(const KvFitLimits& l, int64_t prompt, int64_t max_tokens) {
   const int64_t max_len = prompt + max_tokens;
-  SERVAL_CHECK(l.max_model_len == 0 || max_len <= l.max_model_len, who, prompt, " prompt tokens + max_tokens ",
-               max_tokens, " = ", max_len, " exceed the model's context of ", l.max_model_len, " tokens");
+  if (max_tokens > context_room(l, prompt)) {
+    if (prompt >= l.max_model_len && max_tokens > 0)
+      return {Misfit::kPromptFillsContext, str_cat("the prompt has ", prompt, " tokens but the model's context is ",
+                                                   l.max_model_len, " tokens, which leaves no room for output")};
+    return {Misfit::kPastContext, str_cat(prompt, " prompt tokens + max_tokens ", max_tokens, " = ", max_len,
+                                          " exceed the model's context of ", l.max_model_len, " tokens")};
+  }
   const int64_t need = kv_blocks_held(l, max_len);
-  SERVAL_CHECK(need <= l.num_blocks, who, prompt, " prompt tokens + max_tokens ", max_tokens, " need ", need,
-               " KV blocks of ", l.block_size, " tokens but the whole cache has ", l.num_blocks,
-               "; lower max_tokens or give the KV cache more memory");
+  if (need > l.num_blocks)
+    return {Misfit::kPastKvCache, str_cat(prompt, " prompt tokens + max_tokens ", max_tokens, " need ", need,
+                                          " KV blocks of ", l.block_size, " tokens but the whole cache has ",
+                                          l.num_blocks, "; lower max_tokens or give the KV cache more memory")};
+  return {};
+}
+
+void check_request_fits(const KvFitLimits& l, int64_t prompt, int64_t max_tokens, const std::string& who) {
+  const RequestFit fit = request_fit(l, prompt, max_tokens);
+  SERVAL_CHECK(fit.fits(), who, fit.reason);
 }
 
 }  // namespace serval

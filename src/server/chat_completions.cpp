@@ -28,7 +28,7 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   const std::string prompt = ctx.chat.render(r);
   std::vector<int32_t> ids = ctx.tokenizer.encode(prompt, /*add_special=*/false);
   if (ids.empty()) throw ApiError(400, "the rendered chat prompt is empty", "messages");
-  const int32_t max_tokens = resolve_max_tokens(r.gen.max_tokens, 0, int64_t(ids.size()), ctx.max_model_len);
+  const int32_t max_tokens = resolve_max_tokens(r.gen.max_tokens, 0, int64_t(ids.size()), ctx.engine.fit_limits());
 
   auto gen = std::make_shared<Generation>(ctx.engine, engine_requests({ids}, {max_tokens}, r.gen, ctx.tokenizer));
   const ResponseMeta meta{new_response_id("chatcmpl-"), unix_now(), ctx.model_name};

@@ -26,8 +26,8 @@ Prepared prepare(const ServerContext& ctx, const CompletionRequest& r) {
     std::vector<int32_t> ids = in.is_text ? ctx.tokenizer.encode(in.text, r.add_special_tokens) : in.ids;
     if (ids.empty()) throw ApiError(400, "the prompt is empty (it has no tokens)", "prompt");
     ctx.check_token_ids(ids, "prompt");
-    p.max_tokens.push_back(resolve_max_tokens(r.gen.max_tokens, kDefaultMaxTokens, int64_t(ids.size()),
-                                              ctx.max_model_len));
+    p.max_tokens.push_back(
+        resolve_max_tokens(r.gen.max_tokens, kDefaultMaxTokens, int64_t(ids.size()), ctx.engine.fit_limits()));
     p.echo_text.push_back(!r.echo ? "" : in.is_text ? in.text : ctx.tokenizer.decode(ids, false));
     p.ids.push_back(std::move(ids));
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "sched/request_fit.h"
 #include "server/access_log.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
@@ -33,19 +34,15 @@ std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t
 }
 
 int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max, int64_t prompt_len,
-                           int64_t max_model_len) {
-  if (prompt_len >= max_model_len)
-    throw ApiError(400,
-                   str_cat("the prompt has ", prompt_len, " tokens but this model's context is ", max_model_len,
-                           " tokens, which leaves no room for output: shorten the prompt"),
-                   "prompt", "context_length_exceeded");
-  const int64_t room = max_model_len - prompt_len;
+                           const KvFitLimits& limits) {
+  const int64_t room = std::clamp<int64_t>(context_room(limits, prompt_len), 0, INT32_MAX);
   const int64_t want = requested ? *requested : (default_max > 0 ? std::min<int64_t>(default_max, room) : room);
-  if (want > room)
-    throw ApiError(400,
-                   str_cat("this model's context is ", max_model_len, " tokens, but the prompt has ", prompt_len,
-                           " tokens and max_tokens is ", want, " (", prompt_len + want,
-                           " in all): shorten the prompt or lower max_tokens"),
+  // At least one token of output must fit (the prompt alone filling the context is the prompt's fault).
+  const RequestFit fit = request_fit(limits, prompt_len, std::max<int64_t>(want, 1));
+  if (fit.misfit == Misfit::kPromptFillsContext)
+    throw ApiError(400, fit.reason + ": shorten the prompt", "prompt", "context_length_exceeded");
+  if (!fit.fits())
+    throw ApiError(400, fit.reason + (fit.misfit == Misfit::kPastContext ? ": shorten the prompt or lower max_tokens" : ""),
                    "max_tokens", "context_length_exceeded");
   return int32_t(want);
 }

@@ -36,10 +36,11 @@ std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t
                                            const Tokenizer& tok);
 
 // The output budget of a prompt: `requested`, else `default_max` (0: the rest
-// of the context). ApiError 400 with the numbers when prompt + max_tokens do
-// not fit `max_model_len`.
+// of the context). ApiError 400 (context_length_exceeded) with the numbers
+// when prompt + max_tokens do not fit `limits` (request_fit): naming
+// "prompt" where the prompt alone fills the context, else "max_tokens".
 int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max, int64_t prompt_len,
-                           int64_t max_model_len);
+                           const KvFitLimits& limits);
 
 class Generation {
  public:
