@@ -6,6 +6,7 @@
 // With f32 activations (--dtype float32) the CUDA-core kernel of
 // cuda_attention_prefill_simt.cu serves every row instead, prefill and decode.
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kv_layout.h"
 
 namespace serval::cuda {
 
@@ -97,7 +98,7 @@ using AttnParams = AttnParamsT<bf16>;
 __device__ __forceinline__ const bf16* kv_row(const bf16* pool, const AttnParams& p, const int32_t* table, int j,
                                               int kvh) {
   const int64_t slot = int64_t(table[j / p.block_size]) * p.block_size + j % p.block_size;
-  return pool + (slot * p.kv_heads + kvh) * p.head_dim;
+  return pool + kv_offset(slot, kvh, p.kv_heads, p.head_dim);
 }
 
 // Launchers; they return false if head_dim has no compiled kernel.

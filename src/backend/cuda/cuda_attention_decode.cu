@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) attn_decode_kernel
                        rope_cs, p.fold);
     if (patch_step >= 0) {
       const int64_t src = int64_t(q0) * p.fold.kv_stride + int64_t(kvh) * D;
-      const int64_t dst = (p.fold.slots[q0] * p.kv_heads + kvh) * D;
+      const int64_t dst = kv_offset(p.fold.slots[q0], kvh, p.kv_heads, D);
       new_key.make(p.fold.k + src, p.fold.v + src, p.fold.k_pool + dst, p.fold.v_pool + dst, lane, rope_cs, p.fold);
     }
   }

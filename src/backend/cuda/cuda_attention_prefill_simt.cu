@@ -31,7 +31,7 @@ template <typename T>
 __device__ __forceinline__ const T* paged_row(const T* pool, const AttnParamsT<T>& p, const int32_t* table, int j,
                                               int kvh) {
   const int64_t slot = int64_t(table[j / p.block_size]) * p.block_size + j % p.block_size;
-  return pool + (slot * p.kv_heads + kvh) * p.head_dim;
+  return pool + kv_offset(slot, kvh, p.kv_heads, p.head_dim);
 }
 
 template <typename T, int D>

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_gemm_shape.h"
+#include "backend/cuda/cuda_kv_layout.h"
 
 namespace serval::cuda {
 
@@ -40,11 +41,10 @@ bool cutlass_gemm(const GemmShape& s, const void* w, const void* x, void* y, con
 // pools ([slots, kv_cols]).
 struct CutlassQkvRopeKv {
   __nv_bfloat16* q;  // [tokens, q_cols], rotated
-  __nv_bfloat16* k_pool;
-  __nv_bfloat16* v_pool;
+  KvPoolLayout<__nv_bfloat16> kv;  // k and v go to their slots' rows; its head_dim is the rope's
   const float2* angles;  // [tokens, rope_dim / 2]
   const int64_t* slots;
-  int q_cols, kv_cols, head_dim, rope_dim;
+  int q_cols, rope_dim;
 };
 // x @ W^T for the stacked [q; k; v] weight W (s.m = q_cols + 2 kv_cols rows,
 // both multiples of 64; s.n tokens, at most kCutlassMaxRows), finished in the

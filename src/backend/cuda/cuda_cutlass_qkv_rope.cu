@@ -31,9 +31,9 @@ struct QkvRopeKvOp {
   using Params = CutlassQkvRopeKv;
 
   static bool can_implement(int m, int n, const Params& p) {
-    return p.q_cols % 64 == 0 && p.kv_cols % 64 == 0 && m == p.q_cols + 2 * p.kv_cols && p.head_dim % 2 == 0 &&
-           p.rope_dim % 2 == 0 && p.rope_dim <= p.head_dim && p.q_cols % p.head_dim == 0 &&
-           p.kv_cols % p.head_dim == 0 && n >= 1;
+    const int64_t kv_cols = p.kv.row();
+    return p.q_cols % 64 == 0 && kv_cols % 64 == 0 && m == p.q_cols + 2 * kv_cols && p.kv.head_dim % 2 == 0 &&
+           p.rope_dim % 2 == 0 && p.rope_dim <= p.kv.head_dim && p.q_cols % p.kv.head_dim == 0 && n >= 1;
   }
 
   // Values i and i + 1 (i even) are one W row at x rows t and t + 1, so each
@@ -43,14 +43,14 @@ struct QkvRopeKvOp {
   template <class Acc, class Coords>
   CUTLASS_DEVICE static void apply(const Params& p, const Acc& acc, const Coords& coords, int tokens) {
     const int tile_row = cute::get<0>(coords(0));  // the tile's segment (q, k or v) is the same for every element
-    const bool is_q = tile_row < p.q_cols, is_v = tile_row >= p.q_cols + p.kv_cols;
-    const int seg_start = is_q ? 0 : is_v ? p.q_cols + p.kv_cols : p.q_cols;
-    __nv_bfloat16* const pool = is_v ? p.v_pool : p.k_pool;
+    const int kv_cols = int(p.kv.row()), head_dim = p.kv.head_dim;
+    const bool is_q = tile_row < p.q_cols, is_v = tile_row >= p.q_cols + kv_cols;
+    const int seg_start = is_q ? 0 : is_v ? p.q_cols + kv_cols : p.q_cols;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < cute::size(acc); i += 2) {
       const int row = cute::get<0>(coords(i));
       const int t[2] = {cute::get<1>(coords(i)), cute::get<1>(coords(i + 1))};
-      const int col = row - seg_start, d = col % p.head_dim;
+      const int col = row - seg_start, d = col % head_dim;
       const bool first = (row & 1) == 0;  // the rope pair's first row (a); the partner lane holds b
       const bool rotate = !is_v && d < p.rope_dim;
       float out[2] = {acc(i), acc(i + 1)};
@@ -80,7 +80,7 @@ struct QkvRopeKvOp {
       for (int j = 0; j < 2; ++j) {
         const float other = __shfl_xor_sync(0xffffffffu, out[j], 4);
         if (!first || t[j] >= tokens) continue;
-        __nv_bfloat16* dst = is_q ? p.q + int64_t(t[j]) * p.q_cols : pool + p.slots[t[j]] * int64_t(p.kv_cols);
+        __nv_bfloat16* dst = is_q ? p.q + int64_t(t[j]) * p.q_cols : p.kv.at(is_v, p.slots[t[j]]);
         *reinterpret_cast<__nv_bfloat162*>(dst + col) = __floats2bfloat162_rn(out[j], other);
       }
     }

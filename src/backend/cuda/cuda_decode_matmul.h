@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_kv_layout.h"
 #include "backend/cuda/cuda_launch.h"
 #include "runtime/backend.h"
 
@@ -28,9 +29,8 @@ struct GemvRopeKv {
   const int32_t* positions = nullptr;
   const int64_t* slots = nullptr;
   const float* inv_freq = nullptr;
-  __nv_bfloat16* k_pool = nullptr;
-  __nv_bfloat16* v_pool = nullptr;
-  int head_dim = 0, rope_dim = 0;
+  KvPoolLayout<__nv_bfloat16> kv;  // its head_dim is the rope's
+  int rope_dim = 0;
 };
 // An RMSNorm between two GEMVs, done by the two of them: no norm kernel runs
 // between them, so the second's x is ready when the first ends (at batch 1

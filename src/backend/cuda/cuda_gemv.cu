@@ -418,11 +418,13 @@ void gemv(const Tensor& x, const bf16* const* ws, const Tensor* ys, int n, const
   SERVAL_CHECK(gemv_any_rows_fits(x), "gemv: x [", x.rows, ", ", x.cols, "] does not fit the GEMV kernel");
   const GemvParams p = matmul_segments(x, ws, ys, n, kUnitRows, "gemv");
   if (rope.positions != nullptr) {
-    const bool whole_heads = rope.head_dim > 0 && rope.head_dim % kUnitRows == 0 && rope.rope_dim % 2 == 0 &&
-                             rope.rope_dim <= rope.head_dim;
+    const int head_dim = rope.kv.head_dim;
+    const bool whole_heads = head_dim > 0 && head_dim % kUnitRows == 0 && rope.rope_dim % 2 == 0 &&
+                             rope.rope_dim <= head_dim;
     SERVAL_CHECK(n == 3 && ys[0].dtype == DType::BF16 && whole_heads && p.rows[1] == p.rows[2] &&
-                     p.rows[0] % rope.head_dim == 0 && p.rows[1] % rope.head_dim == 0,
-                 "gemv: rope in the epilogue needs q/k/v outputs of whole heads (head_dim a multiple of 8)");
+                     p.rows[0] % head_dim == 0 && p.rows[1] == rope.kv.row(),
+                 "gemv: rope in the epilogue needs q/k/v outputs of whole heads (head_dim a multiple of 8), k and v "
+                 "rows of the KV pools' rows");
   }
   check_norm(norm, p, n);
   if (p.tiles > 0) launch<false>(p, ys[0].dtype == DType::F32, on, rope, norm);

@@ -213,13 +213,13 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
       if (t >= p.tokens || j >= rows) continue;
       float a = __bfloat162float(__float2bfloat16(sum[2 * h]));
       float b = __bfloat162float(__float2bfloat16(sum[2 * h + 1]));
-      const int d = j % r.head_dim;
+      const int d = j % r.kv.head_dim;
       if (seg < 2 && d < r.rope_dim) {
         float sn, cs;
         sincosf(float(r.positions[t]) * r.inv_freq[d / 2], &sn, &cs);
         rope_rotate(a, b, cs, sn, a, b);
       }
-      bf16* dst = seg == 0 ? y + int64_t(t) * rows : (seg == 1 ? r.k_pool : r.v_pool) + r.slots[t] * rows;
+      bf16* dst = seg == 0 ? y + int64_t(t) * rows : r.kv.at(seg == 2, r.slots[t]);
       store1(dst, j, a);
       store1(dst, j + 1, b);
     }

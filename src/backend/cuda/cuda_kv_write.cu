@@ -8,41 +8,40 @@ namespace serval::cuda {
 namespace {
 
 // One thread per 8 elements of a token's K (and the same 8 of its V).
-template <typename V8>
-__global__ void kv_write_vec_kernel(const V8* k, const V8* v, const int64_t* slots, V8* K, V8* V, int64_t tokens,
-                                    int64_t row8) {
+template <typename T>
+__global__ void kv_write_vec_kernel(const Vec8<T>* k, const Vec8<T>* v, const int64_t* slots, KvPoolLayout<T> kv,
+                                    int64_t tokens, int64_t row8) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * row8) return;
   const int64_t t = i / row8, c = i % row8;
-  const int64_t dst = slots[t] * row8 + c;
-  K[dst] = k[i];
-  V[dst] = v[i];
+  reinterpret_cast<Vec8<T>*>(kv.at(false, slots[t]))[c] = k[i];
+  reinterpret_cast<Vec8<T>*>(kv.at(true, slots[t]))[c] = v[i];
 }
 
 template <typename T>
-__global__ void kv_write_kernel(const T* k, const T* v, const int64_t* slots, T* K, T* V, int64_t tokens,
+__global__ void kv_write_kernel(const T* k, const T* v, const int64_t* slots, KvPoolLayout<T> kv, int64_t tokens,
                                 int64_t row) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * row) return;
   const int64_t t = i / row, c = i % row;
-  K[slots[t] * row + c] = k[i];
-  V[slots[t] * row + c] = v[i];
+  kv.at(false, slots[t])[c] = k[i];
+  kv.at(true, slots[t])[c] = v[i];
 }
 
 template <typename T>
-void launch_kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvLayer& kv, int64_t row,
+void launch_kv_write(const Tensor& k, const Tensor& v, const int64_t* slot_mapping, const KvPoolLayout<T>& kv,
                      cudaStream_t stream) {
+  const int64_t row = kv.row();
   if (row % 8 == 0) {
-    using V8 = Vec8<T>;
     const int64_t n = k.rows * (row / 8);
-    kv_write_vec_kernel<V8><<<ceil_div(n, 256), 256, 0, stream>>>(
-        static_cast<const V8*>(k.data), static_cast<const V8*>(v.data), slot_mapping, static_cast<V8*>(kv.k.data()),
-        static_cast<V8*>(kv.v.data()), k.rows, row / 8);
+    kv_write_vec_kernel<T><<<ceil_div(n, 256), 256, 0, stream>>>(static_cast<const Vec8<T>*>(k.data),
+                                                                  static_cast<const Vec8<T>*>(v.data), slot_mapping,
+                                                                  kv, k.rows, row / 8);
   } else {
     const int64_t n = k.rows * row;
-    kv_write_kernel<T><<<ceil_div(n, 256), 256, 0, stream>>>(
-        static_cast<const T*>(k.data), static_cast<const T*>(v.data), slot_mapping, static_cast<T*>(kv.k.data()),
-        static_cast<T*>(kv.v.data()), k.rows, row);
+    kv_write_kernel<T><<<ceil_div(n, 256), 256, 0, stream>>>(static_cast<const T*>(k.data),
+                                                             static_cast<const T*>(v.data), slot_mapping, kv, k.rows,
+                                                             row);
   }
   SERVAL_CUDA_LAUNCH_CHECK();
 }
@@ -58,9 +57,9 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const int64_t* slot
   if (k.rows == 0) return;
   dev_.bind();
   if (act == DType::F32)
-    launch_kv_write<float>(k, v, slot_mapping, kv, row, dev_.stream());
+    launch_kv_write<float>(k, v, slot_mapping, kv_layout<float>(kv, g), dev_.stream());
   else
-    launch_kv_write<bf16>(k, v, slot_mapping, kv, row, dev_.stream());
+    launch_kv_write<bf16>(k, v, slot_mapping, kv_layout<bf16>(kv, g), dev_.stream());
 }
 
 }  // namespace serval::cuda

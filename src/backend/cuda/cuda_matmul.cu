@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_cutlass_gemm.h"
 #include "backend/cuda/cuda_launches.h"
 #include "backend/cuda/cuda_matmul.h"
+#include "backend/cuda/cuda_tensor.h"
 
 namespace serval::cuda {
 
@@ -179,9 +180,7 @@ bool CudaMatmul::qkv_rope_kv_write(const NormedRows& xn, const CudaWeight& cq, c
   r.positions = positions;
   r.slots = slot_mapping;
   r.inv_freq = rope.inv_freq;
-  r.k_pool = static_cast<bf16*>(kv.k.data());
-  r.v_pool = static_cast<bf16*>(kv.v.data());
-  r.head_dim = rope.head_dim;
+  r.kv = kv_layout<bf16>(kv, geom);
   r.rope_dim = rope.rope_dim;
   gemv(x, w_ptrs, ys, 3, launch_on(dev_, cfg_), r, consume_norm(xn));
   return true;
@@ -232,14 +231,8 @@ bool CudaMatmul::cutlass_qkv_rope_kv_write(const Tensor& x, const CudaWeight& wq
   if (!cutlass_rope_rows(x.rows) || rope.style != RopeStyle::Interleaved ||
       q.cols != wq.rows() || rope_angles_for_ != RopeAnglesFor{positions, rope.inv_freq, x.rows, rope.rope_dim})
     return false;
-  const CutlassQkvRopeKv e{static_cast<bf16*>(q.data),
-                           static_cast<bf16*>(kv.k.data()),
-                           static_cast<bf16*>(kv.v.data()),
-                           static_cast<const float2*>(rope_angles_.data()),
-                           slot_mapping,
-                           int(wq.rows()),
-                           int(wk.rows()),
-                           int(geom.head_dim),
+  const CutlassQkvRopeKv e{static_cast<bf16*>(q.data), kv_layout<bf16>(kv, geom),
+                           static_cast<const float2*>(rope_angles_.data()), slot_mapping, int(wq.rows()),
                            int(rope.rope_dim)};
   const GemmShape s{.m = wq.rows() + 2 * wk.rows(), .n = x.rows, .k = x.cols};
   if (!serval::cuda::cutlass_qkv_rope_kv_write(s, wq.data(), x.data, e, cutlass_on(dev_, cfg_))) return false;

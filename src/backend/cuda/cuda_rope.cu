@@ -66,8 +66,8 @@ constexpr int kBatch = 4, kMaxThreads = 128;
 
 template <typename T>
 __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t* positions, const int64_t* slots,
-                                     const float* inv_freq, T* K, T* V, int q_heads, int k_heads, int head_dim,
-                                     int rope_dim, bool neox) {
+                                     const float* inv_freq, KvPoolLayout<T> kv, int q_heads, int rope_dim,
+                                     bool neox) {
   extern __shared__ float cs_s[];  // [half] cos, then [half] sin
   const int t = blockIdx.x;
   const int half = rope_dim / 2;
@@ -78,9 +78,10 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
   const float freq0 = int(threadIdx.x) < half ? inv_freq[threadIdx.x] : 0.0f;
   pdl_wait();
   pdl_launch_dependents();
-  const int64_t kv_row = int64_t(k_heads) * head_dim;
+  const int k_heads = kv.kv_heads, head_dim = kv.head_dim;
+  const int64_t kv_row = kv.row();
   const T* kt = in.k + int64_t(t) * in.kv_stride;
-  T* Kt = K + slot * kv_row;
+  T* Kt = kv.at(false, slot);
   const int head0 = blockIdx.y * kHeadsPerBlock;
   const int heads = min(kHeadsPerBlock, q_heads + k_heads - head0);
   // A thread's pairs go kBatch at a time, every load before the first store
@@ -143,7 +144,7 @@ __global__ void rope_kv_write_kernel(RopeKvInput<T> in, T* q_out, const int32_t*
   }
   // This block's share of the v row.
   const T* vt = in.v + int64_t(t) * in.kv_stride;
-  T* Vt = V + slot * kv_row;
+  T* Vt = kv.at(true, slot);
   if (kv_row % 8 == 0 && in.kv_stride % 8 == 0 && reinterpret_cast<uintptr_t>(in.v) % 16 == 0) {
     const int64_t n8 = kv_row / 8, per = (n8 + gridDim.y - 1) / gridDim.y;
     const int64_t c1 = min(n8, per * (blockIdx.y + 1));
@@ -168,16 +169,15 @@ __global__ void rope_angles_kernel(const int32_t* positions, const float* inv_fr
 
 // q_out: where rotated q goes ([T, q_heads * head_dim]); `in` may point into it.
 template <typename T>
-void launch_rope_kv_write(const RopeKvInput<T>& in, const Tensor& q_out, int k_heads, const int32_t* positions,
-                          const RopeParams& p, const int64_t* slot_mapping, const KvLayer& kv, const Launch& on) {
-  const int q_heads = int(q_out.cols / p.head_dim);
+void launch_rope_kv_write(const RopeKvInput<T>& in, const Tensor& q_out, const int32_t* positions, const RopeParams& p,
+                          const int64_t* slot_mapping, const KvPoolLayout<T>& kv, const Launch& on) {
+  const int q_heads = int(q_out.cols / p.head_dim), k_heads = kv.kv_heads;
   const int pairs = kHeadsPerBlock * (p.rope_dim / 2);
   const int threads = std::min(kMaxThreads, (ceil_div(pairs, kBatch) + 31) / 32 * 32);
   const dim3 grid(unsigned(q_out.rows), unsigned(ceil_div(q_heads + k_heads, kHeadsPerBlock)));
   const size_t smem = size_t(p.rope_dim) * sizeof(float);
   launch_pdl(rope_kv_write_kernel<T>, grid, dim3(unsigned(threads)), smem, on, in, static_cast<T*>(q_out.data),
-             positions, slot_mapping, p.inv_freq, static_cast<T*>(kv.k.data()), static_cast<T*>(kv.v.data()), q_heads,
-             k_heads, p.head_dim, p.rope_dim, p.style == RopeStyle::Neox);
+             positions, slot_mapping, p.inv_freq, kv, q_heads, p.rope_dim, p.style == RopeStyle::Neox);
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
@@ -201,16 +201,15 @@ void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32
                v.cols);
   if (q.rows == 0) return;
   dev_.bind();
-  const int k_heads = int(k.cols / p.head_dim);
   const Launch on = launch_on(dev_, cfg_);
   if (act == DType::F32)
     launch_rope_kv_write<float>({static_cast<const float*>(q.data), static_cast<const float*>(k.data),
                                  static_cast<const float*>(v.data), q.cols, k.cols},
-                                q, k_heads, positions, p, slot_mapping, kv, on);
+                                q, positions, p, slot_mapping, kv_layout<float>(kv, g), on);
   else
     launch_rope_kv_write<bf16>(
-        {bf(q), static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), q.cols, k.cols}, q, k_heads,
-        positions, p, slot_mapping, kv, on);
+        {bf(q), static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), q.cols, k.cols}, q, positions, p,
+        slot_mapping, kv_layout<bf16>(kv, g), on);
 }
 
 void rope_kv_write_from_stacked(const void* qkv, int64_t row, int64_t k_col, int64_t v_col, Tensor q,
@@ -223,8 +222,8 @@ void rope_kv_write_from_stacked(const void* qkv, int64_t row, int64_t k_col, int
                " do not fit a stacked row of ", row);
   if (q.rows == 0) return;
   const bf16* base = static_cast<const bf16*>(qkv);
-  launch_rope_kv_write<bf16>({base, base + k_col, base + v_col, row, row}, q, int(kv_cols / p.head_dim), positions, p,
-                             slot_mapping, kv, on);
+  launch_rope_kv_write<bf16>({base, base + k_col, base + v_col, row, row}, q, positions, p, slot_mapping,
+                             kv_layout<bf16>(kv, g), on);
 }
 
 void launch_rope_angles(const int32_t* positions, const float* inv_freq, int64_t tokens, int half, float2* angles,
