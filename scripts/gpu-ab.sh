@@ -4,8 +4,9 @@
 # each build, then decode benchmarks (7B; 8B with --8b) with the builds interleaved (so drift
 # of the machine hits all alike), then one table, a column per build ("base":
 # the staged build). For A/B runs of kernel changes in one device call.
-# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests] [--8b] [--seqs "1 20 32 48 64"] [--tuning KEY=VALUE,...]...
+# Usage: [MODEL=GGUF] ./gpu-ab.sh [--no-tests | --base-tests] [--8b] [--seqs "1 20 32 48 64"] [--tuning KEY=VALUE,...]...
 #        [--flag "--FLAG ..."]... [--gemv FILTER]
+#   --base-tests: the CUDA tests of the staged build only (not of the variants)
 #   --8b: the benchmarks on a random Llama-3.1-8B-shape model (GQA 32/8) instead of Llama-2-7B
 #   --seqs: sequence counts (1: tg128 with 1 input token; others: 128 in + 128 out; pN: one N-token prefill)
 #   --tuning KEY=VALUE,...: also the base build with --cuda-tuning KEY=VALUE,... (a column
@@ -27,6 +28,7 @@ TESTS=1; SEQS="1 20 32 48 64"; GEMV=""; ATTN=""; EXTRA_TUNINGS=(); EXTRA_FLAGS=(
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) TESTS=0 ;;
+    --base-tests) TESTS=base ;;
     --8b) LIKE=llama-3.1-8b ;;
     --seqs) SEQS=$2; shift ;;
     --tuning) EXTRA_TUNINGS+=("$2"); shift ;;
@@ -55,11 +57,12 @@ MODEL_PID=$!
 
 declare -A CELL
 ROWS=()
-if [ $TESTS = 1 ]; then
+if [ $TESTS != 0 ]; then
   ROWS+=("CUDA tests")
   for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
     [ -n "${TUNINGS[$i]}${FLAGS[$i]}" ] && { CELL["CUDA tests|$n"]="(same binary)"; continue; }
+    [ $TESTS = base ] && [ $i -gt 0 ] && { CELL["CUDA tests|$n"]="(not run)"; continue; }
     log="$OUT_DIR/tests-$n.log"
     (cd "${DIRS[$i]}" && timeout 420 ./serval_tests --gtest_filter='Cuda*:StoriesGolden*:EngineOnCuda*' >"$log" 2>&1)
     passed=$(grep -oE "^\[  PASSED  \] [0-9]+" "$log" | grep -oE "[0-9]+$")

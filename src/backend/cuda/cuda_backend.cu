@@ -30,7 +30,11 @@ CudaBackend::CudaBackend(int device, DType act_dtype, const CudaTuning& tuning)
   cfg_.tuning.cutlass_gemm = tuning.cutlass_gemm && cutlass_gemm_built();
 }
 
-CudaBackend::~CudaBackend() { dev_.synchronize(); }
+// Queued work may still read the buffers the parts free (no throwing from a destructor).
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(dev_.index());
+  cudaStreamSynchronize(dev_.stream());
+}
 
 void CudaBackend::set_batch_invariant(bool on) {
   SERVAL_CHECK(!on || cfg_.act_dtype == DType::BF16, "--batch-invariant on the GPU needs bfloat16 activations (in ",

@@ -277,7 +277,7 @@ LtMatmul::LtMatmul(CudaDevice& dev, const CudaConfig& cfg) : dev_(dev), cfg_(cfg
 }
 
 LtMatmul::~LtMatmul() {
-  dev_.bind();
+  cudaSetDevice(dev_.index());  // (no throwing from a destructor)
   for (auto& [key, p] : plans_) {
     cublasLtMatrixLayoutDestroy(p.a);
     cublasLtMatrixLayoutDestroy(p.b);
