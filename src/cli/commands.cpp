@@ -14,6 +14,7 @@ int run(int argc, char** argv) {
   register_serve(app, action);
   register_chat_template(app, action);
   register_bench(app, action);
+  register_perplexity(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -18,5 +18,6 @@ void register_random_model(CLI::App& app, Action& action);
 void register_serve(CLI::App& app, Action& action);
 void register_chat_template(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
+void register_perplexity(CLI::App& app, Action& action);
 
 }  // namespace serval::cli
