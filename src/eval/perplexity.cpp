@@ -19,7 +19,7 @@ double token_nll(std::span<const float> logits, int32_t target) {
 }
 
 PerplexityResult perplexity(ModelRunner& runner, const std::vector<int32_t>& tokens, const PerplexityOptions& o,
-                            const std::function<void(const PerplexityResult&)>& on_chunk) {
+                            const PerplexityObserver& observer) {
   const int64_t ctx = o.ctx;
   SERVAL_CHECK(ctx >= 4, "the chunk size (--ctx) must be at least 4 tokens, got ", ctx);
   int64_t chunks = int64_t(tokens.size()) / ctx;
@@ -55,12 +55,14 @@ PerplexityResult perplexity(ModelRunner& runner, const std::vector<int32_t>& tok
     for (size_t i = 0; i < b.logits_rows.size(); ++i) {
       const int64_t j = b.logits_rows[i];
       const std::span<const float> row(logits.data() + int64_t(i) * vocab, size_t(vocab));
-      r.nll_sum += token_nll(row, tokens[size_t(c * ctx + j + 1)]);
+      const int32_t target = tokens[size_t(c * ctx + j + 1)];
+      r.nll_sum += token_nll(row, target);
       ++r.scored;
+      if (observer.on_row) observer.on_row(row, target);
     }
     ++r.chunks;
     r.running.push_back(r.perplexity());
-    if (on_chunk) on_chunk(r);
+    if (observer.on_chunk) observer.on_chunk(r);
   }
   return r;
 }

@@ -34,10 +34,17 @@ struct PerplexityResult {
 // -log softmax(logits)[target], in double.
 double token_nll(std::span<const float> logits, int32_t target);
 
+// What the scoring loop hands out: each scored row's logits (its target is
+// the next token), and the result so far after each chunk.
+struct PerplexityObserver {
+  std::function<void(std::span<const float> logits, int32_t target)> on_row;
+  std::function<void(const PerplexityResult&)> on_chunk;
+};
+
 // Scores `tokens` on `runner`, whose KV pool holds at least one chunk and
-// whose steps take ctx tokens. `on_chunk` (may be empty) sees the result so
-// far after each chunk. Throws serval::Error when the text has no whole chunk.
+// whose steps take ctx tokens. Throws serval::Error when the text has no
+// whole chunk.
 PerplexityResult perplexity(ModelRunner& runner, const std::vector<int32_t>& tokens, const PerplexityOptions& o,
-                            const std::function<void(const PerplexityResult&)>& on_chunk = {});
+                            const PerplexityObserver& observer = {});
 
 }  // namespace serval

@@ -40,8 +40,11 @@ TEST(Perplexity, MatchesTheReferenceForwardPass) {
   PerplexityOptions o;
   o.ctx = ctx;
   o.bos_id = 1;
-  int calls = 0;
-  const PerplexityResult r = perplexity(*runner, tokens, o, [&](const PerplexityResult&) { ++calls; });
+  int calls = 0, rows = 0;
+  PerplexityObserver watch;
+  watch.on_chunk = [&](const PerplexityResult&) { ++calls; };
+  watch.on_row = [&](std::span<const float> logits, int32_t) { rows += logits.size() == size_t(cfg.vocab_size); };
+  const PerplexityResult r = perplexity(*runner, tokens, o, watch);
 
   double nll = 0;
   int64_t scored = 0;
@@ -59,6 +62,7 @@ TEST(Perplexity, MatchesTheReferenceForwardPass) {
   }
   EXPECT_EQ(r.chunks, chunks);
   EXPECT_EQ(calls, chunks);
+  EXPECT_EQ(rows, scored);
   EXPECT_EQ(r.scored, scored);
   EXPECT_NEAR(r.mean_nll(), nll / double(scored), 1e-5);
   EXPECT_NEAR(r.perplexity(), std::exp(nll / double(scored)), 1e-4 * std::exp(nll / double(scored)));

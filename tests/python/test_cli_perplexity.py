@@ -2,7 +2,9 @@
 llama.cpp's method (chunks of --ctx tokens, BOS first in each where the
 tokenizer adds one, the second half of each scored) on a tiny random Llama-3
 model and real English text, in f32 on the CPU: the perplexity within 1e-5
-relative, the tokens counted alike; and bad input refused with the reason."""
+relative, the tokens counted alike; --kl-divergence against a saved base run
+(0 against itself up to the file's f32 rounding, small but not 0 for the same weights rounded to bf16); and
+bad input refused with the reason."""
 import json
 
 import pytest
@@ -62,6 +64,31 @@ def test_perplexity_matches_transformers(serval, llama3, text):
     assert abs(got["perplexity"] - want) / want < 1e-5, (got["perplexity"], want)
     assert len(got["running"]) == CHUNKS and got["running"][-1] == pytest.approx(got["perplexity"])
     assert "[1]" in proc.stderr and "[3]" in proc.stderr
+
+
+def test_kl_divergence_against_a_base_run(serval, llama3, text, tmp_path):
+    folder, ref, tok = llama3
+    common = ["--file", text, "--ctx", CTX, "--chunks", CHUNKS, "--device", "cpu", "--json"]
+    base = tmp_path / "base.kld"
+    run_serval(serval, "perplexity", "--model", folder, *common, "--kl-divergence-base", base)
+    rows = CHUNKS * (CTX - 1 - CTX // 2)
+    assert base.stat().st_size == 8 + 6 * 8 + rows * ref.config.vocab_size * 4
+
+    same = json.loads(run_serval(serval, "perplexity", "--model", folder, *common, "--kl-divergence", base).stdout)
+    assert same["kl_divergence"]["mean"] < 1e-6 and same["kl_divergence"]["same_top1"] == 1.0
+
+    rounded = tmp_path / "bf16"
+    ref.to(torch.bfloat16).save_pretrained(rounded, safe_serialization=True)
+    ref.to(torch.float32)
+    tok.save_pretrained(rounded)
+    other = json.loads(run_serval(serval, "perplexity", "--model", rounded, *common, "--kl-divergence", base).stdout)
+    kl = other["kl_divergence"]
+    assert 0 < kl["mean"] < 0.05 and kl["median"] <= kl["p99"] <= kl["max"], kl
+    assert 0.5 < kl["same_top1"] <= 1.0
+
+    proc = run_serval(serval, "perplexity", "--model", folder, "--file", text, "--ctx", CTX, "--chunks", CHUNKS - 1,
+                      "--device", "cpu", "--kl-divergence", base, check=False)
+    assert proc.returncode != 0 and "give the same text, tokenizer, --ctx and --chunks" in proc.stderr
 
 
 def test_perplexity_refuses_what_it_cannot_score(serval, models, tmp_path):
