@@ -92,6 +92,15 @@ int run_serve(const ServeOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that went away must not kill us
 
+  server::HttpLimits limits;
+  limits.max_body_bytes = o.max_body_bytes;
+  limits.max_connections = o.max_connections;
+  limits.request_read_timeout = std::chrono::milliseconds(int64_t(o.request_read_timeout * 1000));
+  server::HttpServer http(limits, o.api_key);
+  // Bound first, so that a port in use fails now rather than after the load
+  // and warm-up; connections made meanwhile wait in the backlog.
+  const int port = http.bind(o.host, o.port);
+
   LoadedEngineModel loaded = load_engine_model(o.model, o.engine);
   Tokenizer* tok = loaded.tokenizer.get();
   ModelRunner* runner = loaded.runner.get();
@@ -128,13 +137,7 @@ int run_serve(const ServeOptions& o) {
   ctx.engine_vocab_size = runner->config().vocab_size;
   ctx.created = server::unix_now();
 
-  server::HttpLimits limits;
-  limits.max_body_bytes = o.max_body_bytes;
-  limits.max_connections = o.max_connections;
-  limits.request_read_timeout = std::chrono::milliseconds(int64_t(o.request_read_timeout * 1000));
-  server::HttpServer http(limits, o.api_key);
   server::register_openai_routes(http, ctx);
-  const int port = http.bind(o.host, o.port);
   std::fprintf(stderr,
                "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s, async "
                "scheduling: %s) on http://%s:%d\n",
