@@ -107,11 +107,20 @@ EngineMetrics::EngineMetrics(Registry& r, int64_t max_model_len)
           "Histogram of time spent in PREFILL phase for request.", request_latency_buckets())),
       request_decode_time_seconds(r.histogram(
           "serval:request_decode_time_seconds",
-          "Histogram of time spent in DECODE phase for request.", request_latency_buckets())) {
+          "Histogram of time spent in DECODE phase for request.", request_latency_buckets())),
+      registry_(r) {
   // Series for every finish reason exist from the start (at 0), as in vLLM,
   // so rate() works from the first scrape.
   for (const std::string& reason : finish_reasons())
     success_by_reason_.push_back(&request_success_total.labels({reason}));
+}
+
+void EngineMetrics::set_cache_config(int32_t block_size, int64_t num_blocks, bool prefix_caching) {
+  registry_
+      .gauge_family("serval:cache_config_info", "Information of the LLMEngine CacheConfig",
+                    {"block_size", "enable_prefix_caching", "num_gpu_blocks"})
+      .labels({std::to_string(block_size), prefix_caching ? "True" : "False", std::to_string(num_blocks)})
+      .set(1.0);
 }
 
 void EngineMetrics::record(const SchedulerStats& s) {
