@@ -123,6 +123,25 @@ void EngineMetrics::set_cache_config(int32_t block_size, int64_t num_blocks, boo
       .set(1.0);
 }
 
+void EngineMetrics::add_vllm_aliases(Registry& registry, VllmNames which) {
+  static const char* const gateway[] = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                                        "cache_config_info"};
+  static const char* const others[] = {
+      "prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
+      "prompt_tokens_total", "generation_tokens_total", "request_success_total",
+      "request_prompt_tokens", "request_generation_tokens", "iteration_tokens_total",
+      "request_max_num_generation_tokens", "request_params_n", "request_params_max_tokens",
+      "time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds",
+      "request_time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+      "request_inference_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"};
+  auto alias = [&registry](const char* name) {
+    registry.add_alias(std::string("serval:") + name, std::string("vllm:") + name);
+  };
+  for (const char* name : gateway) alias(name);
+  if (which == VllmNames::kAll)
+    for (const char* name : others) alias(name);
+}
+
 void EngineMetrics::record(const SchedulerStats& s) {
   num_requests_running.set(static_cast<double>(s.num_running));
   num_requests_waiting.set(static_cast<double>(s.num_waiting));

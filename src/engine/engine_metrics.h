@@ -71,6 +71,13 @@ class EngineMetrics {
   // "True"/"False"). Set once, at start-up.
   void set_cache_config(int32_t block_size, int64_t num_blocks, bool prefix_caching);
 
+  // Which metrics /metrics also exports under vLLM's name (vllm:X for serval:X).
+  enum class VllmNames {
+    kGateway,  // the gauges routers read: requests running and waiting, KV usage, cache config
+    kAll,      // every metric that has a vLLM equivalent (not the kv_cache_blocks_* gauges)
+  };
+  static void add_vllm_aliases(metrics::Registry& registry, VllmNames which);
+
   void record(const SchedulerStats& stats);
   void record(const IterationStats& stats);
   void record(const FinishedRequestStats& stats);
