@@ -240,7 +240,7 @@ TEST(EngineFakeRunner, SubmitNamesWhatIsWrong) {
             "give the KV cache more memory");
   EngineRequest bad_params = greedy({1}, 2);
   bad_params.params.top_p = 2.0f;
-  EXPECT_EQ(message(bad_params), "top_p must be in (0, 1], got 2");
+  EXPECT_EQ(message(bad_params), "top_p must be in [0, 1], got 2");
   EXPECT_EQ(message(greedy({1}, 0)), "max_tokens must be at least 1, got 0");
   EngineRequest bad_min = greedy({1}, 2);
   bad_min.stop.min_tokens = 3;
