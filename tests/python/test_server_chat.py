@@ -177,6 +177,15 @@ def test_responses_carry_refusal_null_and_validate_as_openai_types(chat_server):
     assert firsts == {i: {"role": "assistant", "content": "", "refusal": None} for i in (0, 1)}
 
 
+def test_empty_completion_prompt_is_the_bos_token_or_400(chat_server):
+    kind, server, tok = chat_server
+    status, _, r = server.post("/v1/completions", {"prompt": "", "max_tokens": 2})
+    if tok("")["input_ids"]:  # the tokenizer adds a BOS: that is the prompt
+        assert status == 200 and r["usage"]["prompt_tokens"] == len(tok("")["input_ids"]), r
+    else:  # these tokenizers add none (stories260K's does: test_server_spec_values.py)
+        assert status == 400 and r["error"]["param"] == "prompt", r
+
+
 def test_model_without_template_gets_400(serval, models):
     s = ServalServer(serval, models / "stories260K" / "stories260K.gguf")
     try:
