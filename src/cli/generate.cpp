@@ -157,7 +157,7 @@ void register_generate(CLI::App& app, Action& action) {
   sub->add_option("--max-tokens,-n", o->max_tokens, "tokens to generate at most");
   sub->add_option("--min-tokens", o->min_tokens, "tokens to generate at least (EOS is masked before)");
   sub->add_option("--temperature,-t", o->sampling.temperature, "0 for greedy");
-  sub->add_option("--top-p", o->sampling.top_p, "nucleus sampling mass in (0, 1]");
+  sub->add_option("--top-p", o->sampling.top_p, "nucleus sampling mass in [0, 1] (0: the most likely token alone)");
   sub->add_option("--top-k", o->sampling.top_k, "keep the k most likely tokens (0: all)");
   sub->add_option("--min-p", o->sampling.min_p, "drop tokens under min_p x the top probability");
   sub->add_option("--repetition-penalty", o->sampling.repetition_penalty, "HF-style, 1 disables");

@@ -38,6 +38,7 @@ struct ServeOptions {
   size_t max_connections = 2048;
   double request_read_timeout = 10.0;
   std::string warmup = "auto";  // auto (where steps run from graphs), on or off
+  std::string metrics_compat = "gateway";  // vLLM names on /metrics: gateway (the routers' gauges) or vllm (all)
   EngineFlags engine;
 };
 
@@ -92,6 +93,15 @@ int run_serve(const ServeOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that went away must not kill us
 
+  server::HttpLimits limits;
+  limits.max_body_bytes = o.max_body_bytes;
+  limits.max_connections = o.max_connections;
+  limits.request_read_timeout = std::chrono::milliseconds(int64_t(o.request_read_timeout * 1000));
+  server::HttpServer http(limits, o.api_key);
+  // Bound first, so that a port in use fails now rather than after the load
+  // and warm-up; connections made meanwhile wait in the backlog.
+  const int port = http.bind(o.host, o.port);
+
   LoadedEngineModel loaded = load_engine_model(o.model, o.engine);
   Tokenizer* tok = loaded.tokenizer.get();
   ModelRunner* runner = loaded.runner.get();
@@ -123,18 +133,15 @@ int run_serve(const ServeOptions& o) {
     }
   }
   Engine engine(*runner, *tok, eo);
+  EngineMetrics::add_vllm_aliases(engine.metrics_registry(), o.metrics_compat == "vllm"
+                                                                 ? EngineMetrics::VllmNames::kAll
+                                                                 : EngineMetrics::VllmNames::kGateway);
   server::ServerContext ctx{engine, *tok, *chat, name};
   ctx.max_model_len = eo.scheduler.max_model_len;
   ctx.engine_vocab_size = runner->config().vocab_size;
   ctx.created = server::unix_now();
 
-  server::HttpLimits limits;
-  limits.max_body_bytes = o.max_body_bytes;
-  limits.max_connections = o.max_connections;
-  limits.request_read_timeout = std::chrono::milliseconds(int64_t(o.request_read_timeout * 1000));
-  server::HttpServer http(limits, o.api_key);
   server::register_openai_routes(http, ctx);
-  const int port = http.bind(o.host, o.port);
   std::fprintf(stderr,
                "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s, async "
                "scheduling: %s) on http://%s:%d\n",
@@ -189,6 +196,11 @@ void register_serve(CLI::App& app, Action& action) {
                   "graphs and matmul plans exist before the first request: auto (default: where steps run from "
                   "graphs), on or off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  sub->add_option("--metrics-compat", o->metrics_compat,
+                  "vLLM's names on /metrics besides serval's: gateway (default: vllm:num_requests_running, "
+                  "vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:cache_config_info, which routers read) "
+                  "or vllm (every metric with a vLLM equivalent, for vLLM's dashboards)")
+      ->check(CLI::IsMember({"gateway", "vllm"}));
   add_engine_flags(*sub, o->engine);
   sub->callback([&action, o] { action = [o] { return run_serve(*o); }; });
 }

@@ -76,6 +76,9 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
   async_scheduling_ = options_.async_scheduling == A::kOn ||
                       (options_.async_scheduling == A::kAuto && runner.queues_steps_async());
   kv_usage_snapshot_ = kv_.usage();
+  // The gauges hold the idle pool from the first scrape, not from the first step.
+  metrics_.record(scheduler_stats(kv_usage_snapshot_));
+  metrics_.set_cache_config(runner.block_size(), runner.num_blocks(), options_.enable_prefix_cache);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -516,6 +519,17 @@ void Engine::finish_sample(Active& a, int64_t id, int32_t index, const Sequence*
     it.max_num_generation_tokens.push_back(a.max_generated);
 }
 
+SchedulerStats Engine::scheduler_stats(const KvUsage& u) {
+  const PrefixCacheStats p = kv_.prefix_cache_stats();
+  const SchedulerStats ss{.num_running = sched_.num_running(), .num_waiting = sched_.num_waiting(),
+                          .kv_blocks_total = u.num_blocks, .kv_blocks_used = u.used_blocks,
+                          .kv_blocks_cached = u.cached_blocks, .kv_blocks_free = u.free_blocks,
+                          .prefix_cache_queries = p.query_tokens - last_prefix_stats_.query_tokens,
+                          .prefix_cache_hits = p.hit_tokens - last_prefix_stats_.hit_tokens};
+  last_prefix_stats_ = p;
+  return ss;
+}
+
 void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const IterationStats& it) {
   for (auto& [key, ev] : events) {
     auto found = active_.find(key.first);
@@ -537,18 +551,8 @@ void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const Iterati
   const bool idle = it.num_prompt_tokens == 0 && it.num_generation_tokens == 0 &&
                     it.n_params.empty() && it.max_num_generation_tokens.empty();
   if (!idle) metrics_.record(it);
-  SchedulerStats ss;
-  ss.num_running = sched_.num_running();
-  ss.num_waiting = sched_.num_waiting();
   const KvUsage usage = kv_.usage();
-  ss.kv_blocks_total = usage.num_blocks;
-  ss.kv_blocks_used = usage.used_blocks;
-  ss.kv_blocks_cached = usage.cached_blocks;
-  ss.kv_blocks_free = usage.free_blocks;
-  const PrefixCacheStats p = kv_.prefix_cache_stats();
-  ss.prefix_cache_queries = p.query_tokens - last_prefix_stats_.query_tokens;
-  ss.prefix_cache_hits = p.hit_tokens - last_prefix_stats_.hit_tokens;
-  last_prefix_stats_ = p;
+  const SchedulerStats ss = scheduler_stats(usage);
   metrics_.record(ss);
 
   int64_t finals = 0;

@@ -217,6 +217,8 @@ class Engine {
   void drain_finished(EventMap& events, IterationStats& it, const std::string& error);
   // Records metrics, updates the snapshots, then pushes the events.
   void publish(EventMap& events, std::vector<Outgoing>& out, const IterationStats& it);
+  // Scheduler and KV state for the gauges; the prefix-cache counts since the last call.
+  SchedulerStats scheduler_stats(const KvUsage& usage);
   void abort_everything();
 
   ModelRunner& runner_;

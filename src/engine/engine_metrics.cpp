@@ -107,11 +107,39 @@ EngineMetrics::EngineMetrics(Registry& r, int64_t max_model_len)
           "Histogram of time spent in PREFILL phase for request.", request_latency_buckets())),
       request_decode_time_seconds(r.histogram(
           "serval:request_decode_time_seconds",
-          "Histogram of time spent in DECODE phase for request.", request_latency_buckets())) {
+          "Histogram of time spent in DECODE phase for request.", request_latency_buckets())),
+      registry_(r) {
   // Series for every finish reason exist from the start (at 0), as in vLLM,
   // so rate() works from the first scrape.
   for (const std::string& reason : finish_reasons())
     success_by_reason_.push_back(&request_success_total.labels({reason}));
+}
+
+void EngineMetrics::set_cache_config(int32_t block_size, int64_t num_blocks, bool prefix_caching) {
+  registry_
+      .gauge_family("serval:cache_config_info", "Information of the LLMEngine CacheConfig",
+                    {"block_size", "enable_prefix_caching", "num_gpu_blocks"})
+      .labels({std::to_string(block_size), prefix_caching ? "True" : "False", std::to_string(num_blocks)})
+      .set(1.0);
+}
+
+void EngineMetrics::add_vllm_aliases(Registry& registry, VllmNames which) {
+  static const char* const gateway[] = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                                        "cache_config_info"};
+  static const char* const others[] = {
+      "prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
+      "prompt_tokens_total", "generation_tokens_total", "request_success_total",
+      "request_prompt_tokens", "request_generation_tokens", "iteration_tokens_total",
+      "request_max_num_generation_tokens", "request_params_n", "request_params_max_tokens",
+      "time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds",
+      "request_time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+      "request_inference_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"};
+  auto alias = [&registry](const char* name) {
+    registry.add_alias(std::string("serval:") + name, std::string("vllm:") + name);
+  };
+  for (const char* name : gateway) alias(name);
+  if (which == VllmNames::kAll)
+    for (const char* name : others) alias(name);
 }
 
 void EngineMetrics::record(const SchedulerStats& s) {

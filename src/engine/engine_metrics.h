@@ -66,6 +66,18 @@ class EngineMetrics {
   // registry must outlive this object.
   EngineMetrics(metrics::Registry& registry, int64_t max_model_len);
 
+  // serval:cache_config_info, an info gauge (always 1) whose labels describe
+  // the KV cache as vLLM's cache_config_info does (string values, Python's
+  // "True"/"False"). Set once, at start-up.
+  void set_cache_config(int32_t block_size, int64_t num_blocks, bool prefix_caching);
+
+  // Which metrics /metrics also exports under vLLM's name (vllm:X for serval:X).
+  enum class VllmNames {
+    kGateway,  // the gauges routers read: requests running and waiting, KV usage, cache config
+    kAll,      // every metric that has a vLLM equivalent (not the kv_cache_blocks_* gauges)
+  };
+  static void add_vllm_aliases(metrics::Registry& registry, VllmNames which);
+
   void record(const SchedulerStats& stats);
   void record(const IterationStats& stats);
   void record(const FinishedRequestStats& stats);
@@ -100,6 +112,7 @@ class EngineMetrics {
   metrics::Histogram& request_decode_time_seconds;
 
  private:
+  metrics::Registry& registry_;
   std::vector<metrics::Counter*> success_by_reason_;  // parallel to finish_reasons()
 };
 

@@ -124,7 +124,7 @@ Registry::~Registry() = default;
 void Registry::check_new(const std::string& name, const std::vector<std::string>& label_names,
                          MetricType type) const {
   SERVAL_CHECK(is_valid_metric_name(name), "invalid metric name '", name, "'");
-  SERVAL_CHECK(!families_.contains(name), "metric ", name, " is registered twice");
+  SERVAL_CHECK(!families_.contains(name) && !aliases_.contains(name), "metric ", name, " is registered twice");
   // A histogram's series names must not clash with other families.
   for (const char* suffix : {"_bucket", "_sum", "_count"}) {
     if (type == MetricType::kHistogram)
@@ -196,6 +196,15 @@ Histogram& Registry::histogram(std::string name, std::string help, std::vector<d
   return histogram_family(std::move(name), std::move(help), {}, std::move(buckets)).labels({});
 }
 
+void Registry::add_alias(const std::string& name, std::string alias) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = families_.find(name);
+  SERVAL_CHECK(it != families_.end(), "metric alias ", alias, ": no metric named ", name);
+  SERVAL_CHECK(is_valid_metric_name(alias), "invalid metric name '", alias, "'");
+  SERVAL_CHECK(!families_.contains(alias) && !aliases_.contains(alias), "metric ", alias, " is registered twice");
+  aliases_.emplace(std::move(alias), it->second.get());
+}
+
 // ---- exposition -------------------------------------------------------------
 
 namespace {
@@ -233,51 +242,56 @@ void sample(std::string& out, std::string_view name, const std::string& labels, 
 std::string Registry::expose() const {
   std::string out;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& family : families_) {
-    const std::string& name = family.first;
-    const auto& entry = family.second;
-    auto header = [&](const std::string& help, MetricType type) {
-      out += "# HELP " + name + " " + escape_help(help) + "\n";
-      out += "# TYPE " + name + " " + metric_type_name(type) + "\n";
-    };
-    switch (entry->type) {
-      case MetricType::kCounter: {
-        const CounterFamily& f = *entry->counter;
-        header(f.help_, entry->type);
-        std::lock_guard<std::mutex> family_lock(f.mutex_);
-        for (const auto& [values, child] : f.children_)
-          sample(out, name, label_block(const_labels_, f.label_names_, values), child->value());
-        break;
-      }
-      case MetricType::kGauge: {
-        const GaugeFamily& f = *entry->gauge;
-        header(f.help_, entry->type);
-        std::lock_guard<std::mutex> family_lock(f.mutex_);
-        for (const auto& [values, child] : f.children_)
-          sample(out, name, label_block(const_labels_, f.label_names_, values), child->value());
-        break;
-      }
-      case MetricType::kHistogram: {
-        const HistogramFamily& f = *entry->histogram;
-        header(f.help_, entry->type);
-        std::lock_guard<std::mutex> family_lock(f.mutex_);
-        for (const auto& [values, child] : f.children_) {
-          const Histogram::Snapshot s = child->snapshot();
-          const std::string bucket_name = name + "_bucket";
-          for (size_t i = 0; i <= s.upper_bounds.size(); ++i) {
-            const std::string le = i < s.upper_bounds.size() ? format_value(s.upper_bounds[i]) : "+Inf";
-            sample(out, bucket_name, label_block(const_labels_, f.label_names_, values, "le", le),
-                   static_cast<double>(s.cumulative_counts[i]));
-          }
-          const std::string labels = label_block(const_labels_, f.label_names_, values);
-          sample(out, name + "_sum", labels, s.sum);
-          sample(out, name + "_count", labels, static_cast<double>(s.count));
+  // Families and aliases together, in name order.
+  std::vector<std::pair<const std::string*, const Entry*>> all;
+  for (const auto& [name, entry] : families_) all.emplace_back(&name, entry.get());
+  for (const auto& [alias, entry] : aliases_) all.emplace_back(&alias, entry);
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return *a.first < *b.first; });
+  for (const auto& [name, entry] : all) expose_family(out, *name, *entry);
+  return out;
+}
+
+void Registry::expose_family(std::string& out, const std::string& name, const Entry& entry) const {
+  auto header = [&](const std::string& help, MetricType type) {
+    out += "# HELP " + name + " " + escape_help(help) + "\n";
+    out += "# TYPE " + name + " " + metric_type_name(type) + "\n";
+  };
+  switch (entry.type) {
+    case MetricType::kCounter: {
+      const CounterFamily& f = *entry.counter;
+      header(f.help_, entry.type);
+      std::lock_guard<std::mutex> family_lock(f.mutex_);
+      for (const auto& [values, child] : f.children_)
+        sample(out, name, label_block(const_labels_, f.label_names_, values), child->value());
+      break;
+    }
+    case MetricType::kGauge: {
+      const GaugeFamily& f = *entry.gauge;
+      header(f.help_, entry.type);
+      std::lock_guard<std::mutex> family_lock(f.mutex_);
+      for (const auto& [values, child] : f.children_)
+        sample(out, name, label_block(const_labels_, f.label_names_, values), child->value());
+      break;
+    }
+    case MetricType::kHistogram: {
+      const HistogramFamily& f = *entry.histogram;
+      header(f.help_, entry.type);
+      std::lock_guard<std::mutex> family_lock(f.mutex_);
+      for (const auto& [values, child] : f.children_) {
+        const Histogram::Snapshot s = child->snapshot();
+        const std::string bucket_name = name + "_bucket";
+        for (size_t i = 0; i <= s.upper_bounds.size(); ++i) {
+          const std::string le = i < s.upper_bounds.size() ? format_value(s.upper_bounds[i]) : "+Inf";
+          sample(out, bucket_name, label_block(const_labels_, f.label_names_, values, "le", le),
+                 static_cast<double>(s.cumulative_counts[i]));
         }
-        break;
+        const std::string labels = label_block(const_labels_, f.label_names_, values);
+        sample(out, name + "_sum", labels, s.sum);
+        sample(out, name + "_count", labels, static_cast<double>(s.count));
       }
+      break;
     }
   }
-  return out;
 }
 
 // ---- formatting -------------------------------------------------------------

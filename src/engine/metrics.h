@@ -138,6 +138,12 @@ class Registry {
   Gauge& gauge(std::string name, std::string help);
   Histogram& histogram(std::string name, std::string help, std::vector<double> buckets);
 
+  // Exposes the registered family `name` a second time as `alias` (same
+  // type, help and values; in name order with the families): compatibility
+  // names for the same numbers (vLLM's). Throws serval::Error on an unknown
+  // family or a name already in use.
+  void add_alias(const std::string& name, std::string alias);
+
   // The text exposition format 0.0.4 (Content-Type below), ending in "\n".
   std::string expose() const;
   static constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
@@ -146,10 +152,12 @@ class Registry {
   struct Entry;
   void check_new(const std::string& name, const std::vector<std::string>& label_names,
                  MetricType type) const;
+  void expose_family(std::string& out, const std::string& name, const Entry& entry) const;
 
   const Labels const_labels_;
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Entry>> families_;  // by name
+  std::map<std::string, const Entry*> aliases_;              // by alias name
 };
 
 // Formatting helpers (exposed for tests and other exporters).

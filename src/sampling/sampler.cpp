@@ -95,7 +95,7 @@ int32_t Sampler::sample_filtered(std::span<const float> x, const SamplingParams&
       std::iota(candidates_.begin(), candidates_.end(), 0);
       all = false;
     }
-    apply_top_p(x, max, params.top_p);
+    apply_top_p(x, max, params.nucleus_mass());
   }
 
   // min-p: keep tokens with p >= min_p * p_max, i.e. logit >= max + log(min_p)

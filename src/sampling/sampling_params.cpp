@@ -10,7 +10,7 @@ void SamplingParams::validate() const {
   // NaN fails every comparison below, so each check is written so that NaN is rejected.
   SERVAL_CHECK(temperature >= 0.0f && temperature <= kMaxTemperature,
                "temperature must be in [0, ", kMaxTemperature, "], got ", temperature);
-  SERVAL_CHECK(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got ", top_p);
+  SERVAL_CHECK(top_p >= 0.0f && top_p <= 1.0f, "top_p must be in [0, 1], got ", top_p);
   SERVAL_CHECK(top_k == -1 || top_k >= 0,
                "top_k must be -1 or 0 (disabled) or at least 1, got ", top_k);
   SERVAL_CHECK(min_p >= 0.0f && min_p <= 1.0f, "min_p must be in [0, 1], got ", min_p);

@@ -1,13 +1,14 @@
 #pragma once
 // Per-request sampling parameters, with the OpenAI/vLLM meanings.
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 namespace serval {
 
 struct SamplingParams {
   float temperature = 1.0f;        // [0, 100]; below kGreedyTemperature: greedy
-  float top_p = 1.0f;              // (0, 1]
+  float top_p = 1.0f;              // [0, 1]; 0: the smallest nucleus (see nucleus_mass)
   int32_t top_k = 0;               // 0 or -1: disabled
   float min_p = 0.0f;              // [0, 1]
   float repetition_penalty = 1.0f; // (0, 10]; 1 disables (HF/vLLM: over prompt and output)
@@ -23,11 +24,15 @@ struct SamplingParams {
   static constexpr int32_t kMaxLogprobs = 20;
 
   bool greedy() const { return temperature < kGreedyTemperature; }
+  // The probability mass top-p keeps. OpenAI allows top_p 0 (vLLM refuses
+  // it); it means the smallest nucleus, the most likely token alone, which
+  // the samplers get from the smallest positive mass.
+  float nucleus_mass() const { return top_p > 0.0f ? top_p : std::numeric_limits<float>::min(); }
   bool has_penalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
   // Throws serval::Error naming the first parameter out of range, e.g.
-  // "top_p must be in (0, 1], got 1.5".
+  // "top_p must be in [0, 1], got 1.5".
   void validate() const;
 };
 

@@ -1,6 +1,7 @@
 // POST /v1/chat/completions: messages -> chat template -> prompt -> an
-// assistant message. Streams deltas in OpenAI's order: the role, then
-// content, then finish_reason, then (with include_usage) usage.
+// assistant message. Streams deltas in OpenAI's order: the role (with
+// refusal: null, as OpenAI's first delta), then content, then finish_reason,
+// then (with include_usage) usage.
 #include "server/access_log.h"
 #include "server/api_error.h"
 #include "server/completions.h"
@@ -48,8 +49,9 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
     for (size_t c = 0; c < gen->choices().size(); ++c) {
       const ChoiceState& s = gen->choices()[c];
       json lps = want_logprobs ? chat_logprobs(ctx.tokenizer, s.token_ids, s.logprobs) : json(nullptr);
-      choices.push_back(chat_choice(c, {{"role", "assistant"}, {"content", s.text}}, "message", std::move(lps),
-                                    finish_json(s.finish)));
+      // refusal: required (nullable) in OpenAI's ChatCompletionMessage.
+      choices.push_back(chat_choice(c, {{"role", "assistant"}, {"content", s.text}, {"refusal", nullptr}}, "message",
+                                    std::move(lps), finish_json(s.finish)));
     }
     res.set_content(dump_json(chat_object(meta, std::move(choices), u)), "application/json");
     return;
@@ -60,8 +62,9 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   StreamFormat f;
   f.start = [=](std::vector<json>& out) {
     for (size_t c = 0; c < num_choices; ++c)
-      out.push_back(chat_chunk(meta, chat_choice(c, {{"role", "assistant"}, {"content", ""}}, "delta", nullptr, nullptr),
-                               usage_null));
+      out.push_back(chat_chunk(
+          meta, chat_choice(c, {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}, "delta", nullptr, nullptr),
+          usage_null));
   };
   f.event = [=, &tok = ctx.tokenizer](const ChoiceEvent& ev, std::vector<json>& out) {
     const RequestEvent& e = ev.event;

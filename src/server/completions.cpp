@@ -24,7 +24,11 @@ Prepared prepare(const ServerContext& ctx, const CompletionRequest& r) {
   Prepared p;
   for (const PromptInput& in : r.prompts) {
     std::vector<int32_t> ids = in.is_text ? ctx.tokenizer.encode(in.text, r.add_special_tokens) : in.ids;
-    if (ids.empty()) throw ApiError(400, "the prompt is empty (it has no tokens)", "prompt");
+    if (ids.empty())
+      throw ApiError(400,
+                     "'prompt' has no tokens (an empty text gets none where the model has no BOS token or "
+                     "add_special_tokens is false): give at least one token",
+                     "prompt");
     ctx.check_token_ids(ids, "prompt");
     p.max_tokens.push_back(
         resolve_max_tokens(r.gen.max_tokens, kDefaultMaxTokens, int64_t(ids.size()), ctx.engine.fit_limits()));
@@ -38,27 +42,12 @@ json choice_json(size_t index, std::string text, json logprobs, json finish) {
   return {{"index", index}, {"text", std::move(text)}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}};
 }
 
-// echo with max_tokens 0: the prompts themselves, nothing generated.
-void echo_only(const ServerContext& ctx, const CompletionRequest& r, const Prepared& p, httplib::Response& res) {
-  ResponseMeta meta{new_response_id("cmpl-"), unix_now(), ctx.model_name};
-  json choices = json::array();
-  UsageCounts u;
-  for (size_t i = 0; i < p.ids.size(); ++i) {
-    u.prompt_tokens += int64_t(p.ids[i].size());
-    for (int32_t s = 0; s < r.gen.n; ++s)
-      choices.push_back(choice_json(choices.size(), p.echo_text[i], nullptr, "length"));
-  }
-  current_access_record().id = meta.id;
-  res.set_content(dump_json(completion_object(meta, choices, u)), "application/json");
-}
-
 }  // namespace
 
 void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   const CompletionRequest r = parse_completion_request(parse_json_object(req.body));
   ctx.check_model(r.gen.model);
   Prepared p = prepare(ctx, r);
-  if (r.gen.max_tokens && *r.gen.max_tokens == 0) return echo_only(ctx, r, p, res);
 
   auto gen = std::make_shared<Generation>(ctx.engine, engine_requests(p.ids, p.max_tokens, r.gen, ctx.tokenizer));
   const ResponseMeta meta{new_response_id("cmpl-"), unix_now(), ctx.model_name};

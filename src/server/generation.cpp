@@ -49,9 +49,20 @@ int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max
 
 Generation::Generation(Engine& engine, std::vector<EngineRequest> requests) : group_(engine) {
   n_ = requests.empty() ? 1 : std::max(1, requests[0].n);
-  for (EngineRequest& r : requests) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EngineRequest& r = requests[i];
     prompt_lengths_.push_back(int64_t(r.prompt_ids.size()));
     cached_tokens_.push_back(0);
+    if (r.stop.max_tokens == 0) {
+      for (int32_t s = 0; s < n_; ++s) {
+        GroupEvent g{i, {}};
+        g.event.index = s;
+        g.event.finish = FinishReason::kLength;
+        immediate_.push_back(std::move(g));
+      }
+      continue;
+    }
+    member_prompt_.push_back(i);
     group_.submit(std::move(r));
   }
   choices_.resize(prompt_lengths_.size() * size_t(n_));
@@ -79,7 +90,14 @@ bool Generation::collect() {
 
 std::optional<ChoiceEvent> Generation::next(std::chrono::milliseconds wait) {
   if (disconnected_ || done()) return std::nullopt;
-  std::optional<GroupEvent> ev = group_.next(wait);
+  std::optional<GroupEvent> ev;
+  if (!immediate_.empty()) {
+    ev = std::move(immediate_.front());
+    immediate_.pop_front();
+  } else {
+    ev = group_.next(wait);
+    if (ev) ev->request = member_prompt_[ev->request];
+  }
   // Checked after every event too: a streaming client is written to, but a
   // non-streaming one is only noticed here.
   if (client_disconnected()) {

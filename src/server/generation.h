@@ -5,6 +5,7 @@
 // client-disconnect handling: a client that goes away aborts everything.
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,7 +46,8 @@ int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max
 class Generation {
  public:
   // Submits every request (an engine refusal throws, and what was already
-  // submitted is aborted).
+  // submitted is aborted). A request with max_tokens 0 (OpenAI allows it) is
+  // not submitted: its choices finish at once with "length" and no tokens.
   Generation(Engine& engine, std::vector<EngineRequest> requests);
 
   // Non-streaming: waits for every choice to finish. False when the client
@@ -55,7 +57,7 @@ class Generation {
   // `wait`; nullopt on timeout or when done. Sets disconnected() and aborts
   // when the client has gone.
   std::optional<ChoiceEvent> next(std::chrono::milliseconds wait);
-  bool done() const { return group_.done(); }
+  bool done() const { return group_.done() && immediate_.empty(); }
   bool disconnected() const { return disconnected_; }
   void abort() { group_.abort_all(); }
 
@@ -69,6 +71,8 @@ class Generation {
   void apply(const GroupEvent& ev);
 
   RequestGroup group_;
+  std::vector<size_t> member_prompt_;  // the prompt of each submitted request
+  std::deque<GroupEvent> immediate_;   // final events of the max_tokens-0 requests, not yet read
   int32_t n_;
   std::vector<int64_t> prompt_lengths_, cached_tokens_;
   std::vector<ChoiceState> choices_;

@@ -8,6 +8,7 @@
 #include "server/access_log.h"
 #include "server/api_error.h"
 #include "server/connection_pool.h"
+#include "server/listen_socket.h"
 #include "server/socket_stream.h"
 
 namespace serval::server {
@@ -42,7 +43,6 @@ HttpServer::HttpServer(HttpLimits limits, std::string api_key)
   // Only for the Keep-Alive header httplib writes; the connection loop below enforces them.
   set_keep_alive_max_count(limits_.max_keep_alive_requests);
   set_keep_alive_timeout(std::max<time_t>(1, limits_.keep_alive_timeout.count() / 1000));
-  set_tcp_nodelay(true);
   set_logger([](const httplib::Request& req, const httplib::Response& res) {
     AccessRecord& r = current_access_record();
     r.method = req.method;
@@ -97,11 +97,11 @@ bool HttpServer::authorized(const httplib::Request& req) const {
 }
 
 int HttpServer::bind(const std::string& host, int port) {
-  const int bound = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
-  if (bound < 0) fail("cannot listen on ", host, ":", port, " (address in use or not available)");
-  // httplib listens with a backlog of 5; a burst of clients needs more.
-  ::listen(svr_sock_, limits_.listen_backlog);
-  return bound;
+  // Our own socket instead of httplib's bind_to_port (see listen_socket.h);
+  // its backlog is sized for bursts (httplib listens with 5).
+  const ListenSocket s = open_listen_socket(host, port, limits_.listen_backlog, /*tcp_nodelay=*/true);
+  svr_sock_ = s.fd;
+  return s.port;
 }
 
 void HttpServer::serve() { listen_after_bind(); }

@@ -38,7 +38,8 @@ class HttpServer : public httplib::Server {
   HttpServer(HttpLimits limits, std::string api_key);
 
   // Binds host:port (port 0: any free port); returns the port, throws
-  // serval::Error when the address cannot be bound.
+  // serval::Error when the address cannot be bound (a port in use included:
+  // the socket is not shared, see listen_socket.h).
   int bind(const std::string& host, int port);
   // Serves until drained (or stop()); returns when every connection is closed.
   void serve();

@@ -41,8 +41,8 @@ void parse_stop(const json& body, GenerationOptions& g) {
   } else {
     throw ApiError(400, str_cat("'stop' must be a string or a list of strings, got ", json_type_name(*it)), "stop");
   }
-  for (const std::string& s : g.stop)
-    if (s.empty()) throw ApiError(400, "'stop' strings must not be empty", "stop");
+  // An empty stop string matches nowhere: ignored, as OpenAI does (vLLM refuses it).
+  std::erase_if(g.stop, [](const std::string& s) { return s.empty(); });
 }
 
 // Fields common to both endpoints (sampling, stopping, streaming).
@@ -62,8 +62,11 @@ GenerationOptions parse_generation(const json& body) {
   if (auto v = get_int(body, "max_tokens", 0, kMaxTokensLimit)) g.max_tokens = int32_t(*v);
   if (auto v = get_int(body, "min_tokens", 0, kMaxTokensLimit)) g.min_tokens = int32_t(*v);
   if (auto v = get_int(body, "n", 1, kMaxN)) g.n = int32_t(*v);
-  if (auto v = get_int(body, "best_of", 1, kMaxN); v && *v != g.n)
-    throw ApiError(400, "'best_of' other than n is not supported", "best_of");
+  // OpenAI: best_of must be at least n (its schema's minimum of 0 contradicts that for any n >= 1).
+  if (auto v = get_int(body, "best_of", 0, kMaxN)) {
+    if (*v < g.n) throw ApiError(400, str_cat("'best_of' must be at least n (", g.n, "), got ", *v), "best_of");
+    if (*v != g.n) throw ApiError(400, "'best_of' other than n is not supported", "best_of");
+  }
   parse_stop(body, g);
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) throw ApiError(400, "'stop_token_ids' must be a list of token ids", "stop_token_ids");
@@ -194,8 +197,6 @@ CompletionRequest parse_completion_request(const json& body) {
     throw ApiError(400, "'suffix' is not supported", "suffix");
   if (r.echo && r.gen.params.logprobs >= 0)
     throw ApiError(400, "'echo' together with 'logprobs' is not supported (prompt logprobs are not computed)", "echo");
-  if (r.gen.max_tokens && *r.gen.max_tokens == 0 && !r.echo)
-    throw ApiError(400, "'max_tokens' must be at least 1", "max_tokens");
   return r;
 }
 
@@ -203,8 +204,7 @@ ChatRequest parse_chat_request(const ojson& ordered) {
   const json body = ordered;  // typed fields; messages and tools keep their order below
   ChatRequest r;
   r.gen = parse_generation(body);
-  if (auto v = get_int(body, "max_completion_tokens", 1, kMaxTokensLimit)) r.gen.max_tokens = int32_t(*v);
-  if (r.gen.max_tokens && *r.gen.max_tokens == 0) throw ApiError(400, "'max_tokens' must be at least 1", "max_tokens");
+  if (auto v = get_int(body, "max_completion_tokens", 0, kMaxTokensLimit)) r.gen.max_tokens = int32_t(*v);
   auto messages = ordered.find("messages");
   if (messages == ordered.end() || messages->is_null()) throw ApiError(400, "'messages' is required", "messages");
   r.messages = normalize_messages(*messages);

@@ -75,7 +75,7 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids, const 
     }
     content.push_back({{"token", t}, {"logprob", lps[i].chosen}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
   }
-  return {{"content", content}};
+  return {{"content", content}, {"refusal", nullptr}};
 }
 
 namespace {

@@ -41,7 +41,7 @@ std::string token_text(const Tokenizer& tok, int32_t id);
 // text and is advanced past the tokens.
 nlohmann::json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,
                                    const std::vector<Logprobs>& lps, int64_t& text_offset);
-// /v1/chat/completions logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}.
+// /v1/chat/completions logprobs: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}.
 nlohmann::json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,
                              const std::vector<Logprobs>& lps);
 

@@ -171,6 +171,21 @@ TEST(EngineFakeRunner, SmallCachePreemptsWithTheSameResults) {
       << "expected preemptions";
 }
 
+TEST(EngineFakeRunner, KvGaugesHoldTheIdlePoolBeforeTheFirstStep) {
+  FakeModelRunner runner(kVocab, 4, 64);
+  Engine engine(runner, tokenizer());
+  const std::string m = engine.metrics_registry().expose();  // no request, no step yet
+  auto v = [&m](const std::string& name) { return testing::metric_value(m, name + "{model_name=\"serval\"}"); };
+  EXPECT_EQ(v("serval:kv_cache_blocks_free"), 64) << m;
+  EXPECT_EQ(v("serval:kv_cache_blocks_used"), 0);
+  EXPECT_EQ(v("serval:kv_cache_blocks_cached"), 0);
+  EXPECT_EQ(v("serval:kv_cache_usage_perc"), 0);
+  EXPECT_EQ(testing::metric_value(m, "serval:cache_config_info{model_name=\"serval\",block_size=\"4\","
+                                     "enable_prefix_caching=\"True\",num_gpu_blocks=\"64\"}"),
+            1)
+      << m;
+}
+
 TEST(EngineFakeRunner, StopsAtEosUnlessIgnoredAndAtStopTokens) {
   const auto prompt = iota_prompt(7, 11);
   const auto full = toy_greedy(prompt, kVocab, 30);
@@ -225,7 +240,7 @@ TEST(EngineFakeRunner, SubmitNamesWhatIsWrong) {
             "give the KV cache more memory");
   EngineRequest bad_params = greedy({1}, 2);
   bad_params.params.top_p = 2.0f;
-  EXPECT_EQ(message(bad_params), "top_p must be in (0, 1], got 2");
+  EXPECT_EQ(message(bad_params), "top_p must be in [0, 1], got 2");
   EXPECT_EQ(message(greedy({1}, 0)), "max_tokens must be at least 1, got 0");
   EngineRequest bad_min = greedy({1}, 2);
   bad_min.stop.min_tokens = 3;

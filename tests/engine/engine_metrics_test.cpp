@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "exposition_checker.h"
@@ -83,6 +84,41 @@ TEST(EngineMetrics, RegistersVllmNamedMetricsWithTheirTypes) {
                            with_model({{"finished_reason", reason}})),
               0.0)
         << reason;
+}
+
+TEST(EngineMetrics, CacheConfigInfoAndVllmNames) {
+  std::vector<std::string> all;  // every family but the Serval-only KV block gauges
+  {
+    Registry r(kModel);
+    EngineMetrics m(r, 2048);
+    m.set_cache_config(16, 512, false);
+    for (const ParsedFamily& f : scrape(r))
+      if (f.name.find("kv_cache_blocks") == std::string::npos) all.push_back("vllm:" + f.name.substr(7));
+  }
+  for (const auto which : {EngineMetrics::VllmNames::kGateway, EngineMetrics::VllmNames::kAll}) {
+    Registry r(kModel);
+    EngineMetrics m(r, 2048);
+    m.set_cache_config(16, 512, false);
+    m.kv_cache_usage_perc.set(0.5);
+    EngineMetrics::add_vllm_aliases(r, which);
+    const auto families = scrape(r);
+    std::vector<std::string> vllm;
+    for (const ParsedFamily& f : families)
+      if (f.name.starts_with("vllm:")) vllm.push_back(f.name);
+    std::sort(vllm.begin(), vllm.end());
+    std::vector<std::string> want = which == EngineMetrics::VllmNames::kAll
+                                        ? all
+                                        : std::vector<std::string>{"vllm:cache_config_info", "vllm:kv_cache_usage_perc",
+                                                                   "vllm:num_requests_running",
+                                                                   "vllm:num_requests_waiting"};
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(vllm, want);
+    EXPECT_EQ(sample_value(families, "vllm:kv_cache_usage_perc", kModel), 0.5);
+    EXPECT_EQ(sample_value(families, "vllm:cache_config_info",
+                           with_model({{"block_size", "16"}, {"enable_prefix_caching", "False"},
+                                       {"num_gpu_blocks", "512"}})),
+              1.0);
+  }
 }
 
 TEST(EngineMetrics, UsesVllmBucketBoundaries) {

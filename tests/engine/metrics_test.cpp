@@ -144,6 +144,33 @@ TEST(Metrics, ValuesArePrintedLikePythonFloatRepr) {
   EXPECT_EQ(format_value(std::numeric_limits<double>::quiet_NaN()), "NaN");
 }
 
+TEST(Metrics, AnAliasExposesTheSameFamilyUnderAnotherName) {
+  Registry r(Labels{{"model_name", "m"}});
+  r.counter("serval:tokens_total", "Tokens.").inc(3);
+  r.histogram("serval:latency_seconds", "Latency.", {0.5}).observe(0.25);
+  r.gauge("serval:other", "Not aliased.").set(1);
+  r.add_alias("serval:tokens_total", "vllm:tokens_total");
+  r.add_alias("serval:latency_seconds", "vllm:latency_seconds");
+  const std::string text = r.expose();
+  const std::string latency = "# HELP vllm:latency_seconds Latency.\n# TYPE vllm:latency_seconds histogram\n"
+                              "vllm:latency_seconds_bucket{model_name=\"m\",le=\"0.5\"} 1.0\n";
+  const std::string tokens = "# TYPE vllm:tokens_total counter\nvllm:tokens_total{model_name=\"m\"} 3.0\n";
+  // In name order with the families.
+  ASSERT_NE(text.find(latency), std::string::npos) << text;
+  ASSERT_NE(text.find(tokens), std::string::npos) << text;
+  EXPECT_LT(text.find("serval:tokens_total{"), text.find(latency));
+  EXPECT_LT(text.find(latency), text.find(tokens));
+  EXPECT_EQ(text.find("vllm:other"), std::string::npos);
+  std::vector<std::string> errors;
+  parse_exposition(text, errors);
+  EXPECT_TRUE(errors.empty()) << ::testing::PrintToString(errors);
+  EXPECT_THROW(r.add_alias("serval:nothing", "vllm:nothing"), Error);
+  EXPECT_THROW(r.add_alias("serval:other", "vllm:tokens_total"), Error);  // alias taken
+  EXPECT_THROW(r.add_alias("serval:other", "serval:tokens_total"), Error);  // a family's name
+  EXPECT_THROW(r.gauge("vllm:tokens_total", "a family on an alias's name"), Error);
+  EXPECT_THROW(r.add_alias("serval:other", "bad name"), Error);
+}
+
 TEST(Metrics, RejectsBadRegistrations) {
   Registry r;
   r.counter("ok_total", "ok");

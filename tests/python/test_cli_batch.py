@@ -203,7 +203,7 @@ def test_shared_prefix_hits_the_prefix_cache(serval, models, tmp_path):
     ('{"prompt": "hi", "max_tokenz": 5}', 'line 2: field "max_tokenz" is not supported'),
     ('{"prompt": ["a", "b"]}', 'line 2: field "prompt": expected a string or a list of token ids'),
     ('{"max_tokens": 5}', 'line 2: field "prompt" is missing'),
-    ('{"prompt": "hi", "top_p": 1.5}', "line 2: top_p must be in (0, 1], got 1.5"),
+    ('{"prompt": "hi", "top_p": 1.5}', "line 2: top_p must be in [0, 1], got 1.5"),
     ('{"prompt": "hi", "n": 0}', 'line 2: field "n": must be at least 1'),
     ('{"prompt": "hi", "stop": 3}', 'line 2: field "stop": expected a string or a list of strings'),
     ('{"prompt": "hi"', "line 2: not valid JSON"),

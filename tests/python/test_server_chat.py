@@ -122,7 +122,7 @@ def test_chat_stream_order(chat_server):
         chunks = parse_sse(r.read().decode())
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     first, *middle, finish, usage = chunks
-    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
     assert all(set(c["choices"][0]["delta"]) == {"content"} and c["choices"][0]["finish_reason"] is None
                for c in middle)
     assert finish["choices"][0]["delta"] == {} and finish["choices"][0]["finish_reason"] == "length"
@@ -146,6 +146,44 @@ def test_chat_stream_with_openai_client_and_n(chat_server):
             if ch.finish_reason:
                 finishes[ch.index] = ch.finish_reason
     assert roles == {0: "assistant", 1: "assistant"} and finishes == {0: "length", 1: "length"}
+
+
+def test_responses_carry_refusal_null_and_validate_as_openai_types(chat_server):
+    """OpenAI's ChatCompletionMessage.refusal is required (nullable), as are the choice
+    logprobs' content and refusal; the first streamed delta carries refusal too."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    kind, server, tok = chat_server
+    body = {"model": "test-model", "messages": CONVERSATIONS["user"], "max_tokens": 3, "temperature": 0,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "n": 2}
+    status, _, raw = server.post("/v1/chat/completions", body)
+    assert status == 200, raw
+    parsed = ChatCompletion.model_validate(raw)
+    for raw_choice, choice in zip(raw["choices"], parsed.choices):
+        assert raw_choice["message"]["refusal"] is None and "refusal" in choice.message.model_fields_set
+        assert set(raw_choice["logprobs"]) == {"content", "refusal"} and raw_choice["logprobs"]["refusal"] is None
+        assert {"content", "refusal"} <= choice.logprobs.model_fields_set and len(choice.logprobs.content) == 3
+    req = urllib.request.Request(server.url + "/v1/chat/completions",
+                                 data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        chunks = parse_sse(r.read().decode())
+    firsts = {}
+    for raw_chunk in chunks:
+        chunk = ChatCompletionChunk.model_validate(raw_chunk)
+        (raw_choice,), (choice,) = raw_chunk["choices"], chunk.choices
+        firsts.setdefault(choice.index, raw_choice["delta"])
+        if raw_choice["logprobs"] is not None:
+            assert raw_choice["logprobs"]["refusal"] is None and "refusal" in choice.logprobs.model_fields_set
+    assert firsts == {i: {"role": "assistant", "content": "", "refusal": None} for i in (0, 1)}
+
+
+def test_empty_completion_prompt_is_the_bos_token_or_400(chat_server):
+    kind, server, tok = chat_server
+    status, _, r = server.post("/v1/completions", {"prompt": "", "max_tokens": 2})
+    if tok("")["input_ids"]:  # the tokenizer adds a BOS: that is the prompt
+        assert status == 200 and r["usage"]["prompt_tokens"] == len(tok("")["input_ids"]), r
+    else:  # these tokenizers add none (stories260K's does: test_server_spec_values.py)
+        assert status == 400 and r["error"]["param"] == "prompt", r
 
 
 def test_model_without_template_gets_400(serval, models):

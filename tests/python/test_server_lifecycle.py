@@ -143,3 +143,24 @@ def test_warmup_runs_before_serving_and_stays_out_of_the_metrics(serval, models)
         plain.stop()
     proc = run_serval(serval, "serve", "--model", models.joinpath(*MODEL), "--warmup", "maybe", check=False)
     assert proc.returncode != 0 and "maybe not in" in proc.stderr
+
+
+def test_a_busy_port_is_an_error_at_start_up(serval, models, server):
+    # A second serval serve on the same port exits instead of sharing it.
+    proc = run_serval(serval, "serve", "--model", models.joinpath(*MODEL), "--port", server.port,
+                      check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "address already in use" in proc.stderr and str(server.port) in proc.stderr, proc.stderr
+    # So does one on a port another program listens on.
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        proc = run_serval(serval, "serve", "--model", models.joinpath(*MODEL), "--port", port,
+                          check=False, timeout=120)
+    assert proc.returncode != 0 and "address already in use" in proc.stderr and str(port) in proc.stderr
+    # The first server still answers every request itself.
+    for _ in range(6):
+        assert server.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})[0] == 200
+    assert server.stop() == 0
+    assert server.stderr.count("POST /v1/completions status=200") == 6, server.stderr[-2000:]

@@ -148,6 +148,18 @@ TEST(Sampler, TopPKeepsSmallestSetReachingP) {
   EXPECT_EQ(histogram(logits, p, 500, 13)[1], 500);
 }
 
+TEST(Sampler, TopPZeroKeepsTheMostLikelyTokenAlone) {
+  // OpenAI allows top_p 0: the smallest nucleus, the lowest id first on ties.
+  SamplingParams p;
+  p.top_p = 0.0f;
+  p.temperature = 2.0f;
+  EXPECT_EQ(histogram(logits_of_probs({0.2, 0.2, 0.35, 0.25}), p, 500, 5)[2], 500);
+  EXPECT_EQ(histogram(logits_of_probs({0.1, 0.45, 0.45}), p, 500, 6)[1], 500);
+  p.min_p = 0.5f;
+  p.top_k = 2;
+  EXPECT_EQ(histogram(logits_of_probs({0.1, 0.45, 0.45}), p, 500, 7)[1], 500);
+}
+
 TEST(Sampler, TopPAppliesToTheTopKDistribution) {
   const std::vector<double> probs = {0.4, 0.3, 0.2, 0.1};
   SamplingParams p;

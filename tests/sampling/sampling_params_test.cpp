@@ -45,8 +45,8 @@ TEST(SamplingParams, MessagesNameParameterRangeAndValue) {
             "temperature must be in [0, 100], got nan");
   EXPECT_EQ(error_of([](SamplingParams& p) { p.temperature = 101.0f; }),
             "temperature must be in [0, 100], got 101");
-  EXPECT_EQ(error_of([](SamplingParams& p) { p.top_p = 0.0f; }), "top_p must be in (0, 1], got 0");
-  EXPECT_EQ(error_of([](SamplingParams& p) { p.top_p = 1.5f; }), "top_p must be in (0, 1], got 1.5");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.top_p = -0.1f; }), "top_p must be in [0, 1], got -0.1");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.top_p = 1.5f; }), "top_p must be in [0, 1], got 1.5");
   EXPECT_EQ(error_of([](SamplingParams& p) { p.top_k = -2; }),
             "top_k must be -1 or 0 (disabled) or at least 1, got -2");
   EXPECT_EQ(error_of([](SamplingParams& p) { p.min_p = -0.1f; }), "min_p must be in [0, 1], got -0.1");

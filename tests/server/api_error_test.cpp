@@ -13,7 +13,7 @@ namespace {
 TEST(ApiError, EngineRefusalsMapToStatuses) {
   EXPECT_EQ(to_api_error(QueueFullError("full")).status(), 429);
   EXPECT_EQ(to_api_error(EngineStoppedError("stopped")).status(), 503);
-  const ApiError bad = to_api_error(Error("top_p must be in (0, 1], got 1.5"));
+  const ApiError bad = to_api_error(Error("top_p must be in [0, 1], got 1.5"));
   EXPECT_EQ(bad.status(), 400);
   EXPECT_EQ(bad.param(), "top_p");
   EXPECT_EQ(to_api_error(Error("prompt token id 900 is outside the vocabulary")).param(), "prompt");

@@ -87,6 +87,23 @@ TEST(OpenAiRequest, FloatFieldsRefuseWhatAFloatCannotHold) {
   EXPECT_FLOAT_EQ(parse_completion_request(body).gen.params.temperature, 0.5f);
 }
 
+TEST(OpenAiRequest, SpecValidEdgeValuesAreAccepted) {
+  const CompletionRequest r = parse_completion_request(
+      json::parse(R"({"prompt": "", "top_p": 0, "stop": ["", "end", ""], "max_tokens": 0, "best_of": 1})"));
+  EXPECT_EQ(r.gen.params.top_p, 0.0f);
+  EXPECT_EQ(r.gen.stop, std::vector<std::string>{"end"});  // empty stop strings are ignored
+  EXPECT_EQ(*r.gen.max_tokens, 0);
+  EXPECT_TRUE(parse_completion_request(json::parse(R"({"prompt": "x", "stop": ""})")).gen.stop.empty());
+  const ChatRequest c = parse_chat_request(
+      nlohmann::ordered_json::parse(R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})"));
+  EXPECT_EQ(*c.gen.max_tokens, 0);
+  // best_of below n contradicts OpenAI's own rule (best_of >= n).
+  const ApiError e = refusal_of(json::parse(R"({"prompt": "x", "best_of": 0})"));
+  EXPECT_EQ(e.param(), "best_of");
+  EXPECT_NE(std::string(e.what()).find("at least n (1)"), std::string::npos) << e.what();
+  EXPECT_EQ(param_of_failure(json::parse(R"({"prompt": "x", "best_of": 2, "n": 3})")), "best_of");
+}
+
 TEST(OpenAiRequest, NullMeansNotGiven) {
   const CompletionRequest r = parse_completion_request(json::parse(R"({"prompt": "x", "max_tokens": null, "stop": null})"));
   EXPECT_FALSE(r.gen.max_tokens.has_value());

@@ -132,7 +132,7 @@ Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t voca
   t.greedy = p.greedy() ? 1 : 0;
   t.temperature = p.temperature;
   t.top_k = !t.greedy && p.top_k > 0 && p.top_k < vocab ? p.top_k : 0;
-  t.top_p = !t.greedy && p.top_p < 1.0f ? p.top_p : 1.0f;
+  t.top_p = !t.greedy && p.top_p < 1.0f ? p.nucleus_mass() : 1.0f;
   t.use_min_p = !t.greedy && p.min_p > 0.0f ? 1 : 0;
   t.log_min_p = t.use_min_p ? std::log(p.min_p) : 0.0f;  // float log, as the CPU computes it
   t.top_n = p.logprobs >= 0 ? int32_t(std::min<int64_t>(p.logprobs, vocab)) : -1;

@@ -31,6 +31,8 @@ TEST(CudaSampling, SampledDistributionsMatchCpu) {
       {"top_k 11 (tie pair at 11)", 0, 1.5f, 1.0f, 11, 0.0f, false},
       {"top_p 0.7", 0, 1.0f, 0.7f, 0, 0.0f, false},
       {"top_p 0.3 temperature 0.8", 0, 0.8f, 0.3f, 0, 0.0f, false},
+      {"top_p 0 (the most likely token alone)", 0, 1.0f, 0.0f, 0, 0.0f, false},
+      {"top_p 0 + top_k 5 (ties) t 2", 0, 2.0f, 0.0f, 5, 0.0f, false},
       {"min_p 0.05", 0, 1.0f, 1.0f, 0, 0.05f, false},
       {"min_p 1 (the max and its tie)", 0, 1.0f, 1.0f, 0, 1.0f, false},
       {"top_k 8 min_p 1 (the max and its tie)", 0, 1.0f, 1.0f, 8, 1.0f, false},

@@ -140,7 +140,7 @@ inline std::vector<double> reference_probs(std::span<const float> logits, const 
     double total = 0.0;
     for (int32_t id : order)
       if (keep[size_t(id)]) total += weight(id);
-    const double target = double(p.top_p) * total;
+    const double target = double(p.nucleus_mass()) * total;
     double cum = 0.0;
     for (int32_t id : order) {
       if (!keep[size_t(id)]) continue;
