@@ -14,8 +14,6 @@ namespace {
 // As OpenAI's API.
 constexpr int32_t kMaxSamples = 128;
 
-double seconds(EngineClock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 // The scheduler's settings that come from the runner.
 EngineOptions with_runner_limits(EngineOptions o, const ModelRunner& runner) {
   if (o.scheduler.max_model_len == 0) o.scheduler.max_model_len = runner.config().max_position;
@@ -37,31 +35,6 @@ struct Engine::Pending {
   std::optional<StopStringMatcher> stops;
 };
 
-struct Engine::Sample {
-  Sample(const Tokenizer& tok, bool skip_special, std::optional<StopStringMatcher> s)
-      : detok(tok, skip_special, false), stops(std::move(s)) {}
-  IncrementalDetokenizer detok;
-  std::optional<StopStringMatcher> stops;
-  bool stop_hit = false;  // a stop string matched: finish as kStop
-  bool finished = false;  // its final event is made
-  size_t published = 0;   // output tokens already sent
-  std::optional<EngineClock::time_point> first_token, last_token;
-};
-
-struct Engine::Active {
-  std::shared_ptr<RequestChannel> channel;
-  std::vector<std::unique_ptr<Sample>> samples;  // index = RequestEvent::index
-  int32_t samples_left = 0;  // final events not yet published
-  int32_t samples_finished = 0;
-  int64_t max_generated = 0;  // most tokens of a finished sample
-  bool want_logprobs = false;
-  int64_t num_prompt_tokens = 0;
-  int64_t num_cached_tokens = 0;  // prompt tokens the first admission took from the prefix cache
-  int64_t max_tokens = 0;
-  EngineClock::time_point arrival;
-  std::optional<EngineClock::time_point> first_scheduled;
-};
-
 Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions options)
     : runner_(runner),
       tokenizer_(tokenizer),
@@ -71,7 +44,8 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       metrics_(registry_, options_.scheduler.max_model_len),
       kv_(runner.num_blocks(), runner.block_size(), options_.enable_prefix_cache),
       sched_(options_.scheduler, kv_),
-      batch_builder_(runner.block_size()) {
+      batch_builder_(runner.block_size()),
+      outputs_(tokenizer, metrics_) {
   using A = EngineOptions::AsyncScheduling;
   async_scheduling_ = options_.async_scheduling == A::kOn ||
                       (options_.async_scheduling == A::kAuto && runner.queues_steps_async());
@@ -208,15 +182,15 @@ void Engine::take_inbox(StepOutputs& now) {
 
 void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
   EngineRequest& r = p.request;
-  auto a = std::make_unique<Active>();
-  a->channel = p.channel;
-  for (int32_t i = 0; i < r.n; ++i)
-    a->samples.push_back(std::make_unique<Sample>(tokenizer_, r.skip_special_tokens, p.stops));
-  a->samples_left = r.n;
-  a->want_logprobs = r.params.logprobs >= 0;
-  a->num_prompt_tokens = int64_t(r.prompt_ids.size());
-  a->max_tokens = r.stop.max_tokens;
-  a->arrival = p.arrival;
+  const OutputProcessor::NewRequest out_req{.id = p.id,
+                                            .channel = p.channel,
+                                            .n = r.n,
+                                            .skip_special_tokens = r.skip_special_tokens,
+                                            .want_logprobs = r.params.logprobs >= 0,
+                                            .num_prompt_tokens = int64_t(r.prompt_ids.size()),
+                                            .max_tokens = r.stop.max_tokens,
+                                            .arrival = p.arrival,
+                                            .stops = &p.stops};
   try {
     Sequence seq(p.id, std::move(r.prompt_ids), r.params, r.stop, kv_.new_table());
     seq.set_num_samples(r.n);
@@ -235,7 +209,7 @@ void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
     return;
   }
   it.n_params.push_back(r.n);
-  active_.emplace(p.id, std::move(a));
+  outputs_.add(out_req);
 }
 
 bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
@@ -308,13 +282,9 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
   for (const StepPlan::Fork& f : plan.forks) s.keys.emplace_back(f.seq->id(), f.seq->sample_index());
   for (const ScheduledChunk& c : plan.items) {
     if (c.fed()) continue;
-    Active& a = *active_.at(c.seq->id());
-    if (!a.first_scheduled) {
-      a.first_scheduled = start_time;
-      // Before its first chunk is computed, a request's computed tokens
-      // are exactly its prefix-cache hit.
-      a.num_cached_tokens = c.seq->num_computed_tokens();
-    }
+    // Before its first chunk is computed, a request's computed tokens are
+    // exactly its prefix-cache hit.
+    outputs_.scheduled(c.seq->id(), start_time, c.seq->num_computed_tokens());
     const int64_t prompt_left = c.seq->num_prompt_tokens() - c.first();
     s.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
   }
@@ -427,96 +397,15 @@ void Engine::emit(StepOutputs& o) {
   for (const auto& [id, index] : o.sampled_keys) {
     const Sequence* s = sched_.find(id, index);
     if (s == nullptr) continue;  // finished: drain_finished publishes it
-    Active& a = *active_.at(id);
-    emit_tokens(a, *s, events[{id, index}], o.it, now);
-    if (a.samples[size_t(index)]->stop_hit) sched_.abort_sample(id, index);
+    if (outputs_.emit_tokens(*s, events, o.it, now)) sched_.abort_sample(id, index);
   }
   drain_finished(events, o.it, o.error);
   publish(events, o.out, o.it);
 }
 
-void Engine::append_text(Sample& a, const std::string& piece, RequestEvent& ev) {
-  if (piece.empty() || a.stop_hit) return;
-  if (!a.stops) {
-    ev.text += piece;
-    return;
-  }
-  StopStringMatcher::Result r = a.stops->feed(piece);
-  ev.text += r.text;
-  if (r.match) a.stop_hit = true;
-}
-
-void Engine::emit_tokens(Active& a, const Sequence& seq, RequestEvent& ev, IterationStats& it,
-                         EngineClock::time_point now) {
-  Sample& sample = *a.samples.at(size_t(seq.sample_index()));
-  const std::vector<int32_t>& ids = seq.output_ids();
-  const std::vector<Logprobs>& lps = seq.output_logprobs();
-  // Up to the token that completes a stop string: tokens after it (the
-  // emission runs a step behind the device) are never sent nor counted.
-  for (; sample.published < ids.size() && !sample.stop_hit; ++sample.published) {
-    const size_t i = sample.published;
-    ev.token_ids.push_back(ids[i]);
-    if (a.want_logprobs && i < lps.size()) ev.logprobs.push_back(lps[i]);
-    if (!sample.first_token) {
-      sample.first_token = now;
-      it.time_to_first_token_s.push_back(seconds(now - a.arrival));
-    } else {
-      it.inter_token_latency_s.push_back(seconds(now - *sample.last_token));
-    }
-    sample.last_token = now;
-    append_text(sample, sample.detok.push(ids[i]), ev);
-  }
-}
-
 void Engine::drain_finished(EventMap& events, IterationStats& it, const std::string& error) {
   const auto now = EngineClock::now();
-  for (Sequence& s : sched_.take_finished()) {
-    auto found = active_.find(s.id());
-    if (found == active_.end()) continue;
-    Active& a = *found->second;
-    finish_sample(a, s.id(), s.sample_index(), &s, s.finish_reason(), events, it, error, now);
-    // Ended before its prompt completed: the samples it would have forked
-    // end with it, without tokens.
-    for (int32_t i = 1; i <= s.num_pending_forks(); ++i)
-      finish_sample(a, s.id(), i, nullptr, s.finish_reason(), events, it, error, now);
-  }
-}
-
-void Engine::finish_sample(Active& a, int64_t id, int32_t index, const Sequence* seq, FinishReason reason,
-                           EventMap& events, IterationStats& it, const std::string& error,
-                           EngineClock::time_point now) {
-  Sample& sample = *a.samples.at(size_t(index));
-  if (sample.finished) return;
-  sample.finished = true;
-  RequestEvent& ev = events[{id, index}];
-  if (seq) emit_tokens(a, *seq, ev, it, now);
-  if (!sample.stop_hit) {
-    append_text(sample, sample.detok.flush(), ev);
-    if (!sample.stop_hit && sample.stops) ev.text += sample.stops->flush();
-  }
-  ev.finish = sample.stop_hit ? FinishReason::kStop : reason;
-  if (ev.finish == FinishReason::kError)
-    ev.error = error.empty() ? std::string("the request failed") : error;
-  ev.timings.finish = now;
-
-  FinishedRequestStats f;
-  f.finish_reason = finish_reason_name(ev.finish);
-  f.num_prompt_tokens = a.num_prompt_tokens;
-  f.num_generation_tokens = seq ? int64_t(sample.stop_hit ? sample.published : seq->output_ids().size()) : 0;
-  const auto last = sample.last_token.value_or(now);
-  f.e2e_latency_s = seconds(last - a.arrival);
-  if (a.first_scheduled) {
-    f.queued_time_s = seconds(*a.first_scheduled - a.arrival);
-    if (sample.first_token) {
-      f.prefill_time_s = seconds(*sample.first_token - *a.first_scheduled);
-      f.decode_time_s = seconds(last - *sample.first_token);
-    }
-  }
-  f.max_tokens_param = a.max_tokens;
-  metrics_.record(f);
-  a.max_generated = std::max(a.max_generated, f.num_generation_tokens);
-  if (++a.samples_finished == int32_t(a.samples.size()))
-    it.max_num_generation_tokens.push_back(a.max_generated);
+  for (Sequence& s : sched_.take_finished()) outputs_.finish(s, events, it, error, now);
 }
 
 SchedulerStats Engine::scheduler_stats(const KvUsage& u) {
@@ -531,23 +420,7 @@ SchedulerStats Engine::scheduler_stats(const KvUsage& u) {
 }
 
 void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const IterationStats& it) {
-  for (auto& [key, ev] : events) {
-    auto found = active_.find(key.first);
-    if (found == active_.end()) continue;
-    Active& a = *found->second;
-    if (!ev.finished() && ev.token_ids.empty() && ev.text.empty()) continue;
-    ev.request_id = key.first;
-    ev.index = key.second;
-    ev.timings.arrival = a.arrival;
-    ev.timings.first_token = a.samples.at(size_t(key.second))->first_token;
-    if (a.first_scheduled) {
-      ev.num_prompt_tokens = int32_t(a.num_prompt_tokens);
-      ev.num_cached_tokens = int32_t(a.num_cached_tokens);
-    }
-    const bool ends = ev.finished() && --a.samples_left == 0;
-    out.push_back({a.channel, std::move(ev), ends});
-    if (ends) active_.erase(found);
-  }
+  outputs_.collect(events, out);
   const bool idle = it.num_prompt_tokens == 0 && it.num_generation_tokens == 0 &&
                     it.n_params.empty() && it.max_num_generation_tokens.empty();
   if (!idle) metrics_.record(it);
@@ -586,9 +459,7 @@ void Engine::abort_everything() {
       out.push_back({p->channel, std::move(ev), i + 1 == p->request.n});
     }
   }
-  std::vector<int64_t> ids;
-  for (const auto& [id, a] : active_) ids.push_back(id);
-  for (int64_t id : ids) sched_.abort(id);
+  for (int64_t id : outputs_.ids()) sched_.abort(id);
   IterationStats it;
   EventMap events;
   drain_finished(events, it, "");

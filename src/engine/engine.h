@@ -42,6 +42,7 @@
 #include "engine/continuation_timer.h"
 #include "engine/engine_metrics.h"
 #include "engine/metrics.h"
+#include "engine/output_processor.h"
 #include "engine/request_output.h"
 #include "kv/kv_cache_manager.h"
 #include "runtime/model_runner.h"
@@ -140,16 +141,9 @@ class Engine {
 
  private:
   struct Pending;   // a submitted request not yet handed to the scheduler
-  struct Sample;    // one sample of an active request: its text state
-  struct Active;    // a request in the scheduler: its channel and samples
-  struct Outgoing {
-    std::shared_ptr<RequestChannel> channel;
-    RequestEvent event;
-    bool ends_request = false;  // the request's last final event
-  };
-
-  using SampleKey = std::pair<int64_t, int32_t>;  // (request id, sample index)
-  using EventMap = std::map<SampleKey, RequestEvent>;
+  using Outgoing = OutputProcessor::Outgoing;
+  using SampleKey = OutputProcessor::SampleKey;
+  using EventMap = OutputProcessor::EventMap;
   // What one iteration has to publish: made by admit() and step(), sent by
   // emit(), for a committed step while the next step runs.
   struct StepOutputs {
@@ -204,15 +198,6 @@ class Engine {
   // Events of the samples `o` sampled (a stop string ends one), final events
   // of finished sequences, then publish().
   void emit(StepOutputs& o);
-  // Adds the tokens of `seq` not yet published to `event` (text, stop strings).
-  void emit_tokens(Active& a, const Sequence& seq, RequestEvent& event, IterationStats& it,
-                   EngineClock::time_point now);
-  void append_text(Sample& sample, const std::string& piece, RequestEvent& event);
-  // Final event of one sample that ended with `seq` (or, for samples never
-  // forked, with their parent's reason).
-  void finish_sample(Active& a, int64_t id, int32_t index, const Sequence* seq, FinishReason reason,
-                     EventMap& events, IterationStats& it, const std::string& error,
-                     EngineClock::time_point now);
   // Final events for the scheduler's finished sequences.
   void drain_finished(EventMap& events, IterationStats& it, const std::string& error);
   // Records metrics, updates the snapshots, then pushes the events.
@@ -238,7 +223,7 @@ class Engine {
   std::vector<SampleSpec> specs_;
   std::vector<std::vector<int32_t>> banned_;
   std::vector<SampleResult> results_;
-  std::unordered_map<int64_t, std::unique_ptr<Active>> active_;
+  OutputProcessor outputs_;  // the requests in the scheduler, as their clients see them
   bool async_scheduling_ = false;
   std::optional<Started> next_;  // a continuation started and not yet committed
   ContinuationTimer continuation_timer_;
