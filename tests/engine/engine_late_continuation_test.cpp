@@ -5,6 +5,13 @@
 // runner here is a simulated device: it runs the toy model at once, but
 // hands out each step's tokens only `step_time` after the step before ended
 // (or after it was queued, if the device was idle then).
+//
+// These measure the engine against the wall clock: on a loaded machine the
+// loop wakes late and the timer's estimate of the host's cost grows, so a
+// CI machine with other builds beside can fail them (seen: 9 of 45 steps
+// started late where 11 were asked). They are disabled in the suite and run
+// by scripts/timing-checks.sh on a quiet machine; the timer's decisions are
+// tested without a clock in continuation_timer_test.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -128,7 +135,7 @@ std::vector<int> steps_to_first_chunk(bool late) {
   return after;
 }
 
-TEST(EngineLateContinuation, ARequestArrivingDuringAStepStartsInTheNext) {
+TEST(EngineLateContinuation, DISABLED_ARequestArrivingDuringAStepStartsInTheNext) {
   const std::vector<int> late = steps_to_first_chunk(true);
   const std::vector<int> early = steps_to_first_chunk(false);
   // A loaded machine may wake the loop late once in a while.
@@ -137,7 +144,7 @@ TEST(EngineLateContinuation, ARequestArrivingDuringAStepStartsInTheNext) {
   EXPECT_GE(std::count(early.begin(), early.end(), 2), 4) << ::testing::PrintToString(early);
 }
 
-TEST(EngineLateContinuation, TheDeviceStaysBusy) {
+TEST(EngineLateContinuation, DISABLED_TheDeviceStaysBusy) {
   SimulatedDevice device;
   Engine engine(device, tokenizer(), options(true));
   RequestHandle h = engine.submit(request(6, 50, 0));
@@ -163,7 +170,7 @@ TEST(EngineLateContinuation, TheDeviceStaysBusy) {
 // Steps that suddenly get 25 times shorter: the timer still expects a long
 // one when it plans the step after the first short one, but the loop, polling
 // the step while it waits, starts the next as soon as it sees the step ended.
-TEST(EngineLateContinuation, ATooLongEstimateLeavesTheDeviceIdleBriefly) {
+TEST(EngineLateContinuation, DISABLED_ATooLongEstimateLeavesTheDeviceIdleBriefly) {
   constexpr size_t kShortFrom = 15;
   constexpr auto kLongStep = std::chrono::milliseconds(100);
   SimulatedDevice device(kShortFrom, kLongStep);
