@@ -57,9 +57,8 @@ void LogprobWriter::add(std::span<const float> logits) {
                header_.vocab);
   SERVAL_CHECK(rows_ < header_.chunks * header_.rows_per_chunk, "more rows than the header of \"", path_,
                "\" promises");
-  std::vector<double> lp;
-  log_softmax(logits, lp);
-  logp_.assign(lp.begin(), lp.end());
+  log_softmax(logits, lp_);
+  logp_.assign(lp_.begin(), lp_.end());
   SERVAL_CHECK(std::fwrite(logp_.data(), sizeof(float), logp_.size(), f_) == logp_.size(), "cannot write \"", path_,
                "\": ", std::strerror(errno));
   ++rows_;
@@ -103,7 +102,7 @@ std::span<const float> LogprobReader::next() {
 void KlStats::add(std::span<const float> base_logp, std::span<const float> logits) {
   SERVAL_CHECK(base_logp.size() == logits.size(), "the base has ", base_logp.size(), " log-probabilities a row, ",
                "this model ", logits.size(), " logits: not the same vocabulary");
-  std::vector<double> q;
+  std::vector<double>& q = q_;
   log_softmax(logits, q);
   double kl = 0;
   size_t top_base = 0, top_this = 0;

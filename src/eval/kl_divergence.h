@@ -42,6 +42,7 @@ class LogprobWriter {
   LogprobFileHeader header_;
   std::FILE* f_ = nullptr;
   int64_t rows_ = 0;
+  std::vector<double> lp_;  // one row's log-probabilities, reused
   std::vector<float> logp_;
 };
 
@@ -75,6 +76,7 @@ class KlStats {
  private:
   std::vector<double> kl_;
   int64_t same_top1_ = 0;
+  std::vector<double> q_;  // one row's log-probabilities, reused
 };
 
 }  // namespace serval
