@@ -256,23 +256,20 @@ void Registry::expose_family(std::string& out, const std::string& name, const En
     out += "# HELP " + name + " " + escape_help(help) + "\n";
     out += "# TYPE " + name + " " + metric_type_name(type) + "\n";
   };
+  // Counters and gauges: one sample per child.
+  auto single_values = [&](const auto& f) {
+    header(f.help_, entry.type);
+    std::lock_guard<std::mutex> family_lock(f.mutex_);
+    for (const auto& [values, child] : f.children_)
+      sample(out, name, label_block(const_labels_, f.label_names_, values), child->value());
+  };
   switch (entry.type) {
-    case MetricType::kCounter: {
-      const CounterFamily& f = *entry.counter;
-      header(f.help_, entry.type);
-      std::lock_guard<std::mutex> family_lock(f.mutex_);
-      for (const auto& [values, child] : f.children_)
-        sample(out, name, label_block(const_labels_, f.label_names_, values), child->value());
+    case MetricType::kCounter:
+      single_values(*entry.counter);
       break;
-    }
-    case MetricType::kGauge: {
-      const GaugeFamily& f = *entry.gauge;
-      header(f.help_, entry.type);
-      std::lock_guard<std::mutex> family_lock(f.mutex_);
-      for (const auto& [values, child] : f.children_)
-        sample(out, name, label_block(const_labels_, f.label_names_, values), child->value());
+    case MetricType::kGauge:
+      single_values(*entry.gauge);
       break;
-    }
     case MetricType::kHistogram: {
       const HistogramFamily& f = *entry.histogram;
       header(f.help_, entry.type);
