@@ -22,7 +22,9 @@ struct Limits {
 class StepCost {
  public:
   // `device` "cuda" keeps weights and K/V in bf16; the CPU keeps both in f32.
-  StepCost(const ModelConfig& config, const std::string& device);
+  // `matrix_bytes`: the runner's (ModelRunner::matrix_bytes), the bytes a step
+  // streams in the weights' real format; 0: the device's dtype per parameter.
+  StepCost(const ModelConfig& config, const std::string& device, int64_t matrix_bytes = 0);
 
   // Parameters of every matrix a step streams, the LM head included.
   double matrix_params() const { return matrix_params_; }

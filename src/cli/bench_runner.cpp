@@ -86,7 +86,7 @@ int run_bench_runner(const BenchOptions& o) {
     finish();
   };
 
-  const StepCost cost(cfg, runner.device());
+  const StepCost cost(cfg, runner.device(), runner.matrix_bytes());
   // The whole run 1 + --repeats times; the first is a warm-up (cuBLASLt plans
   // for each shape, lazy kernel loading, workspace growth, decode graphs) and
   // its figures are dropped. Every pass does the same work.
@@ -188,6 +188,7 @@ int run_bench_runner(const BenchOptions& o) {
                  {"decode_step_ms", step_ms},
                  {"decode_tokens_per_s", decode_tps},
                  {"decode_roofline_fraction", decode_roofline},
+                 {"weight_bytes_per_step", cost.weight_bytes()},
                  {"decode_op_limit_fraction", decode_op_limit},
                  {"total_tokens_per_s", total_tps},
                  {"graph_replays", runner.graph_replays()},
@@ -212,10 +213,10 @@ int run_bench_runner(const BenchOptions& o) {
                 runner.device().c_str());
     std::printf("prefill: %.0f tok/s in %lld steps (%.1f ms), %.1f%% of bf16 peak %.0f TFLOP/s\n", prefill_tps,
                 (long long)prefill_steps, prefill_s * 1e3, 100 * mfu, o.limits.peak_tflops);
-    std::printf("decode: %.1f tok/s, %.3f ms/step over %d steps, %.1f%% of the %.0f GB/s roofline, %.1f%% of the "
-                "op-by-op limit\n",
+    std::printf("decode: %.1f tok/s, %.3f ms/step over %d steps, %.1f%% of the %.0f GB/s roofline (weights: %.2f GB "
+                "a step), %.1f%% of the op-by-op limit\n",
                 decode_tps, step_ms, decode_steps, 100 * decode_roofline, o.limits.bandwidth_gbs,
-                100 * decode_op_limit);
+                cost.weight_bytes() / 1e9, 100 * decode_op_limit);
     if (o.repeats > 1)
       std::printf("the median of %d passes; their range: prefill %.0f-%.0f tok/s, decode %.1f-%.1f tok/s\n",
                   o.repeats, prefill_lo, prefill_hi, decode_lo, decode_hi);

@@ -65,6 +65,8 @@ class StepRecorder : public ModelRunner {
   int64_t num_blocks() const override { return inner_.num_blocks(); }
   std::string device() const override { return inner_.device(); }
   int64_t weight_bytes() const override { return inner_.weight_bytes(); }
+  int64_t matrix_bytes() const override { return inner_.matrix_bytes(); }
+  std::string weight_formats() const override { return inner_.weight_formats(); }
   int64_t activation_bytes() const override { return inner_.activation_bytes(); }
   int64_t graph_replays() const override { return inner_.graph_replays(); }
   int64_t graphs_captured() const override { return inner_.graphs_captured(); }

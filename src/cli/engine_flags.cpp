@@ -131,6 +131,9 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                  double(m.runner->activation_bytes()) / gib, (long long)ro.max_num_batched_tokens,
                  double(m.plan.bytes()) / gib, f.enforce_eager ? "; CUDA graphs off (--enforce-eager)" : "");
   }
+  if (const std::string formats = m.runner->weight_formats(); !formats.empty())
+    std::fprintf(stderr, "weight matrices held as: %s (%.2f GiB a step)\n", formats.c_str(),
+                 double(m.runner->matrix_bytes()) / double(int64_t(1) << 30));
   if (f.batch_invariant) {
     std::fprintf(stderr, "batch-invariant kernels (--batch-invariant): a sequence's output does not depend on its "
                          "batch; slower\n");

@@ -36,6 +36,8 @@ class BackendModelRunner : public ModelRunner {
   RopeStyle rope_style() const override { return model_->rope().style; }
   int64_t attention_window() const override { return window_; }
   int64_t weight_bytes() const override { return model_->bytes(); }
+  int64_t matrix_bytes() const override { return model_->matrix_bytes(); }
+  std::string weight_formats() const override { return model_->formats(); }
   int64_t activation_bytes() const override { return ws_.bytes; }
   int64_t graph_replays() const override { return graph_replays_; }
   int64_t graphs_captured() const override { return graphs_captured_; }
@@ -45,6 +47,7 @@ class BackendModelRunner : public ModelRunner {
 
  private:
   void allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts);
+  void choose_kept_formats(const ModelDef& def, const WeightStore& weights, double fraction);
 
   void ensure_workspace(int64_t tokens, int64_t rows);
   BatchView upload_batch(const Batch& batch);
@@ -89,6 +92,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
                "; run it with --device cpu");
   backend_->set_batch_invariant(opts.batch_invariant);
   backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
+  if (backend_->chooses_kept_formats()) choose_kept_formats(def, weights, opts.gpu_memory_fraction);
   const int64_t weight_bytes = planned_weight_bytes(def, weights, *backend_);
   check_weights_fit(weight_bytes, *backend_, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);
   // A host-memory pool is planned from the memory available before the weights load.
@@ -107,6 +111,20 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
     graphs_ = std::make_unique<StepGraphs>(*backend_, std::min<int32_t>(opts.max_num_seqs, 512), max_len,
                                            block_size_, int32_t(num_blocks_));
   }
+}
+
+// Formats kept at their size (GGUF blocks on the GPU) read fewer bytes a
+// step but, past 16 rows, compute slower than the dense matrices they
+// dequantize to (docs/CUDA_TUNING.md, packed_blocks): they are kept where
+// the dense weights would take more than half of the memory the weights
+// may use, leaving too little for the KV cache, or not fit at all.
+void BackendModelRunner::choose_kept_formats(const ModelDef& def, const WeightStore& weights, double fraction) {
+  backend_->keep_linear_formats(false);
+  const int64_t dense = planned_weight_bytes(def, weights, *backend_);
+  int64_t free_b = 0, total_b = 0;
+  backend_->memory_info(free_b, total_b);
+  const double budget = std::min(double(free_b), (fraction > 0 ? fraction : 1.0) * double(total_b));
+  backend_->keep_linear_formats(double(dense) > 0.5 * budget);
 }
 
 // One pool per layer, each as its KvLayerSpec says, all of the same number of

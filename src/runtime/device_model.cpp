@@ -1,5 +1,7 @@
 #include "runtime/device_model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "runtime/linear_upload.h"
 #include "runtime/rope.h"
@@ -28,9 +30,9 @@ DeviceModel::DeviceModel(const ModelDef& def, const WeightStore& weights, Backen
                              (permute == RopePermute::Auto && backend.prefers_interleaved_rope()));
   tok_embd_ = upload_tensor(backend, def_.embedding(weights), bytes_);
   output_norm_ = upload_tensor(backend, def_.final_norm(weights), bytes_);
-  if (const std::optional<Linear> head = def_.lm_head(weights)) output_ = upload_linear(backend, *head, bytes_);
+  if (const std::optional<Linear> head = def_.lm_head(weights)) output_ = upload_linear(backend, *head, matrix_bytes_);
   load_layers(weights, backend, tf);
-  if (backend.folds_norm_weights()) fold_norms(backend);
+  if (backend.folds_norm_weights() && norm_readers_dense()) fold_norms(backend);
   setup_rope(weights, backend, tf.permute_rope);
 }
 
@@ -42,22 +44,51 @@ void DeviceModel::load_layers(const WeightStore& weights, Backend& be, const Wei
     DeviceLayer& L = layers_[size_t(l)];
     L.def = def_.layer(l);
     L.attn_norm = upload_tensor(be, w.attn_norm, bytes_);
-    auto qkv = upload_linear_group(be, {&w.q, &w.k, &w.v}, false, bytes_);
+    auto qkv = upload_linear_group(be, {&w.q, &w.k, &w.v}, false, matrix_bytes_);
     L.wq = std::move(qkv[0]);
     L.wk = std::move(qkv[1]);
     L.wv = std::move(qkv[2]);
-    L.wo = upload_linear(be, w.o, bytes_);
+    L.wo = upload_linear(be, w.o, matrix_bytes_);
     L.bq = upload_optional(be, w.q_bias, bytes_);
     L.bk = upload_optional(be, w.k_bias, bytes_);
     L.bv = upload_optional(be, w.v_bias, bytes_);
     L.q_norm = upload_optional(be, w.q_norm, bytes_);
     L.k_norm = upload_optional(be, w.k_norm, bytes_);
     L.ffn_norm = upload_tensor(be, w.ffn_norm, bytes_);
-    auto gate_up = upload_linear_group(be, {&w.gate, &w.up}, true, bytes_);
+    auto gate_up = upload_linear_group(be, {&w.gate, &w.up}, true, matrix_bytes_);
     L.gate = std::move(gate_up[0]);
     L.up = std::move(gate_up[1]);
-    L.down = upload_linear(be, w.down, bytes_);
+    L.down = upload_linear(be, w.down, matrix_bytes_);
   }
+}
+
+std::string DeviceModel::formats() const {
+  auto names = [](std::vector<const DeviceWeight*> ws) {
+    std::vector<std::string> seen;
+    for (const DeviceWeight* w : ws) {
+      const std::string d = w->format().describe();
+      if (std::find(seen.begin(), seen.end(), d) == seen.end()) seen.push_back(d);
+    }
+    std::string out;
+    for (const std::string& d : seen) out += (out.empty() ? "" : " + ") + d;
+    return out;
+  };
+  std::vector<const DeviceWeight*> attn, mlp;
+  for (const DeviceLayer& L : layers_) {
+    attn.insert(attn.end(), {L.wq.get(), L.wk.get(), L.wv.get(), L.wo.get()});
+    mlp.insert(mlp.end(), {L.gate.get(), L.up.get(), L.down.get()});
+  }
+  return str_cat("attention ", names(attn), ", MLP ", names(mlp), ", LM head ",
+                 output_ ? names({output_.get()}) : "tied to the embedding");
+}
+
+// Whether every matrix that reads a block's input norm is dense: a norm
+// weight scales columns, which a block format's per-row scales cannot hold.
+bool DeviceModel::norm_readers_dense() const {
+  for (const DeviceLayer& L : layers_)
+    for (const DeviceWeight* w : {L.wq.get(), L.wk.get(), L.wv.get(), L.gate.get(), L.up.get()})
+      if (w->format().kind != LinearFormat::Kind::Dense) return false;
+  return true;
 }
 
 // Each block's input norm scales the columns of the matrices that read it

@@ -5,6 +5,7 @@
 // folded into the matrices that read it where the backend folds norms), and
 // the RoPE frequencies the attention blocks rotate with.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/model_def.h"
@@ -34,12 +35,18 @@ class DeviceModel {
   const DeviceWeight& attn_norm(size_t l) const { return unit_norm_ ? *unit_norm_ : *layers_[l].attn_norm; }
   const DeviceWeight& ffn_norm(size_t l) const { return unit_norm_ ? *unit_norm_ : *layers_[l].ffn_norm; }
   const RopeParams& rope() const { return rope_; }
-  // Device bytes of the uploaded weights.
-  int64_t bytes() const { return bytes_; }
+  // Device bytes of the uploaded weights, and of its matrices alone (the
+  // linear layers and the LM head, as held: what a decode step streams).
+  int64_t bytes() const { return bytes_ + matrix_bytes_; }
+  int64_t matrix_bytes() const { return matrix_bytes_; }
+  // The formats the backend holds each class of matrices in, for start-up:
+  // "attention q4_0, MLP q4_0, LM head q4_0" (several where layers differ).
+  std::string formats() const;
 
  private:
   void load_layers(const WeightStore& weights, Backend& be, const WeightTransforms& tf);
   void fold_norms(Backend& be);
+  bool norm_readers_dense() const;
   void setup_rope(const WeightStore& weights, Backend& be, bool permuted);
 
   ModelDef def_;
@@ -48,7 +55,7 @@ class DeviceModel {
   std::unique_ptr<DeviceWeight> unit_norm_;  // ones, where norms were folded; else null
   DeviceBuffer inv_freq_;
   RopeParams rope_;
-  int64_t bytes_ = 0;
+  int64_t bytes_ = 0, matrix_bytes_ = 0;
 };
 
 // Device bytes `def`'s weights will take on `backend` (DeviceModel::bytes()

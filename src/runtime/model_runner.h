@@ -116,6 +116,11 @@ class ModelRunner {
   virtual int64_t attention_window() const { return 0; }
   // Device memory the runner holds (weights, activations, KV pool), 0 if unknown.
   virtual int64_t weight_bytes() const { return 0; }
+  // Bytes of the weight matrices as held (their format's size), which every
+  // decode step reads; 0 if unknown.
+  virtual int64_t matrix_bytes() const { return 0; }
+  // The formats the weight matrices are held in (DeviceModel::formats); "" if unknown.
+  virtual std::string weight_formats() const { return ""; }
   virtual int64_t activation_bytes() const { return 0; }
   // Decode steps replayed from graphs so far, and graphs captured so far (one
   // dropped and captured again counts twice).

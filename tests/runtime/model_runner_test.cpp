@@ -276,5 +276,26 @@ TEST(ModelRunner, KvPoolSizeFromTokensOrBytes) {
   EXPECT_THROW(ModelRunner::create(cfg, w, opts), Error);  // less than one block
 }
 
+// What the runner says it holds: the CPU converts every matrix to f32, and
+// the matrix bytes (what a step streams) are those of f32.
+TEST(ModelRunner, SaysWhichFormatsItHoldsTheMatricesIn) {
+  for (bool tied : {false, true}) {
+    TinySpec spec;
+    spec.matrix_dtype = DType::Q8_0;
+    spec.inter = 64;
+    spec.tied = tied;
+    const ModelConfig cfg = tiny_config(spec);
+    const WeightStore w = tiny_weights(cfg, spec);
+    RunnerOptions opts;
+    opts.kv_cache_tokens = 64;
+    const auto runner = ModelRunner::create(cfg, w, opts);
+    EXPECT_EQ(runner->weight_formats(),
+              tied ? "attention f32, MLP f32, LM head tied to the embedding" : "attention f32, MLP f32, LM head f32");
+    const int64_t H = cfg.hidden_size, layer = H * (cfg.q_dim() + 2 * cfg.kv_dim()) + cfg.q_dim() * H +
+                                             3 * H * cfg.intermediate_size;
+    EXPECT_EQ(runner->matrix_bytes(), 4 * (layer * cfg.num_layers + (tied ? 0 : cfg.vocab_size * H)));
+  }
+}
+
 }  // namespace
 }  // namespace serval::testing
