@@ -17,6 +17,10 @@ std::vector<std::unique_ptr<DeviceWeight>> Backend::upload_weight_group(const st
   return out;
 }
 
+std::unique_ptr<DeviceWeight> Backend::upload_kept_linear(const Linear& w) {
+  fail("the ", name(), " backend does not keep \"", w.name, "\" in its own format (", w.format.describe(), ")");
+}
+
 void Backend::fold_norm_weight(const DeviceWeight& norm, const std::vector<DeviceWeight*>&) {
   fail("the ", name(), " backend does not fold norm weights (\"", norm.name(), "\") into matrices");
 }

@@ -308,6 +308,19 @@ class Backend {
   virtual bool runs_linear_format(const LinearFormat& format) const {
     return format.kind == LinearFormat::Kind::Dense || format.kind == LinearFormat::Kind::GgufBlock;
   }
+  // Whether the backend holds weights of `format` as they are stored (at
+  // their size, for kernels that read that format) rather than converted to
+  // its dtype; such weights go up through upload_kept_linear. Default: none.
+  virtual bool keeps_linear_format(const LinearFormat&) const { return false; }
+  // Whether keeping is the runner's choice (CudaTuning::packed_blocks auto):
+  // it then calls keep_linear_formats(true) where the weights converted to
+  // the backend's dtype would take more than half the memory the weights
+  // may use. keep_linear_formats sets keeps_linear_format's answer for the
+  // formats the backend can keep. Defaults: no choice, nothing kept.
+  virtual bool chooses_kept_formats() const { return false; }
+  virtual void keep_linear_formats(bool) {}
+  // `w` uploaded in its own format (keeps_linear_format). Default: throws.
+  virtual std::unique_ptr<DeviceWeight> upload_kept_linear(const Linear& w);
   // Bytes `w` takes once uploaded. Default: dense in the activation dtype.
   virtual int64_t linear_device_bytes(const Linear& w) const { return dtype_bytes(act_dtype(), w.out * w.in); }
   // Weights that ops read together (q/k/v, gate/up): a backend may place them

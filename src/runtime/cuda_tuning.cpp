@@ -12,6 +12,7 @@ namespace {
 
 using AttnStream = CudaTuning::AttnStream;
 using RopeInAttn = CudaTuning::RopeInAttn;
+using PackedBlocks = CudaTuning::PackedBlocks;
 
 struct IntRange {
   int CudaTuning::*field;
@@ -20,7 +21,9 @@ struct IntRange {
 
 struct Key {
   const char* name;
-  std::variant<bool CudaTuning::*, IntRange, AttnStream CudaTuning::*, RopeInAttn CudaTuning::*> field;
+  std::variant<bool CudaTuning::*, IntRange, AttnStream CudaTuning::*, RopeInAttn CudaTuning::*,
+               PackedBlocks CudaTuning::*>
+      field;
 };
 
 const Key kKeys[] = {
@@ -37,6 +40,7 @@ const Key kKeys[] = {
     {"split_k", &CudaTuning::split_k},
     {"norm_fold", &CudaTuning::norm_fold},
     {"norm_elision", &CudaTuning::norm_elision},
+    {"packed_blocks", &CudaTuning::packed_blocks},
     {"gemv_sms", IntRange{&CudaTuning::gemv_sms, 0, 1024}},
     {"attn_stream", &CudaTuning::attn_stream},
     {"rope_in_attn", &CudaTuning::rope_in_attn},
@@ -80,10 +84,11 @@ void set(CudaTuning& t, const Key& k, std::string_view v) {
           else if (v == "off" || v == "0") t.*field = AttnStream::kOff;
           else if (v == "always") t.*field = AttnStream::kAlways;
           else bad_value(k.name, v, "auto, off or always");
-        } else {
-          if (v == "auto") t.*field = RopeInAttn::kAuto;
-          else if (v == "on" || v == "1") t.*field = RopeInAttn::kOn;
-          else if (v == "off" || v == "0") t.*field = RopeInAttn::kOff;
+        } else {  // auto / on / off
+          using E = std::remove_reference_t<decltype(t.*field)>;
+          if (v == "auto") t.*field = E::kAuto;
+          else if (v == "on" || v == "1") t.*field = E::kOn;
+          else if (v == "off" || v == "0") t.*field = E::kOff;
           else bad_value(k.name, v, "auto, on or off");
         }
       },

@@ -18,6 +18,8 @@ struct CudaTuning {
   // Rope and the KV write inside the split decode attention kernel: at
   // CUTLASS's rows past its rope epilogue's (auto), wherever it fits, or never.
   enum class RopeInAttn { kAuto, kOn, kOff };
+  // GGUF block matrices at their size on the GPU (packed_blocks below).
+  enum class PackedBlocks { kAuto, kOn, kOff };
 
   // Kernels launched as programmatic dependents of the kernel before them
   // (Hopper PDL); off launches them plainly (the results must not change).
@@ -52,6 +54,11 @@ struct CudaTuning {
   bool norm_fold = true;
   // Up to 16 rows: the norm between two GEMVs done by those GEMVs (needs norm_fold).
   bool norm_elision = true;
+  // GGUF Q4_0 and Q8_0 matrices kept packed at their size for the quantized
+  // GEMV (on), dequantized to bf16 at load (off), or packed only where the
+  // dequantized weights would take more than half the memory the weights
+  // may use (auto: the runner decides, Backend::keep_linear_formats).
+  PackedBlocks packed_blocks = PackedBlocks::kAuto;
   // SMs the GEMV's persistent grid is planned for (0: all of the device's;
   // fewer: a measuring tool for bytes in flight).
   int gemv_sms = 0;

@@ -16,17 +16,24 @@ TensorView upload_view(const Backend& be, const Linear& w, std::vector<float>& s
   return TensorView{w.name, DType::F32, {w.out, w.in}, storage.data(), int64_t(storage.size() * sizeof(float))};
 }
 
-// The device weight's own format: the backend's dtype, dense, unless it runs `w`'s format as it is.
+// The device weight's own format: `w`'s where the backend keeps it, else
+// dense in the backend's dtype.
 LinearFormat held_format(const Backend& be, const Linear& w) {
-  const bool native = be.runs_linear_format(w.format) && w.format.kind != LinearFormat::Kind::Dense &&
-                      w.format.kind != LinearFormat::Kind::GgufBlock;
-  return native ? w.format : LinearFormat::dense(be.act_dtype());
+  return be.keeps_linear_format(w.format) ? w.format : LinearFormat::dense(be.act_dtype());
 }
 
 }  // namespace
 
 std::vector<std::unique_ptr<DeviceWeight>> upload_linear_group(Backend& be, const std::vector<const Linear*>& ws,
                                                                bool gated_pair, int64_t& bytes) {
+  // A weight the backend keeps in its own format is laid out alone.
+  bool any_kept = false;
+  for (const Linear* w : ws) any_kept = any_kept || be.keeps_linear_format(w->format);
+  if (any_kept) {
+    std::vector<std::unique_ptr<DeviceWeight>> out;
+    for (const Linear* w : ws) out.push_back(upload_linear(be, *w, bytes));
+    return out;
+  }
   std::vector<std::vector<float>> storage(ws.size());
   std::vector<TensorView> views;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -41,7 +48,8 @@ std::vector<std::unique_ptr<DeviceWeight>> upload_linear_group(Backend& be, cons
 std::unique_ptr<DeviceWeight> upload_linear(Backend& be, const Linear& w, int64_t& bytes) {
   std::vector<float> storage;
   bytes += be.linear_device_bytes(w);
-  auto out = be.upload_weight(upload_view(be, w, storage));
+  auto out =
+      be.keeps_linear_format(w.format) ? be.upload_kept_linear(w) : be.upload_weight(upload_view(be, w, storage));
   out->set_linear_layout(held_format(be, w), w.shard);
   return out;
 }

@@ -33,6 +33,7 @@ TEST(CudaTuning, NothingGivenKeepsTheDefaults) {
   EXPECT_EQ(t.gemv_sms, 0);
   EXPECT_EQ(t.attn_stream, CudaTuning::AttnStream::kAuto);
   EXPECT_EQ(t.rope_in_attn, CudaTuning::RopeInAttn::kAuto);
+  EXPECT_EQ(t.packed_blocks, CudaTuning::PackedBlocks::kAuto);
 }
 
 TEST(CudaTuning, SetsEachKindOfValue) {
@@ -51,6 +52,8 @@ TEST(CudaTuning, SetsEachKindOfValue) {
   EXPECT_TRUE(t.cutlass_gemm);  // untouched keys keep their defaults
   EXPECT_EQ(parse_cuda_tuning("attn_stream=off").attn_stream, CudaTuning::AttnStream::kOff);
   EXPECT_EQ(parse_cuda_tuning("rope_in_attn=0").rope_in_attn, CudaTuning::RopeInAttn::kOff);
+  EXPECT_EQ(parse_cuda_tuning("packed_blocks=on").packed_blocks, CudaTuning::PackedBlocks::kOn);
+  EXPECT_EQ(parse_cuda_tuning("packed_blocks=0").packed_blocks, CudaTuning::PackedBlocks::kOff);
   EXPECT_FALSE(parse_cuda_tuning("fed_penalties=on,fed_penalties=0").fed_penalties);  // the last one counts
 }
 
@@ -72,7 +75,8 @@ TEST(CudaTuning, UnknownKeyIsRefusedWithTheValidKeysListed) {
 
 TEST(CudaTuning, BadValuesAreRefusedNamingTheKey) {
   for (const char* spec : {"pdl=2", "pdl=", "split_k=yes", "cutlass_rope_rows=65", "cutlass_rope_rows=-1",
-                           "gemv_sms=ten", "cutlass_w_prefetch=99999999999", "attn_stream=on", "rope_in_attn=always"}) {
+                           "gemv_sms=ten", "cutlass_w_prefetch=99999999999", "attn_stream=on", "rope_in_attn=always",
+                           "packed_blocks=maybe"}) {
     const std::string e = error_of(spec);
     const std::string key(spec, std::string(spec).find('='));
     EXPECT_TRUE(contains(e, "bad value") && contains(e, key)) << spec << ": " << e;

@@ -24,7 +24,9 @@ const CudaWeight& as_cuda(const DeviceWeight& w) {
 }
 
 CudaBackend::CudaBackend(int device, DType act_dtype, const CudaTuning& tuning)
-    : cfg_{act_dtype, tuning, false}, dev_(device), matmul_(dev_, cfg_), attention_(dev_, cfg_), sampler_(dev_) {
+    : cfg_{act_dtype, tuning, false},
+      keep_blocks_(tuning.packed_blocks == CudaTuning::PackedBlocks::kOn),
+      dev_(device), matmul_(dev_, cfg_), attention_(dev_, cfg_), sampler_(dev_) {
   SERVAL_CHECK(act_dtype == DType::BF16 || act_dtype == DType::F32, "cuda backend: computes in bf16 or f32, not ",
                dtype_name(act_dtype));
   cfg_.tuning.cutlass_gemm = tuning.cutlass_gemm && cutlass_gemm_built();
@@ -91,6 +93,29 @@ std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view)
     w->set_unit(n > 0 && std::all_of(f.begin(), f.end(), [](float v) { return v == 1.0f; }));
   }
   return w;
+}
+
+bool CudaBackend::keeps_linear_format(const LinearFormat& f) const {
+  return keep_blocks_ && cfg_.act_dtype == DType::BF16 && f.kind == LinearFormat::Kind::GgufBlock &&
+         GpuBlockPack::packs(f.dtype);
+}
+
+std::unique_ptr<DeviceWeight> CudaBackend::upload_kept_linear(const Linear& w) {
+  SERVAL_CHECK(keeps_linear_format(w.format) && w.shard.is_whole(), "cuda backend: \"", w.name, "\" (",
+               w.format.describe(), ") is not a format it keeps");
+  w.validate();
+  const GpuBlockPack pack = GpuBlockPack::of(w.format.dtype, w.out, w.in);
+  const std::vector<uint8_t> host = pack_gguf_blocks(pack, w.format.dtype, w.weight.data);
+  DeviceBuffer buf = dev_.alloc(pack.total_bytes());
+  dev_.copy_to_device(buf.data(), host.data(), pack.total_bytes());
+  auto out = std::make_unique<CudaWeight>(w.name, std::vector<int64_t>{w.out, w.in}, w.format.dtype, std::move(buf));
+  out->set_packed(pack);
+  return out;
+}
+
+int64_t CudaBackend::linear_device_bytes(const Linear& w) const {
+  if (keeps_linear_format(w.format)) return GpuBlockPack::of(w.format.dtype, w.out, w.in).total_bytes();
+  return Backend::linear_device_bytes(w);
 }
 
 // One allocation, each weight at a 256-byte boundary after the one before:

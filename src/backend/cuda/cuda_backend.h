@@ -70,6 +70,16 @@ class CudaBackend : public Backend {
   std::unique_ptr<DeviceGraph> end_capture() override { return dev_.end_capture(); }
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
+  // GGUF Q4_0 and Q8_0 matrices with bf16 activations: packed at their size
+  // (backend/gpu_block_pack.h) for the quantized GEMV where
+  // CudaTuning::packed_blocks is on, or auto and the runner asks for it.
+  bool keeps_linear_format(const LinearFormat& format) const override;
+  bool chooses_kept_formats() const override {
+    return cfg_.tuning.packed_blocks == CudaTuning::PackedBlocks::kAuto;
+  }
+  void keep_linear_formats(bool on) override { keep_blocks_ = on; }
+  std::unique_ptr<DeviceWeight> upload_kept_linear(const Linear& w) override;
+  int64_t linear_device_bytes(const Linear& w) const override;
   std::vector<std::unique_ptr<DeviceWeight>> upload_weight_group(const std::vector<TensorView>& views) override;
   // Interleaved (cuda_gate_up_layout.cuh) where CudaTuning::gate_up_interleaved
   // is on, bf16 and the rows a multiple of 8, so that CUTLASS's epilogue
@@ -150,6 +160,7 @@ class CudaBackend : public Backend {
   void upload_into(const TensorView& view, DType target, int64_t n, void* dst);
 
   CudaConfig cfg_;
+  bool keep_blocks_;  // keeps_linear_format's answer for Q4_0 / Q8_0
   CudaDevice dev_;
   CudaMatmul matmul_;
   CudaAttention attention_;

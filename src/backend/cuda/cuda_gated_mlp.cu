@@ -22,6 +22,7 @@ bool CudaMatmul::gated_mlp_up(const NormedRows& xn, const CudaWeight& g, const C
     interleaved_gated_mlp_up(xn, g, u, up_buf, out);
     return true;
   }
+  if (g.packed() || u.packed()) return packed_gated_mlp_up(xn, g, u, out);
   const Tensor& x = xn.rows;
   const bool fused = own_kernel_fits(x) && g.dtype() == DType::BF16 && u.dtype() == DType::BF16 &&
                      g.cols() == x.cols && u.cols() == x.cols && g.rows() == u.rows() && out.dtype == DType::BF16 &&

@@ -74,7 +74,7 @@ void CudaMatmul::gemm(const GemmShape& s, const void* w, const void* x, void* y)
 
 void CudaMatmul::matmul(const Tensor& x, const CudaWeight& cw, const CudaWeight* bias, Tensor y) {
   const DType act = cfg_.act_dtype;
-  SERVAL_CHECK(cw.dtype() == act && x.dtype == act, "matmul: expects ", dtype_name(act),
+  SERVAL_CHECK((cw.dtype() == act || cw.packed()) && x.dtype == act, "matmul: expects ", dtype_name(act),
                " input and weight \"", cw.name(), "\"");
   SERVAL_CHECK(x.cols == cw.cols() && y.cols == cw.rows() && y.rows == x.rows, "matmul: x [", x.rows, ", ", x.cols,
                "] @ \"", cw.name(), "\" [", cw.rows(), ", ", cw.cols(), "]^T does not fit y [", y.rows, ", ",
@@ -84,7 +84,9 @@ void CudaMatmul::matmul(const Tensor& x, const CudaWeight& cw, const CudaWeight*
   SERVAL_CHECK(!cw.interleaved(), "matmul: \"", cw.name(), "\" is half of an interleaved gate/up pair, which only ",
                "gated_mlp_up reads");
   if (x.rows == 0) return;
-  if (cfg_.batch_invariant && !own_kernel_fits(x)) {
+  if (cw.packed()) {
+    packed_matmul(x, cw, y);
+  } else if (cfg_.batch_invariant && !own_kernel_fits(x)) {
     rowwise_matmul(x, static_cast<const bf16*>(cw.data()), y, dev_.stream());
   } else if (act == DType::BF16 && own_kernel_fits(x)) {
     const bf16* w_ptr = static_cast<const bf16*>(cw.data());
@@ -106,6 +108,17 @@ void CudaMatmul::matmul_multi(const Tensor& x, const std::vector<const DeviceWei
   for (const DeviceWeight* w : ws)
     SERVAL_CHECK(!as_cuda(*w).interleaved(), "matmul_multi: \"", w->name(), "\" is half of an interleaved gate/up ",
                  "pair, which only gated_mlp_up reads");
+  bool packed = false;
+  std::vector<const CudaWeight*> cws;
+  for (const DeviceWeight* w : ws) {
+    cws.push_back(&as_cuda(*w));
+    packed = packed || cws.back()->packed();
+  }
+  if (packed) {  // packed weights: one launch where they go together, else each its own product
+    if (packed_multi(x, cws, ys)) return;
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, *cws[i], nullptr, ys[i]);
+    return;
+  }
   bool fused = own_kernel_fits(x) && ws.size() >= 1 && ws.size() <= 3;
   const bf16* w_ptrs[3] = {};
   for (size_t i = 0; fused && i < ws.size(); ++i) {
@@ -163,6 +176,8 @@ bool CudaMatmul::qkv_rope_kv_write(const NormedRows& xn, const CudaWeight& cq, c
                                    const CudaWeight& cv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
                                    const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
                                    const KvGeometry& geom) {
+  if (cq.packed() || ck.packed() || cv.packed())
+    return packed_qkv_rope_kv_write(xn, cq, ck, cv, q, k, v, positions, rope, slot_mapping, kv, geom);
   if (!gemv_rope_fits(xn.rows, cq, ck, cv, q, k, v, rope, geom)) {
     const Tensor x = normalized(xn);
     if (!stacked_qkv_fits(x, cq, ck, cv, q, rope, geom)) return false;

@@ -36,7 +36,8 @@ class CudaMatmul {
   // One product: CUTLASS's decode GEMM where it takes it, else cuBLASLt.
   void gemm(const GemmShape& s, const void* w, const void* x, void* y);
 
-  // Backend::matmul and matmul_multi.
+  // Backend::matmul and matmul_multi. A packed weight (CudaWeight::packed)
+  // goes through packed_matmul.
   void matmul(const Tensor& x, const CudaWeight& w, const CudaWeight* bias, Tensor y);
   void matmul_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws, const std::vector<Tensor>& ys);
 
@@ -75,6 +76,8 @@ class CudaMatmul {
   int64_t cutlass_epilogue_calls() const { return cutlass_epilogue_calls_; }
   int64_t stacked_qkv_calls() const { return stacked_qkv_calls_; }
   int64_t elided_norms() const { return elided_norms_; }
+  int64_t packed_gemv_calls() const { return packed_gemv_calls_; }
+  int64_t dequantized_gemm_calls() const { return dequantized_gemm_calls_; }
 
  private:
   // matmul_add_rmsnorm with its norm left to the GEMVs after it, where it
@@ -89,6 +92,21 @@ class CudaMatmul {
                                  const KvLayer& kv, const KvGeometry& geom);
   void interleaved_gated_mlp_up(const NormedRows& x, const CudaWeight& gate, const CudaWeight& up, Tensor up_buf,
                                 Tensor out);
+  // Products of packed weights (CudaWeight::packed; cuda_packed_matmul.cu):
+  // the packed GEMV up to 16 rows (any number in batch-invariant mode, 16
+  // at a time: packed_gemv_rows), else W dequantized into scratch for one
+  // GEMM. The fused forms take q/k/v with rope and the KV write, or gate/up
+  // with silu * up, in one launch per 16 rows; false where they do not fit
+  // (then the backend composes the op).
+  bool packed_gemv_rows(const Tensor& x) const;
+  bool packed_together(const Tensor& x, const std::vector<const CudaWeight*>& ws) const;
+  void packed_matmul(const Tensor& x, const CudaWeight& w, Tensor y);
+  bool packed_multi(const Tensor& x, const std::vector<const CudaWeight*>& ws, const std::vector<Tensor>& ys);
+  bool packed_qkv_rope_kv_write(const NormedRows& x, const CudaWeight& wq, const CudaWeight& wk,
+                                const CudaWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
+                                const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
+                                const KvGeometry& geom);
+  bool packed_gated_mlp_up(const NormedRows& x, const CudaWeight& gate, const CudaWeight& up, Tensor out);
   // Ones of `cols` f32, the weight of the norms the GEMVs stand in for.
   const float* unit_norm(int64_t cols);
 
@@ -101,6 +119,7 @@ class CudaMatmul {
   DeviceBuffer norm_scales_;       // GemvNorm::scales for up to 16 rows
   DeviceBuffer unit_norm_;         // unit_norm's ones
   DeviceBuffer norm_copy_;         // normalized's copy
+  DeviceBuffer dequantized_;       // packed_matmul's bf16 matrix
   // prepare_rope_angles' table [tokens, rope_dim / 2] of (cos, sin), and what it was made for.
   DeviceBuffer rope_angles_;
   struct RopeAnglesFor {
@@ -111,6 +130,7 @@ class CudaMatmul {
     bool operator==(const RopeAnglesFor&) const = default;
   } rope_angles_for_;
   int64_t cutlass_gemm_calls_ = 0, cutlass_epilogue_calls_ = 0, stacked_qkv_calls_ = 0, elided_norms_ = 0;
+  int64_t packed_gemv_calls_ = 0, dequantized_gemm_calls_ = 0;
 };
 
 }  // namespace serval::cuda

@@ -13,6 +13,12 @@ int64_t stacked_qkv_calls(const Backend& be) {
 }
 
 int64_t elided_norms(const Backend& be) { return cuda_backend_of(be, "elided_norms").matmuls().elided_norms(); }
+int64_t packed_gemv_calls(const Backend& be) {
+  return cuda_backend_of(be, "packed_gemv_calls").matmuls().packed_gemv_calls();
+}
+int64_t dequantized_gemm_calls(const Backend& be) {
+  return cuda_backend_of(be, "dequantized_gemm_calls").matmuls().dequantized_gemm_calls();
+}
 
 int64_t gemm_searches(const Backend& be) { return cuda_backend_of(be, "gemm_searches").matmuls().lt().searches(); }
 

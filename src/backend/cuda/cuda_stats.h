@@ -18,6 +18,10 @@ int64_t stacked_qkv_calls(const Backend& be);
 // Norms left to the GEMV after their projection (matmul_add_rmsnorm with a
 // unit norm weight, up to 16 rows; cuda_norm_fold.cu); `be` must be the CUDA backend.
 int64_t elided_norms(const Backend& be);
+// Products of packed GGUF block weights (CudaWeight::packed) that the packed
+// GEMV computed, and those that dequantized the matrix for one GEMM.
+int64_t packed_gemv_calls(const Backend& be);
+int64_t dequantized_gemm_calls(const Backend& be);
 // Matmul shapes whose algorithm the wide search chose (--gemm-search,
 // Backend::set_gemm_search); `be` must be the CUDA backend.
 int64_t gemm_searches(const Backend& be);

@@ -1,8 +1,11 @@
 #pragma once
-// A weight on the GPU: matrices in the backend's activation dtype, vectors f32.
+// A weight on the GPU: matrices in the backend's activation dtype, or GGUF
+// blocks packed for the quantized GEMV (packed()); vectors f32.
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/gpu_block_pack.h"
 #include "runtime/backend.h"
 
 namespace serval::cuda {
@@ -23,6 +26,10 @@ class CudaWeight : public DeviceWeight {
   // and fold_norm_weight read such weights.
   bool interleaved() const { return interleaved_; }
   void set_interleaved() { interleaved_ = true; }
+  // GGUF blocks (dtype() Q4_0 or Q8_0) in this layout at data(); null for
+  // a dense matrix.
+  const GpuBlockPack* packed() const { return pack_ ? &*pack_ : nullptr; }
+  void set_packed(const GpuBlockPack& pack) { pack_ = pack; }
 
  private:
   DType dtype_;
@@ -30,6 +37,7 @@ class CudaWeight : public DeviceWeight {
   const void* group_;
   bool unit_ = false;
   bool interleaved_ = false;
+  std::optional<GpuBlockPack> pack_;
 };
 
 const CudaWeight& as_cuda(const DeviceWeight& w);

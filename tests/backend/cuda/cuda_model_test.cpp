@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "cuda_test_util.h"
 #include "model/model_loader.h"
@@ -283,6 +284,48 @@ TEST(CudaModel, RandomModelsWithSeparateGateUpAgreeWithCpu) {
     std::printf("[%s, gate/up apart] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name, c.worst,
                 c.agree);
   }
+}
+
+// The same miniatures with GGUF Q4_0 and Q8_0 matrices, which the GPU keeps
+// packed at their size (CudaTuning::packed_blocks on; their norms unfolded):
+// the CPU runs the exactly dequantized weights, the packed GEMV the quants
+// times bf16 activations, so they agree as the bf16 models do. Their weights
+// take a fraction of the bytes they take dequantized to bf16, which is what
+// auto chooses for a model this small (it packs only where memory is short).
+TEST(CudaModel, RandomModelsWithGgufBlocksAgreeWithCpu) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  CudaTuning packed;
+  packed.packed_blocks = CudaTuning::PackedBlocks::kOn;
+  for (DType type : {DType::Q4_0, DType::Q8_0})
+    for (RandomCase rc : random_cases()) {
+      rc.spec.matrix_dtype = type;
+      const CpuComparison c = compare_with_cpu(rc, "bfloat16", packed);
+      EXPECT_LT(c.worst, 2e-2) << rc.name << " " << dtype_name(type) << ": worst relative logit error over 32 steps";
+      EXPECT_GE(c.agree, 31) << rc.name << " " << dtype_name(type) << ": greedy tokens agreed on " << c.agree
+                             << " of 32 steps";
+      std::printf("[%s, %s packed] worst logit rel error %.2e, greedy agreement %d/32\n", rc.name,
+                  std::string(dtype_name(type)).c_str(), c.worst, c.agree);
+    }
+  RandomCase rc = random_cases()[0];
+  rc.spec.matrix_dtype = DType::Q4_0;
+  const ModelConfig cfg = tiny_config(rc.spec);
+  const WeightStore weights = tiny_weights(cfg, rc.spec);
+  using PB = CudaTuning::PackedBlocks;
+  std::map<PB, int64_t> bytes;
+  for (PB mode : {PB::kOff, PB::kOn, PB::kAuto}) {
+    RunnerOptions opts;
+    opts.device = "cuda";
+    opts.kv_cache_tokens = 256;
+    opts.cuda_tuning.packed_blocks = mode;
+    const auto runner = ModelRunner::create(cfg, weights, opts);
+    bytes[mode] = runner->weight_bytes();
+    EXPECT_EQ(runner->weight_formats(), mode == PB::kOn ? "attention q4_0, MLP q4_0, LM head q4_0"
+                                                        : "attention bf16, MLP bf16, LM head bf16");
+  }
+  // Matrices at 4.5 bits instead of 16; the embedding table stays bf16.
+  EXPECT_LT(double(bytes[PB::kOn]), 0.6 * double(bytes[PB::kOff])) << "packed " << bytes[PB::kOn] << " bytes";
+  EXPECT_EQ(bytes[PB::kAuto], bytes[PB::kOff]);
 }
 
 // float32 mode on the same miniatures (qk norm in place, bias, tied

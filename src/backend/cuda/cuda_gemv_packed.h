@@ -1,0 +1,39 @@
+#pragma once
+// Matmuls of GGUF block weights (Q4_0, Q8_0) kept at their size on the GPU,
+// in the layout of backend/gpu_block_pack.h: the quantized GEMV for decode
+// batches (1..16 rows of bf16 x), and a dequantizer into a bf16 matrix for
+// the products of more rows (then one dense GEMM).
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_decode_matmul.h"
+#include "backend/gpu_block_pack.h"
+#include "runtime/backend.h"
+
+namespace serval::cuda {
+
+// A packed matrix on the device: one allocation, quants then scales.
+struct PackedWeight {
+  const uint8_t* data = nullptr;
+  GpuBlockPack pack;
+  const uint8_t* quants() const { return data; }
+  const uint16_t* scales() const { return reinterpret_cast<const uint16_t*>(data + pack.scales_offset()); }
+};
+
+// x fits the packed GEMV: bf16, 1..16 rows of w's columns, 16-byte aligned.
+bool gemv_packed_fits(const Tensor& x, const PackedWeight& w);
+// ys[i] = x @ ws[i]^T for 1..3 weights of one format and width in one launch
+// (outputs bf16, or one f32 output alone). Each group's 32 products are
+// summed exactly from the quants (an mma of bf16 x and the integer quants),
+// then scaled in f32: no rounding of the weights beyond the format's own.
+// With rope.positions: q/k/v, rotated and k/v written to the pools in the
+// epilogue, as the bf16 GEMV does (cuda_decode_matmul.h, GemvRopeKv).
+void gemv_packed(const Tensor& x, const PackedWeight* ws, const Tensor* ys, int n, const Launch& on,
+                 const GemvRopeKv& rope = {});
+// out = silu(x @ gate^T) * (x @ up^T), bf16, in one launch.
+void gemv_packed_gated(const Tensor& x, const PackedWeight& gate, const PackedWeight& up, const Tensor& out,
+                       const Launch& on);
+// out [w.rows, w.cols] = the matrix, each weight scale * quant rounded to bf16.
+void dequantize_packed(const PackedWeight& w, bf16* out, const Launch& on);
+
+}  // namespace serval::cuda
