@@ -5,7 +5,9 @@
 #include <cmath>
 #include <string>
 
+#include "core/block_quants.h"
 #include "core/error.h"
+#include "core/k_quants.h"
 
 namespace serval {
 
@@ -27,6 +29,14 @@ std::string_view dtype_name(DType t) {
     case DType::I8: return "i8";
     case DType::I32: return "i32";
     case DType::FP8_E4M3: return "fp8_e4m3";
+    case DType::Q4_1: return "q4_1";
+    case DType::Q5_0: return "q5_0";
+    case DType::Q5_1: return "q5_1";
+    case DType::Q2_K: return "q2_k";
+    case DType::Q3_K: return "q3_k";
+    case DType::Q4_K: return "q4_k";
+    case DType::Q5_K: return "q5_k";
+    case DType::Q6_K: return "q6_k";
   }
   return "?";
 }
@@ -34,13 +44,25 @@ std::string_view dtype_name(DType t) {
 DType parse_dtype(std::string_view name) {
   std::string s(name);
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0})
+  // The types from_f32 writes.
+  constexpr DType kNamed[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
+                              DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                              DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  std::string names;
+  for (DType t : kNamed) {
     if (dtype_name(t) == s) return t;
-  fail("unknown dtype \"", name, "\" (expected one of f32, f16, bf16, q8_0, q4_0)");
+    names += str_cat(names.empty() ? "" : ", ", dtype_name(t));
+  }
+  fail("unknown dtype \"", name, "\" (expected one of ", names, ")");
 }
 
 int64_t dtype_block_elems(DType t) {
-  return (t == DType::Q8_0 || t == DType::Q4_0) ? kQBlock : 1;
+  switch (t) {
+    case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: return kQBlock;
+    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+      return k_quants::kSuper;
+    default: return 1;
+  }
 }
 
 int64_t dtype_block_bytes(DType t) {
@@ -50,6 +72,14 @@ int64_t dtype_block_bytes(DType t) {
     case DType::I8: case DType::FP8_E4M3: return 1;
     case DType::Q8_0: return sizeof(BlockQ8_0);
     case DType::Q4_0: return sizeof(BlockQ4_0);
+    case DType::Q4_1: return sizeof(block_quants::BlockQ4_1);
+    case DType::Q5_0: return sizeof(block_quants::BlockQ5_0);
+    case DType::Q5_1: return sizeof(block_quants::BlockQ5_1);
+    case DType::Q2_K: return sizeof(k_quants::BlockQ2_K);
+    case DType::Q3_K: return sizeof(k_quants::BlockQ3_K);
+    case DType::Q4_K: return sizeof(k_quants::BlockQ4_K);
+    case DType::Q5_K: return sizeof(k_quants::BlockQ5_K);
+    case DType::Q6_K: return sizeof(k_quants::BlockQ6_K);
   }
   return 0;
 }
@@ -100,6 +130,9 @@ uint16_t f32_to_bf16(float f) {
 }
 
 void to_f32(DType t, const void* src, float* dst, int64_t n) {
+  const int64_t blocks = n / dtype_block_elems(t);
+  SERVAL_CHECK(n % dtype_block_elems(t) == 0, "cannot convert ", n, " elements of ", dtype_name(t),
+               " to f32: not a whole number of blocks of ", dtype_block_elems(t));
   switch (t) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
     case DType::F16: {
@@ -141,12 +174,23 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
       return;
     }
+    case DType::Q4_1: block_quants::dequantize_q4_1(src, dst, blocks); return;
+    case DType::Q5_0: block_quants::dequantize_q5_0(src, dst, blocks); return;
+    case DType::Q5_1: block_quants::dequantize_q5_1(src, dst, blocks); return;
+    case DType::Q2_K: k_quants::dequantize_q2_k(src, dst, blocks); return;
+    case DType::Q3_K: k_quants::dequantize_q3_k(src, dst, blocks); return;
+    case DType::Q4_K: k_quants::dequantize_q4_k(src, dst, blocks); return;
+    case DType::Q5_K: k_quants::dequantize_q5_k(src, dst, blocks); return;
+    case DType::Q6_K: k_quants::dequantize_q6_k(src, dst, blocks); return;
     case DType::FP8_E4M3: break;
   }
   fail("cannot convert ", dtype_name(t), " to f32");
 }
 
 void from_f32(DType t, const float* src, void* dst, int64_t n) {
+  const int64_t blocks = n / dtype_block_elems(t);
+  SERVAL_CHECK(n % dtype_block_elems(t) == 0, dtype_name(t), " needs a multiple of ", dtype_block_elems(t),
+               " elements, got ", n);
   switch (t) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
     case DType::F16: {
@@ -160,7 +204,6 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       return;
     }
     case DType::Q8_0: {
-      SERVAL_CHECK(n % kQBlock == 0, "q8_0 needs a multiple of 32 elements, got ", n);
       auto* b = static_cast<BlockQ8_0*>(dst);
       for (int64_t i = 0; i < n / kQBlock; ++i) {
         const float* x = src + i * kQBlock;
@@ -174,7 +217,6 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       return;
     }
     case DType::Q4_0: {
-      SERVAL_CHECK(n % kQBlock == 0, "q4_0 needs a multiple of 32 elements, got ", n);
       auto* b = static_cast<BlockQ4_0*>(dst);
       for (int64_t i = 0; i < n / kQBlock; ++i) {
         const float* x = src + i * kQBlock;
@@ -191,6 +233,14 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case DType::Q4_1: block_quants::quantize_q4_1(src, dst, blocks); return;
+    case DType::Q5_0: block_quants::quantize_q5_0(src, dst, blocks); return;
+    case DType::Q5_1: block_quants::quantize_q5_1(src, dst, blocks); return;
+    case DType::Q2_K: k_quants::quantize_q2_k(src, dst, blocks); return;
+    case DType::Q3_K: k_quants::quantize_q3_k(src, dst, blocks); return;
+    case DType::Q4_K: k_quants::quantize_q4_k(src, dst, blocks); return;
+    case DType::Q5_K: k_quants::quantize_q5_k(src, dst, blocks); return;
+    case DType::Q6_K: k_quants::quantize_q6_k(src, dst, blocks); return;
     default: break;
   }
   fail("cannot convert f32 to ", dtype_name(t));

@@ -1,7 +1,8 @@
 #pragma once
 // Element types of tensors and weights, and conversions between them.
-// Block-quantized types (Q8_0, Q4_0) follow GGUF's layouts: 32 elements per block,
-// an f16 scale followed by the quantized values.
+// Block-quantized types follow GGUF's layouts: Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 in
+// blocks of 32 elements (core/block_quants.h), the K-quants Q2_K..Q6_K in
+// super-blocks of 256 (core/k_quants.h).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -9,13 +10,19 @@
 
 namespace serval {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, I8, I32, FP8_E4M3 };
+// New values go at the end, so that the existing ones keep their numbers.
+enum class DType : uint8_t {
+  F32, F16, BF16, Q8_0, Q4_0, I8, I32, FP8_E4M3,
+  Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+};
 
 std::string_view dtype_name(DType t);
-// Parses "f32", "f16", "bf16", "q8_0", "q4_0" (case-insensitive); throws on others.
+// Parses the name of a type that from_f32 can write: "f32", "f16", "bf16", "q8_0",
+// "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"
+// (case-insensitive); throws on others.
 DType parse_dtype(std::string_view name);
 
-// Elements per block (1 for plain types, 32 for Q8_0/Q4_0) and bytes per block.
+// Elements per block (1 for plain types, 32 or 256 for block types) and bytes per block.
 int64_t dtype_block_elems(DType t);
 int64_t dtype_block_bytes(DType t);
 // Bytes taken by n elements; n must be a multiple of the block size.
@@ -31,7 +38,9 @@ uint16_t f32_to_bf16(float f);  // round to nearest even, NaN stays NaN
 
 // Converts n elements of type t at src into f32 at dst.
 void to_f32(DType t, const void* src, float* dst, int64_t n);
-// Converts n f32 values into type t (F32, F16, BF16, Q8_0, Q4_0) at dst.
+// Converts n f32 values into type t (every type but I8, I32 and FP8_E4M3) at dst;
+// n must be a multiple of the block size. Block types round to nearest (the
+// K-quants without llama.cpp's search for better scales).
 void from_f32(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace serval

@@ -2,6 +2,7 @@
 // them. The reader needs the block size of every type, supported or not, so it
 // can bounds-check a file's tensors before anyone asks for their data.
 #include <array>
+#include <optional>
 
 #include "core/error.h"
 #include "model/gguf.h"
@@ -28,6 +29,9 @@ constexpr std::array<Entry, 32> kTypes = {{
     {35, {"TQ2_0", 256, 66}},   {39, {"MXFP4", 32, 17}},
 }};
 
+// The tensor types dtype_from_ggml maps, for its error message.
+constexpr const char* kSupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+
 }  // namespace
 
 const GgmlTypeTraits* ggml_type_traits(uint32_t type) {
@@ -41,17 +45,29 @@ std::string ggml_type_name(uint32_t type) {
   return str_cat("type ", type);
 }
 
-DType dtype_from_ggml(uint32_t type, const std::string& tensor_name) {
+std::optional<DType> supported_dtype_of_ggml(uint32_t type) {
   switch (type) {
     case uint32_t(GgmlType::F32): return DType::F32;
     case uint32_t(GgmlType::F16): return DType::F16;
     case uint32_t(GgmlType::BF16): return DType::BF16;
     case uint32_t(GgmlType::Q8_0): return DType::Q8_0;
     case uint32_t(GgmlType::Q4_0): return DType::Q4_0;
-    default: break;
+    case uint32_t(GgmlType::Q4_1): return DType::Q4_1;
+    case uint32_t(GgmlType::Q5_0): return DType::Q5_0;
+    case uint32_t(GgmlType::Q5_1): return DType::Q5_1;
+    case uint32_t(GgmlType::Q2_K): return DType::Q2_K;
+    case uint32_t(GgmlType::Q3_K): return DType::Q3_K;
+    case uint32_t(GgmlType::Q4_K): return DType::Q4_K;
+    case uint32_t(GgmlType::Q5_K): return DType::Q5_K;
+    case uint32_t(GgmlType::Q6_K): return DType::Q6_K;
+    default: return std::nullopt;
   }
-  fail("tensor \"", tensor_name, "\" has type ", ggml_type_name(type),
-       ", which Serval does not support (supported: F32, F16, BF16, Q8_0, Q4_0)");
+}
+
+DType dtype_from_ggml(uint32_t type, const std::string& tensor_name) {
+  if (const std::optional<DType> t = supported_dtype_of_ggml(type)) return *t;
+  fail("tensor \"", tensor_name, "\" has type ", ggml_type_name(type), ", which Serval does not support (supported: ",
+       kSupportedTypes, ")");
 }
 
 uint32_t ggml_from_dtype(DType t) {
@@ -61,6 +77,14 @@ uint32_t ggml_from_dtype(DType t) {
     case DType::BF16: return uint32_t(GgmlType::BF16);
     case DType::Q8_0: return uint32_t(GgmlType::Q8_0);
     case DType::Q4_0: return uint32_t(GgmlType::Q4_0);
+    case DType::Q4_1: return uint32_t(GgmlType::Q4_1);
+    case DType::Q5_0: return uint32_t(GgmlType::Q5_0);
+    case DType::Q5_1: return uint32_t(GgmlType::Q5_1);
+    case DType::Q2_K: return uint32_t(GgmlType::Q2_K);
+    case DType::Q3_K: return uint32_t(GgmlType::Q3_K);
+    case DType::Q4_K: return uint32_t(GgmlType::Q4_K);
+    case DType::Q5_K: return uint32_t(GgmlType::Q5_K);
+    case DType::Q6_K: return uint32_t(GgmlType::Q6_K);
     case DType::I8: return uint32_t(GgmlType::I8);
     case DType::I32: return uint32_t(GgmlType::I32);
     case DType::FP8_E4M3: break;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -56,9 +57,11 @@ struct GgmlTypeTraits {
 const GgmlTypeTraits* ggml_type_traits(uint32_t type);
 // The name llama.cpp gives a ggml type id ("Q4_K", "IQ2_XS", ...), or "type N".
 std::string ggml_type_name(uint32_t type);
-// Serval dtype of a ggml type, or throws `tensor "NAME" has type Q4_K, which Serval
-// does not support (supported: F32, F16, BF16, Q8_0, Q4_0)`.
+// Serval dtype of a ggml type, or throws `tensor "NAME" has type IQ4_XS, which Serval
+// does not support (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, ...)`.
 DType dtype_from_ggml(uint32_t type, const std::string& tensor_name);
+// The same without the error: nullopt for a type Serval does not read.
+std::optional<DType> supported_dtype_of_ggml(uint32_t type);
 uint32_t ggml_from_dtype(DType t);
 
 struct GgufTensorInfo {

@@ -116,13 +116,7 @@ LoadedModel load_gguf_model(std::shared_ptr<GgufFile> file) {
         add(t);
         continue;
       }
-      switch (GgmlType(t.ggml_type)) {
-        case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-          add(t);
-          break;
-        default:
-          break;
-      }
+      if (supported_dtype_of_ggml(t.ggml_type)) add(t);
     }
     ModelDef::of(m.config).check_weights(m.weights);
   } catch (const Error& e) {

@@ -18,7 +18,7 @@ namespace serval {
 struct LinearFormat {
   enum class Kind : uint8_t {
     Dense,           // elements of `dtype` (f32, f16, bf16)
-    GgufBlock,       // GGUF block quantization (`dtype` Q8_0 or Q4_0): scales inside the blocks
+    GgufBlock,       // GGUF block quantization (`dtype` Q8_0, Q4_0, ..., Q6_K): scales inside the blocks
     Int8PerChannel,  // int8 weights, one f32 scale per output row: w = q * scale[row]
     Int4Grouped,     // int4 weights, two per byte (low nibble first), a scale (and a zero point
                      // when asymmetric) per `group_size` inputs of a row: w = (q - zero) * scale

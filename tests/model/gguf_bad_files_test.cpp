@@ -77,14 +77,14 @@ TEST(GgufBadFiles, WrongMagicVersionAndEndianness) {
 TEST(GgufBadFiles, UnsupportedTensorTypeFailsAtLoadNamingTheType) {
   ScratchDir dir;
   ModelConfig c = testing::tiny_config();
-  c.hidden_size = 256;  // rows of whole Q4_K blocks
+  c.hidden_size = 256;  // rows of whole IQ4_XS blocks
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 64;
   c.rope_dim = 64;
   testing::TinyGguf g;
   testing::fill_tiny_gguf(g, c);
-  // The same model with blk.1.attn_q.weight stored as Q4_K.
+  // The same model with blk.1.attn_q.weight stored as IQ4_XS (136 bytes per 256).
   testing::TinyGguf g2;
   {
     const std::string a = "llama";
@@ -98,26 +98,29 @@ TEST(GgufBadFiles, UnsupportedTensorTypeFailsAtLoadNamingTheType) {
     uint32_t seed = 1;
     for (const TensorSpec& e : ModelDef::of(c).tensors()) {
       if (e.name == "blk.1.attn_q.weight") {
-        g2.buffers.emplace_back(size_t(e.shape[0] * 144), 0);
-        g2.writer.add_tensor_raw(e.name, uint32_t(GgmlType::Q4_K), e.shape, g2.buffers.back().data(),
+        g2.buffers.emplace_back(size_t(e.shape[0] * 136), 0);
+        g2.writer.add_tensor_raw(e.name, uint32_t(GgmlType::IQ4_XS), e.shape, g2.buffers.back().data(),
                                  int64_t(g2.buffers.back().size()));
       } else {
         g2.add(e.name, DType::F32, e.shape, seed++);
       }
     }
   }
-  const std::string path = dir.file("q4k.gguf");
+  const std::string path = dir.file("iq4xs.gguf");
   g2.writer.write(path);
   EXPECT_NO_THROW(GgufFile::open(path));  // the file itself is well-formed
   expect_error([&] { load_model(path); },
-               {"q4k.gguf", "tensor \"blk.1.attn_q.weight\" has type Q4_K", "not support"});
+               {"iq4xs.gguf", "tensor \"blk.1.attn_q.weight\" has type IQ4_XS", "not support"});
 
-  // An unsupported tensor the model does not use is skipped.
+  // An unsupported tensor the model does not use is skipped; a supported one is kept.
   std::vector<uint8_t> extra(144, 0);
+  g.writer.add_tensor_raw("extra.iq4xs", uint32_t(GgmlType::IQ4_XS), {1, 256}, extra.data(), 136);
   g.writer.add_tensor_raw("extra.q4k", uint32_t(GgmlType::Q4_K), {1, 256}, extra.data(), 144);
   g.writer.write(dir.file("extra.gguf"));
   LoadedModel m = load_model(dir.file("extra.gguf"));
-  EXPECT_EQ(m.weights.find("extra.q4k"), nullptr);
+  EXPECT_EQ(m.weights.find("extra.iq4xs"), nullptr);
+  ASSERT_NE(m.weights.find("extra.q4k"), nullptr);
+  EXPECT_EQ(m.weights.find("extra.q4k")->dtype, DType::Q4_K);
 }
 
 TEST(GgufBadFiles, ShapeMismatchNamesTensorAndShapes) {
@@ -261,6 +264,18 @@ TEST(GgufBadFiles, HostileHeaders) {
     r.tensor("t", {31}, uint32_t(GgmlType::Q8_0), 0);  // row not a whole block
     r.pad_and_data(64);
     expect_error([&] { parse_bytes(r.b); }, {"tensor \"t\" of type Q8_0", "block size 32"});
+  }
+  {
+    RawGguf r(1, 0);
+    r.tensor("t", {128, 2}, uint32_t(GgmlType::Q4_K), 0);  // rows of half a super-block
+    r.pad_and_data(256);
+    expect_error([&] { parse_bytes(r.b); }, {"tensor \"t\" of type Q4_K", "block size 256"});
+  }
+  {
+    RawGguf r(1, 0);
+    r.tensor("t", {256, 2}, uint32_t(GgmlType::Q6_K), 0);  // 420 bytes, only 400 present
+    r.pad_and_data(400);
+    expect_error([&] { parse_bytes(r.b); }, {"truncated", "tensor \"t\""});
   }
   {
     RawGguf r(1, 0);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <utility>
 
 #include "model/gguf.h"
 #include "model/gguf_model.h"
@@ -209,10 +211,11 @@ TEST(GgufWriteRead, RoundTripsEveryTensorType) {
   GgufWriter w;
   w.set_alignment(64);
   std::vector<std::vector<uint8_t>> bufs;
-  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+  const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                         DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
   for (DType t : types) {
-    bufs.push_back(testing::random_tensor_bytes(t, {3, 64}, 7));
-    w.add_tensor(std::string(dtype_name(t)), t, {3, 64}, bufs.back().data(), int64_t(bufs.back().size()));
+    bufs.push_back(testing::random_tensor_bytes(t, {3, 256}, 7));
+    w.add_tensor(std::string(dtype_name(t)), t, {3, 256}, bufs.back().data(), int64_t(bufs.back().size()));
   }
   std::vector<uint8_t> q4k(2 * 144, 0x5a);  // 2 rows of one Q4_K block each
   w.add_tensor_raw("q4k", uint32_t(GgmlType::Q4_K), {2, 256}, q4k.data(), int64_t(q4k.size()));
@@ -226,11 +229,12 @@ TEST(GgufWriteRead, RoundTripsEveryTensorType) {
   auto f = GgufFile::open(path);
   EXPECT_EQ(f->alignment(), 64u);
   EXPECT_EQ(f->data_offset() % 64, 0u);
-  for (size_t i = 0; i < 5; ++i) {
+  for (size_t i = 0; i < std::size(types); ++i) {
     const GgufTensorInfo* t = f->find_tensor(std::string(dtype_name(types[i])));
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(t->offset % 64, 0u);
-    EXPECT_EQ(t->shape(), (std::vector<int64_t>{3, 64}));
+    EXPECT_EQ(t->shape(), (std::vector<int64_t>{3, 256}));
+    EXPECT_EQ(ggml_type_name(t->ggml_type), ggml_type_name(ggml_from_dtype(types[i])));
     EXPECT_EQ(dtype_from_ggml(t->ggml_type, t->name), types[i]);
     ASSERT_EQ(t->nbytes, int64_t(bufs[i].size()));
     EXPECT_EQ(std::memcmp(t->data, bufs[i].data(), bufs[i].size()), 0);
@@ -257,14 +261,32 @@ TEST(GgufTypes, NamesFollowLlamaCpp) {
   EXPECT_EQ(ggml_type_name(35), "TQ2_0");
   EXPECT_EQ(ggml_type_name(39), "MXFP4");
   EXPECT_EQ(ggml_type_name(4), "type 4");  // removed Q4_2
-  expect_error([] { dtype_from_ggml(14, "w"); },
-               {"tensor \"w\" has type Q6_K", "not support", "F32, F16, BF16, Q8_0, Q4_0"});
+  expect_error([] { dtype_from_ggml(23, "w"); },
+               {"tensor \"w\" has type IQ4_XS", "not support",
+                "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"});
+  // The block types map both ways under llama.cpp's ids.
+  const std::pair<uint32_t, DType> ids[] = {{3, DType::Q4_1},  {6, DType::Q5_0},  {7, DType::Q5_1},
+                                            {10, DType::Q2_K}, {11, DType::Q3_K}, {12, DType::Q4_K},
+                                            {13, DType::Q5_K}, {14, DType::Q6_K}};
+  for (auto [id, t] : ids) {
+    EXPECT_EQ(dtype_from_ggml(id, "w"), t) << id;
+    EXPECT_EQ(ggml_from_dtype(t), id) << dtype_name(t);
+    EXPECT_EQ(ggml_type_traits(id)->block_elems, dtype_block_elems(t)) << id;
+    EXPECT_EQ(ggml_type_traits(id)->block_bytes, dtype_block_bytes(t)) << id;
+  }
 }
 
 TEST(GgufModel, QuantizedWeightsAreReadable) {
   ScratchDir dir;
-  for (DType t : {DType::Q8_0, DType::Q4_0}) {
-    const ModelConfig c = testing::tiny_config();
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    ModelConfig c = testing::tiny_config();
+    if (dtype_block_elems(t) == 256) {  // every matrix's rows whole super-blocks
+      c.hidden_size = 256;
+      c.intermediate_size = 256;
+      c.head_dim = 64;
+      c.rope_dim = 64;
+    }
     const std::string path = dir.file(std::string(dtype_name(t)) + ".gguf");
     testing::write_tiny_gguf(path, c, t);
     LoadedModel m = load_model(path);
@@ -277,7 +299,8 @@ TEST(GgufModel, QuantizedWeightsAreReadable) {
     double sumsq = 0;
     for (float x : deq) sumsq += double(x) * x;
     const double rms = std::sqrt(sumsq / double(deq.size()));
-    EXPECT_NEAR(rms, 0.5, 0.1);  // written from N(0, 0.5) floats
+    // Written from N(0, 0.5) floats; Q2_K's 4 levels lose a little more.
+    EXPECT_NEAR(rms, 0.5, t == DType::Q2_K ? 0.15 : 0.1) << dtype_name(t);
   }
 }
 

@@ -1,7 +1,7 @@
 // ModelRunner (CPU backend) against a naive double-precision reference on tiny
 // random models covering every config flag: GQA, head_dim != hidden/heads, qkv
 // bias, qk norm, tied embeddings, both RoPE styles, partial RoPE, llama3 and
-// linear scaling, rope_freqs divisors, f16/bf16/q8_0/q4_0 weight storage.
+// linear scaling, rope_freqs divisors, f16/bf16/q8_0/q4_0/q5_1/q4_k/q6_k weight storage.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -83,6 +83,23 @@ std::vector<Case> cases() {
     s.matrix_dtype = dt;
     s.seed = 6;
     out.push_back({dt == DType::Q8_0 ? "q8_0_weights" : "q4_0_weights", s});
+  }
+  {
+    TinySpec s;  // Q5_1: 32-element blocks with a min and fifth bits
+    s.inter = 64;
+    s.matrix_dtype = DType::Q5_1;
+    s.seed = 7;
+    out.push_back({"q5_1_weights", s});
+  }
+  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
+    TinySpec s;  // K-quant super-blocks: every input dimension a multiple of 256
+    s.hidden = 256;
+    s.inter = 256;
+    s.head_dim = 64;
+    s.layers = 2;
+    s.matrix_dtype = dt;
+    s.seed = 8;
+    out.push_back({dt == DType::Q4_K ? "q4_k_weights" : "q6_k_weights", s});
   }
   return out;
 }
