@@ -15,6 +15,7 @@ int run(int argc, char** argv) {
   register_chat_template(app, action);
   register_bench(app, action);
   register_perplexity(app, action);
+  register_quantize(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

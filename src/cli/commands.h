@@ -19,5 +19,6 @@ void register_serve(CLI::App& app, Action& action);
 void register_chat_template(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 void register_perplexity(CLI::App& app, Action& action);
+void register_quantize(CLI::App& app, Action& action);
 
 }  // namespace serval::cli

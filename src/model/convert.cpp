@@ -48,10 +48,7 @@ void set_gguf_model_metadata(GgufWriter& w, const ModelConfig& c) {
   }
 }
 
-namespace {
-
-// llama.cpp's general.file_type (LLAMA_FTYPE_*) for the dtype of the big matrices.
-uint32_t file_type_of(DType t) {
+uint32_t gguf_file_type_of(DType t) {
   switch (t) {
     case DType::F32: return 0;
     case DType::F16: return 1;
@@ -69,6 +66,8 @@ uint32_t file_type_of(DType t) {
     default: return 0;
   }
 }
+
+namespace {
 
 // Token pieces of llama2.c are raw text; GGUF "llama" vocabularies use SentencePiece's
 // "▁" for spaces and bare <s>/</s> for the control tokens.
@@ -158,7 +157,7 @@ void convert_hf_to_gguf(const std::string& dir, const std::string& out_path) {
   set_gguf_model_metadata(w, c);
   if (c.sliding_window > 0) w.set_u32("llama.attention.sliding_window", uint32_t(c.sliding_window));
   const TensorView& embd = m.weights.get("token_embd.weight");
-  w.set_u32("general.file_type", file_type_of(embd.dtype));
+  w.set_u32("general.file_type", gguf_file_type_of(embd.dtype));
   add_tokenizer_metadata(dir, w);
 
   // llama: Hugging Face rows are in rotate_half order; llama.cpp's "llama" GGUF

@@ -17,6 +17,9 @@ void convert_llama2c_to_gguf(const std::string& bin_path, const std::string& tok
                              const std::string& out_path);
 void convert_hf_to_gguf(const std::string& dir, const std::string& out_path);
 
+// llama.cpp's general.file_type (LLAMA_FTYPE_*) for the dtype of the big matrices.
+uint32_t gguf_file_type_of(DType t);
+
 // `{arch}.*` hyperparameters (and llama3 rope scaling keys) of `c`.
 void set_gguf_model_metadata(GgufWriter& w, const ModelConfig& c);
 
