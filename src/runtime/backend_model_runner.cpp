@@ -113,11 +113,12 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   }
 }
 
-// Formats kept at their size (GGUF blocks on the GPU) read fewer bytes a
-// step but, past 16 rows, compute slower than the dense matrices they
-// dequantize to (docs/CUDA_TUNING.md, packed_blocks): they are kept where
-// the dense weights would take more than half of the memory the weights
-// may use, leaving too little for the KV cache, or not fit at all.
+// Formats kept at their size (GGUF blocks) take a fraction of the memory
+// but compute slower than the dense matrices they decode to at some shapes
+// (on the GPU past 16 rows: docs/CUDA_TUNING.md, packed_blocks; on the CPU
+// at every shape: each product decodes its matrix): they are kept where the
+// dense weights would take more than half of the memory the weights may
+// use, leaving too little for the KV cache, or not fit at all.
 void BackendModelRunner::choose_kept_formats(const ModelDef& def, const WeightStore& weights, double fraction) {
   backend_->keep_linear_formats(false);
   const int64_t dense = planned_weight_bytes(def, weights, *backend_);

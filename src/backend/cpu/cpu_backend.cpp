@@ -18,6 +18,12 @@ CpuWeight::CpuWeight(std::string name, std::vector<int64_t> shape, std::vector<f
   shape_ = std::move(shape);
 }
 
+CpuWeight::CpuWeight(std::string name, std::vector<int64_t> shape, DType dtype, std::vector<uint8_t> blocks)
+    : block_dtype_(dtype), blocks_(std::move(blocks)) {
+  name_ = std::move(name);
+  shape_ = std::move(shape);
+}
+
 const CpuWeight& as_cpu(const DeviceWeight& w) {
   auto* cw = dynamic_cast<const CpuWeight*>(&w);
   SERVAL_CHECK(cw != nullptr, "weight \"", w.name(), "\" was not uploaded to the CPU backend");
@@ -70,6 +76,39 @@ void CpuBackend::tensor_to_host(const Tensor& t, float* dst) {
   copy_to_host(dst, t.data, t.numel() * int64_t(sizeof(float)));
 }
 
+namespace {
+
+// n values of `dtype` at src into f32 at dst, in block-aligned chunks on all threads.
+void decode_parallel(DType dtype, const void* src, float* dst, int64_t n, int threads) {
+  const int64_t block = dtype_block_elems(dtype);
+  const int64_t chunk = std::max<int64_t>(1 << 16, (n / threads + block - 1) / block * block);
+  const auto* bytes = static_cast<const uint8_t*>(src);
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > (1 << 20))
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    to_f32(dtype, bytes + dtype_bytes(dtype, start), dst + start, len);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceWeight> CpuBackend::upload_kept_linear(const Linear& w) {
+  SERVAL_CHECK(keeps_linear_format(w.format) && w.shard.is_whole(), "cpu backend: \"", w.name, "\" (",
+               w.format.describe(), ") is not a format it keeps");
+  w.validate();
+  const auto* src = static_cast<const uint8_t*>(w.weight.data);
+  return std::make_unique<CpuWeight>(w.name, std::vector<int64_t>{w.out, w.in}, w.format.dtype,
+                                     std::vector<uint8_t>(src, src + w.weight.nbytes));
+}
+
+const float* CpuBackend::matrix_values(const CpuWeight& w) {
+  if (!w.kept()) return w.data();
+  const int64_t n = w.rows() * w.cols();
+  if (int64_t(scratch_.size()) < n) scratch_.resize(size_t(n));
+  decode_parallel(w.block_dtype(), w.blocks(), scratch_.data(), n, threads_);
+  return scratch_.data();
+}
+
 std::unique_ptr<DeviceWeight> CpuBackend::upload_weight(const TensorView& view) {
   SERVAL_CHECK(view.shape.size() == 1 || view.shape.size() == 2, "tensor \"", view.name, "\" has ",
                view.shape.size(), " dimensions; the CPU backend takes vectors and matrices");
@@ -77,15 +116,8 @@ std::unique_ptr<DeviceWeight> CpuBackend::upload_weight(const TensorView& view) 
   for (int64_t d : view.shape) n *= d;
   SERVAL_CHECK(view.data != nullptr || n == 0, "tensor \"", view.name, "\" has no data");
   std::vector<float> values(static_cast<size_t>(n));
-  // Convert in block-aligned chunks on all threads: a 1B model is ~1.2G values.
-  const int64_t block = dtype_block_elems(view.dtype);
-  const int64_t chunk = std::max<int64_t>(1 << 16, (n / threads_ + block - 1) / block * block);
-  const auto* src = static_cast<const uint8_t*>(view.data);
-#pragma omp parallel for num_threads(threads_) schedule(static) if (n > (1 << 20))
-  for (int64_t start = 0; start < n; start += chunk) {
-    const int64_t len = std::min(chunk, n - start);
-    to_f32(view.dtype, src + dtype_bytes(view.dtype, start), values.data() + start, len);
-  }
+  // Convert on all threads: a 1B model is ~1.2G values.
+  decode_parallel(view.dtype, view.data, values.data(), n, threads_);
   return std::make_unique<CpuWeight>(view.name, view.shape, std::move(values));
 }
 

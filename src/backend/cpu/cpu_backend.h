@@ -4,6 +4,7 @@
 // Hugging Face transformers in f32.
 #include <vector>
 
+#include "model/linear.h"
 #include "runtime/backend.h"
 
 namespace serval {
@@ -12,10 +13,18 @@ namespace serval {
 class CpuWeight : public DeviceWeight {
  public:
   CpuWeight(std::string name, std::vector<int64_t> shape, std::vector<float> values);
-  const float* data() const { return values_.data(); }
+  // A matrix kept in GGUF blocks of `dtype` (CpuBackend::keeps_linear_format).
+  CpuWeight(std::string name, std::vector<int64_t> shape, DType dtype, std::vector<uint8_t> blocks);
+  // The f32 values; null for a matrix kept in blocks.
+  const float* data() const { return blocks_.empty() ? values_.data() : nullptr; }
+  bool kept() const { return !blocks_.empty(); }
+  DType block_dtype() const { return block_dtype_; }
+  const uint8_t* blocks() const { return blocks_.data(); }
 
  private:
   std::vector<float> values_;
+  DType block_dtype_ = DType::F32;
+  std::vector<uint8_t> blocks_;
 };
 
 class CpuBackend : public Backend {
@@ -39,6 +48,19 @@ class CpuBackend : public Backend {
   void memory_info(int64_t& free_bytes, int64_t& total_bytes) override;
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
+  // GGUF block matrices stay in their blocks where the runner asks for it
+  // (the f32 weights would take over half the memory): each matmul then
+  // decodes the matrix into scratch and multiplies as the f32 path does, the
+  // same bits, for a model several times the size the host could hold in f32.
+  bool keeps_linear_format(const LinearFormat& format) const override {
+    return keep_blocks_ && format.kind == LinearFormat::Kind::GgufBlock;
+  }
+  bool chooses_kept_formats() const override { return true; }
+  void keep_linear_formats(bool on) override { keep_blocks_ = on; }
+  std::unique_ptr<DeviceWeight> upload_kept_linear(const Linear& w) override;
+  int64_t linear_device_bytes(const Linear& w) const override {
+    return keeps_linear_format(w.format) ? w.weight.nbytes : Backend::linear_device_bytes(w);
+  }
   KvLayer alloc_kv_layer(const KvGeometry& geom) override;
 
   void embedding(const DeviceWeight& table, const int32_t* ids, const TokenFeed& feed, Tensor out) override;
@@ -58,8 +80,13 @@ class CpuBackend : public Backend {
   void sample(const Tensor& logits, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
 
  private:
+  // The f32 values of `w`: its own, or a kept matrix decoded into scratch_.
+  const float* matrix_values(const CpuWeight& w);
+
   int threads_;
   bool batch_invariant_ = false;
+  bool keep_blocks_ = false;
+  std::vector<float> scratch_;  // matrix_values' decoded matrix
   Sampler sampler_;
   // Per-thread attention scores, grown to the longest context seen.
   std::vector<std::vector<float>> scores_;

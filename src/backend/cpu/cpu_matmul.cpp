@@ -56,9 +56,9 @@ float dot_fixed_order(const float* a, const float* b, int64_t n) {
 }
 
 void CpuBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
-  const float* W = as_cpu(w).data();
   const int64_t T = x.rows, in = x.cols, out = w.rows();
   if (T == 0) return;
+  const float* W = matrix_values(as_cpu(w));
   if (batch_invariant_) {
     fixed_order_matmul(f32(x), W, f32(y), T, in, out, threads_);
   } else if (T <= kMaxStreamRows) {
