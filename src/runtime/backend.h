@@ -312,11 +312,12 @@ class Backend {
   // their size, for kernels that read that format) rather than converted to
   // its dtype; such weights go up through upload_kept_linear. Default: none.
   virtual bool keeps_linear_format(const LinearFormat&) const { return false; }
-  // Whether keeping is the runner's choice (CudaTuning::packed_blocks auto):
-  // it then calls keep_linear_formats(true) where the weights converted to
-  // the backend's dtype would take more than half the memory the weights
-  // may use. keep_linear_formats sets keeps_linear_format's answer for the
-  // formats the backend can keep. Defaults: no choice, nothing kept.
+  // Whether keeping is the runner's choice (the CPU's always, the GPU's under
+  // CudaTuning::packed_blocks auto): it then calls keep_linear_formats(true)
+  // where the weights converted to the backend's dtype would take more than
+  // half the memory the weights may use. keep_linear_formats sets
+  // keeps_linear_format's answer for the formats the backend can keep.
+  // Defaults: no choice, nothing kept.
   virtual bool chooses_kept_formats() const { return false; }
   virtual void keep_linear_formats(bool) {}
   // `w` uploaded in its own format (keeps_linear_format). Default: throws.
