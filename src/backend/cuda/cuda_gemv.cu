@@ -296,24 +296,6 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_deep_kernel(const __grid_con
   }
 }
 
-// Resident blocks of a kernel on `sms` SMs (Launch::grid_sms; 0: all of the
-// device's). The hardware spreads the blocks over every SM, so planning for
-// fewer SMs means fewer weight bytes in flight GPU-wide (CudaTuning::gemv_sms,
-// a measuring tool).
-template <auto kKernel>
-int resident_blocks(const Launch& on) {
-  int dev = 0;
-  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
-  // A property of the kernel on this device's architecture, read once per device.
-  static PerDevice<int> per_sm;
-  const int n = per_sm.get(dev, [] {
-    int blocks = 0;
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0));
-    return std::max(blocks, 1);
-  });
-  return n * (on.grid_sms > 0 ? on.grid_sms : device_sms(on));
-}
-
 template <auto kKernel>
 void launch_as(const GemvParams& p, const GemvRopeKv& r, const GemvNorm& n, const Launch& on) {
   // Balanced persistent grid: the fewest units per block that fit the resident

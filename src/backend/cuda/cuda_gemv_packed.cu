@@ -38,17 +38,7 @@ struct PackedGemvParams {
   int steps;  // k-steps per row
 };
 
-// 16 bytes (or 8) of W or its scales, streamed as the bf16 GEMV streams W.
-__device__ __forceinline__ uint4 load_stream16(const void* p, bool ok, uint64_t policy) {
-  uint4 v;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
-      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-      "@p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%5], %6;\n\t}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "r"(int(ok)), "l"(p), "l"(policy));
-  return v;
-}
+// 8 bytes of Q8_0 scales, streamed as load_weight streams W (cuda_gemv_unit.cuh).
 __device__ __forceinline__ uint2 load_stream8(const void* p, bool ok, uint64_t policy) {
   uint2 v;
   asm volatile(
@@ -136,10 +126,10 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
     const int c = ok ? 4 * S + q : 0;
 #pragma unroll
     for (int k = 0; k < kW; ++k) {
-      wv[k][s] = load_stream16(w_row[k] + int64_t(c) * 16, ok, policy);
+      wv[k][s] = load_weight(w_row[k] + int64_t(c) * 16, ok, policy);
       const uint16_t* sp = s_unit[k] + int64_t(c) * Step::kGroups * 2;
       if constexpr (kBits == 4)
-        sv[k][s] = load_stream16(sp, ok, policy);
+        sv[k][s] = load_weight(sp, ok, policy);
       else
         sv[k][s] = load_stream8(sp, ok, policy);
     }
@@ -212,16 +202,8 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
 
 template <auto kKernel>
 void launch_packed(const PackedGemvParams& P, const GemvRopeKv& r, const Launch& on) {
-  int dev = 0;
-  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
-  static PerDevice<int> per_sm;
-  const int per = per_sm.get(dev, [] {
-    int blocks = 0;
-    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0));
-    return std::max(blocks, 1);
-  });
-  const int resident = per * (on.grid_sms > 0 ? on.grid_sms : device_sms(on));
-  const int per_block = ceil_div(P.seg.tiles, resident);  // balanced: every block the same count, +-1
+  // Balanced persistent grid, as the bf16 GEMV's (launch_as in cuda_gemv.cu).
+  const int per_block = ceil_div(P.seg.tiles, resident_blocks<kKernel>(on));
   launch_pdl(kKernel, dim3(unsigned(ceil_div(P.seg.tiles, per_block))), dim3(kThreads), 0, on, P, r);
 }
 

@@ -4,6 +4,7 @@
 // row exactly as they do: the block shape and k split, the weight and x
 // loads, a unit's W rows, and a unit's end (the warps' sum in a fixed order,
 // the stores, the rope epilogue). See cuda_gemv.cu for the design.
+#include <algorithm>
 #include <type_traits>
 
 #include "backend/cuda/cuda_tensor.h"
@@ -29,7 +30,7 @@ using GemvParams = MatmulSegments;
 // per step and must not push activations out), and a 256-byte L2 fetch, since
 // the next three k-steps of the row follow right behind. `ok` false gives zeros
 // without touching memory.
-__device__ __forceinline__ uint4 load_weight(const bf16* p, bool ok, uint64_t policy) {
+__device__ __forceinline__ uint4 load_weight(const void* p, bool ok, uint64_t policy) {
   uint4 v;
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
@@ -242,6 +243,24 @@ __device__ __forceinline__ void finish_unit(const GemvParams& p, const GemvRopeK
       }
     }
   }
+}
+
+// Resident blocks of a kernel on `sms` SMs (Launch::grid_sms; 0: all of the
+// device's). The hardware spreads the blocks over every SM, so planning for
+// fewer SMs means fewer weight bytes in flight GPU-wide (CudaTuning::gemv_sms,
+// a measuring tool).
+template <auto kKernel>
+int resident_blocks(const Launch& on) {
+  int dev = 0;
+  SERVAL_CUDA_CHECK(cudaGetDevice(&dev));
+  // A property of the kernel on this device's architecture, read once per device.
+  static PerDevice<int> per_sm;
+  const int n = per_sm.get(dev, [] {
+    int blocks = 0;
+    SERVAL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0));
+    return std::max(blocks, 1);
+  });
+  return n * (on.grid_sms > 0 ? on.grid_sms : device_sms(on));
 }
 
 // More than kMaxTokens rows, any T (cuda_gemv_wide.cu): the wide kernel.

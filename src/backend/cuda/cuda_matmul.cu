@@ -109,14 +109,10 @@ void CudaMatmul::matmul_multi(const Tensor& x, const std::vector<const DeviceWei
     SERVAL_CHECK(!as_cuda(*w).interleaved(), "matmul_multi: \"", w->name(), "\" is half of an interleaved gate/up ",
                  "pair, which only gated_mlp_up reads");
   bool packed = false;
-  std::vector<const CudaWeight*> cws;
-  for (const DeviceWeight* w : ws) {
-    cws.push_back(&as_cuda(*w));
-    packed = packed || cws.back()->packed();
-  }
+  for (const DeviceWeight* w : ws) packed = packed || as_cuda(*w).packed();
   if (packed) {  // packed weights: one launch where they go together, else each its own product
-    if (packed_multi(x, cws, ys)) return;
-    for (size_t i = 0; i < ws.size(); ++i) matmul(x, *cws[i], nullptr, ys[i]);
+    if (packed_multi(x, ws, ys)) return;
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, as_cuda(*ws[i]), nullptr, ys[i]);
     return;
   }
   bool fused = own_kernel_fits(x) && ws.size() >= 1 && ws.size() <= 3;

@@ -8,6 +8,7 @@
 // that read it: NormedRows::deferred). Where an op returns false it has
 // launched nothing, and the backend composes the op from others.
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/cuda/cuda_config.h"
@@ -99,9 +100,9 @@ class CudaMatmul {
   // with silu * up, in one launch per 16 rows; false where they do not fit
   // (then the backend composes the op).
   bool packed_gemv_rows(const Tensor& x) const;
-  bool packed_together(const Tensor& x, const std::vector<const CudaWeight*>& ws) const;
+  bool packed_together(const Tensor& x, std::span<const CudaWeight* const> ws) const;
   void packed_matmul(const Tensor& x, const CudaWeight& w, Tensor y);
-  bool packed_multi(const Tensor& x, const std::vector<const CudaWeight*>& ws, const std::vector<Tensor>& ys);
+  bool packed_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws, const std::vector<Tensor>& ys);
   bool packed_qkv_rope_kv_write(const NormedRows& x, const CudaWeight& wq, const CudaWeight& wk,
                                 const CudaWeight& wv, Tensor q, Tensor k, Tensor v, const int32_t* positions,
                                 const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,

@@ -37,7 +37,7 @@ bool CudaMatmul::packed_gemv_rows(const Tensor& x) const {
 }
 
 // Weights the packed GEMV reads together: packed, one format, x's width.
-bool CudaMatmul::packed_together(const Tensor& x, const std::vector<const CudaWeight*>& ws) const {
+bool CudaMatmul::packed_together(const Tensor& x, std::span<const CudaWeight* const> ws) const {
   if (!packed_gemv_rows(x)) return false;
   for (const CudaWeight* w : ws)
     if (w->packed() == nullptr || w->dtype() != ws[0]->dtype() || w->cols() != x.cols) return false;
@@ -47,7 +47,8 @@ bool CudaMatmul::packed_together(const Tensor& x, const std::vector<const CudaWe
 void CudaMatmul::packed_matmul(const Tensor& x, const CudaWeight& cw, Tensor y) {
   const PackedWeight w = packed_of(cw);
   const Launch on = launch_on(dev_, cfg_);
-  if (packed_together(x, {&cw})) {
+  const CudaWeight* one[] = {&cw};
+  if (packed_together(x, one)) {
     return for_each_pass(x.rows, [&](int64_t t0, int64_t n) {
       const Tensor ys = y.rows_view(t0, n);
       ++packed_gemv_calls_;
@@ -62,13 +63,16 @@ void CudaMatmul::packed_matmul(const Tensor& x, const CudaWeight& cw, Tensor y) 
   gemm({cw.rows(), x.rows, x.cols, y.dtype == DType::F32}, dense, x.data, y.data);
 }
 
-bool CudaMatmul::packed_multi(const Tensor& x, const std::vector<const CudaWeight*>& ws,
+bool CudaMatmul::packed_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws,
                               const std::vector<Tensor>& ys) {
-  if (ws.size() > 3 || !packed_together(x, ws)) return false;
+  if (ws.empty() || ws.size() > 3) return false;
+  const CudaWeight* cw[3] = {&as_cuda(*ws[0]), nullptr, nullptr};
+  for (size_t i = 1; i < ws.size(); ++i) cw[i] = &as_cuda(*ws[i]);
+  if (!packed_together(x, std::span(cw, ws.size()))) return false;
   PackedWeight pw[3];
   for (size_t i = 0; i < ws.size(); ++i) {
-    if (ys[i].dtype != DType::BF16 || ys[i].rows != x.rows || ys[i].cols != ws[i]->rows()) return false;
-    pw[i] = packed_of(*ws[i]);
+    if (ys[i].dtype != DType::BF16 || ys[i].rows != x.rows || ys[i].cols != cw[i]->rows()) return false;
+    pw[i] = packed_of(*cw[i]);
   }
   for_each_pass(x.rows, [&](int64_t t0, int64_t n) {
     Tensor part[3];
@@ -85,7 +89,8 @@ bool CudaMatmul::packed_qkv_rope_kv_write(const NormedRows& xn, const CudaWeight
                                           const int64_t* slot_mapping, const KvLayer& kv, const KvGeometry& geom) {
   const Tensor& x = xn.rows;
   const int64_t kv_row = int64_t(geom.num_kv_heads) * geom.head_dim;
-  const bool fits = !xn.deferred && packed_together(x, {&cq, &ck, &cv}) && cfg_.tuning.gemv_rope &&
+  const CudaWeight* qkv[] = {&cq, &ck, &cv};
+  const bool fits = !xn.deferred && packed_together(x, qkv) && cfg_.tuning.gemv_rope &&
                     rope.style == RopeStyle::Interleaved && rope.head_dim == geom.head_dim &&
                     rope.head_dim % 8 == 0 && rope.rope_dim % 2 == 0 && rope.rope_dim > 0 &&
                     rope.rope_dim <= rope.head_dim && rope.inv_freq != nullptr && q.dtype == DType::BF16 &&
@@ -110,7 +115,8 @@ bool CudaMatmul::packed_qkv_rope_kv_write(const NormedRows& xn, const CudaWeight
 
 bool CudaMatmul::packed_gated_mlp_up(const NormedRows& xn, const CudaWeight& g, const CudaWeight& u, Tensor out) {
   const Tensor& x = xn.rows;
-  if (xn.deferred || !packed_together(x, {&g, &u}) || g.rows() != u.rows() || out.dtype != DType::BF16 ||
+  const CudaWeight* pair[] = {&g, &u};
+  if (xn.deferred || !packed_together(x, pair) || g.rows() != u.rows() || out.dtype != DType::BF16 ||
       out.rows != x.rows || out.cols != g.rows())
     return false;
   const PackedWeight gate = packed_of(g), up = packed_of(u);
