@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, in the folder scripts/gpu-stage.sh made: decode of a 7B-shape random model
-# written in each GGUF block type, Serval's packed kernels beside the same binary with
-# packed_blocks=0 (the matrices dequantized to bf16 at load) and the bf16 model, and, with
+# written in each GGUF block type, Serval's packed kernels (packed_blocks=on) beside the same binary with
+# packed_blocks=off (the matrices dequantized to bf16 at load) and the bf16 model, and, with
 # --llama, llama.cpp's llama-bench tg128 on the same files (built here first: ~5 minutes).
 # Prints one table: tok/s, ms a step and the fraction of the copy-bandwidth roofline for the
 # bytes a step reads in the weights' real format (BW GB/s: 3021 on an H100, 4261 on an H200).
@@ -70,8 +70,8 @@ for N in $SEQS; do
   row="bf16, $label"; ROWS+=("$row"); bench "$row" "serval" /tmp/m-bf16.gguf
   for t in $TYPES; do
     row="$t, $label"; ROWS+=("$row")
-    bench "$row" "serval" /tmp/m-$t.gguf
-    bench "$row" "serval, dequantized at load" /tmp/m-$t.gguf packed_blocks=0
+    bench "$row" "serval" /tmp/m-$t.gguf packed_blocks=on
+    bench "$row" "serval, dequantized at load" /tmp/m-$t.gguf packed_blocks=off
   done
 done
 
