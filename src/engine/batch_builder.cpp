@@ -29,12 +29,17 @@ void reset(Batch& batch) {
 }
 }  // namespace
 
-void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) const {
+void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch, StepRows* rows) const {
   reset(batch);
+  if (rows) {
+    rows->sampled.clear();
+    rows->scored.clear();
+  }
   const bool any_fed = std::any_of(items.begin(), items.end(), [](const ScheduledChunk& c) { return c.fed(); });
 
   int32_t max_blocks = 0;
-  for (const ScheduledChunk& item : items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ScheduledChunk& item = items[i];
     const Sequence& seq = *item.seq;
     const int64_t start = item.first();
     const int64_t end = start + item.num_new_tokens;
@@ -54,13 +59,23 @@ void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch) co
     SERVAL_CHECK(table.num_tokens() >= end, "sequence ", seq.id(), ": KV slots cover ",
                  table.num_tokens(), " tokens but the step needs ", end,
                  " (allocate slots before building the batch)");
+    const int32_t first_row = int32_t(batch.token_ids.size());
     for (int64_t p = start; p < end; ++p) {
       batch.token_ids.push_back(item.fed() ? 0 : seq.token_at(p));  // a fed token: the device's
       if (any_fed) batch.token_source.push_back(item.source_row);
       batch.positions.push_back(int32_t(p));
       batch.slot_mapping.push_back(table.slot(p));
     }
-    if (item.fed() || end == seq.num_tokens()) batch.logits_rows.push_back(int32_t(batch.token_ids.size()) - 1);
+    // Scored prompt positions: each predicts the prompt token after it.
+    const int64_t scored_end = !item.fed() && seq.scores_prompt() ? std::min(end, seq.num_prompt_tokens() - 1) : start;
+    if (scored_end > start) {
+      if (rows) rows->scored.push_back({i, int32_t(batch.logits_rows.size()), start, int32_t(scored_end - start)});
+      for (int64_t p = start; p < scored_end; ++p) batch.logits_rows.push_back(first_row + int32_t(p - start));
+    }
+    if (item.fed() || end == seq.num_tokens()) {
+      if (rows) rows->sampled.push_back(int32_t(batch.logits_rows.size()));
+      batch.logits_rows.push_back(int32_t(batch.token_ids.size()) - 1);
+    }
     batch.query_start.push_back(int32_t(batch.token_ids.size()));
     batch.context_len.push_back(int32_t(end));
     max_blocks = std::max(max_blocks, int32_t((end + block_size_ - 1) / block_size_));

@@ -10,6 +10,21 @@
 
 namespace serval {
 
+// Which of a step's logits rows serve what: `sampled[i]`, the row of the
+// i-th item that samples (StepPlan::sample_rows' order); `scored`, runs of
+// rows scoring prompt tokens (Sequence::scores_prompt): the row of prompt
+// position p holds the logits of the token at p + 1.
+struct StepRows {
+  struct Scored {
+    size_t item = 0;             // index into the items
+    int32_t first_row = 0;       // index into Batch::logits_rows
+    int64_t first_position = 0;  // prompt position of that row
+    int32_t count = 0;
+  };
+  std::vector<int32_t> sampled;
+  std::vector<Scored> scored;
+};
+
 class BatchBuilder {
  public:
   // Throws serval::Error if block_size < 1.
@@ -19,10 +34,12 @@ class BatchBuilder {
   // item's tokens from its start, a fed item's token from the step before
   // (Batch::token_source). A sequence gets a logits row (its last new token)
   // when the item is fed or computes all of its known tokens, i.e. a decode
-  // step or the last chunk of its prompt. Throws serval::Error if an item has
+  // step or the last chunk of its prompt; a prompt being scored gets a row
+  // for each of its new tokens but the prompt's last (`rows`, when given,
+  // says which is which). Throws serval::Error if an item has
   // no new tokens, starts before its computed tokens, goes past its known
   // ones, or its block table lacks slots for them (allocate first).
-  void build(std::span<const ScheduledChunk> items, Batch& batch) const;
+  void build(std::span<const ScheduledChunk> items, Batch& batch, StepRows* rows = nullptr) const;
   Batch build(std::span<const ScheduledChunk> items) const;
 
  private:

@@ -18,6 +18,7 @@ constexpr int32_t kMaxSamples = 128;
 EngineOptions with_runner_limits(EngineOptions o, const ModelRunner& runner) {
   if (o.scheduler.max_model_len == 0) o.scheduler.max_model_len = runner.config().max_position;
   o.scheduler.fed_penalties = runner.counts_fed_tokens();
+  o.scheduler.max_scored_rows = runner.max_scored_rows();
   // Blocks behind a sliding window are released as sequences grow; the
   // prefix cache, which keeps whole prefixes, is off for such models.
   o.scheduler.kv_window = runner.attention_window();
@@ -187,6 +188,7 @@ void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
                                             .n = r.n,
                                             .skip_special_tokens = r.skip_special_tokens,
                                             .want_logprobs = r.params.logprobs >= 0,
+                                            .prompt_logprobs = r.params.prompt_logprobs,
                                             .num_prompt_tokens = int64_t(r.prompt_ids.size()),
                                             .max_tokens = r.stop.max_tokens,
                                             .arrival = p.arrival,
@@ -291,9 +293,9 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
   const size_t num_rows = plan.sample_rows.size(), num_specs = s.keys.size();
   try {
     if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
-    batch_builder_.build(plan.items, batch_);
-    SERVAL_CHECK(batch_.logits_rows.size() == num_rows, "batch builder made ", batch_.logits_rows.size(),
-                 " logits rows for ", num_rows, " sampled sequences");
+    batch_builder_.build(plan.items, batch_, &rows_);
+    SERVAL_CHECK(rows_.sampled.size() == num_rows, "batch builder made ", rows_.sampled.size(),
+                 " sampling rows for ", num_rows, " sampled sequences");
     // One spec per sample; a forked sample draws from its parent's row. The
     // draws are made here, from each request's Rng, so that a seed picks
     // the same token on every backend. A fed row's output is one token
@@ -306,18 +308,45 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
       const int32_t fed_source = row >= 0 && !batch_.token_source.empty() ? batch_.token_source[size_t(row)] : -1;
       banned_[i] = seq.stop().banned_tokens(int64_t(seq.output_ids().size()) + (fed_source >= 0));
       SampleSpec& spec = specs_[i];
+      spec = SampleSpec{};
       spec.fed_source = fed_source;
-      spec.row = i < num_rows ? int32_t(i) : plan.forks[i - num_rows].row;
+      spec.row = rows_.sampled[i < num_rows ? i : size_t(plan.forks[i - num_rows].row)];
       spec.params = &seq.params();
       spec.prompt_ids = seq.prompt_ids();
       spec.output_ids = seq.output_ids();
       spec.banned = banned_[i];
       spec.uniform = seq.params().greedy() ? 0.0 : seq.rng().uniform();
     }
+    add_scoring_specs(s);
     runner_.start_sample(batch_, specs_);
     s.queued = EngineClock::now();
   } catch (const std::exception& e) {
     s.error = e.what();
+  }
+}
+
+void Engine::add_scoring_specs(Started& s) {
+  // One spec per scored prompt token, after the sampling ones (whose
+  // indices a continuation's fed rows name): the token itself, its logprobs.
+  size_t num_scored = 0;
+  for (const StepRows::Scored& r : rows_.scored) num_scored += size_t(r.count);
+  score_params_.resize(rows_.scored.size());
+  size_t k = specs_.size();
+  specs_.resize(k + num_scored);
+  for (size_t j = 0; j < rows_.scored.size(); ++j) {
+    const StepRows::Scored& r = rows_.scored[j];
+    const Sequence& seq = *s.plan.items[r.item].seq;
+    score_params_[j] = SamplingParams{};
+    score_params_[j].temperature = 0.0f;
+    score_params_[j].logprobs = seq.params().prompt_logprobs;
+    s.scored.push_back({seq.id(), r.first_position, r.count});
+    for (int32_t c = 0; c < r.count; ++c) {
+      SampleSpec& spec = specs_[k++];
+      spec = SampleSpec{};
+      spec.row = r.first_row + c;
+      spec.params = &score_params_[j];
+      spec.forced_token = seq.token_at(r.first_position + c + 1);
+    }
   }
 }
 
@@ -326,10 +355,17 @@ std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled)
   if (!s.error.empty()) return s.error;
   try {
     runner_.finish_sample(results_);
-    SERVAL_CHECK(results_.size() == sampled.size(), "model runner sampled ", results_.size(), " tokens for ",
-                 sampled.size(), " samples");
+    size_t num_scored = 0;
+    for (const Started::Scored& r : s.scored) num_scored += size_t(r.count);
+    SERVAL_CHECK(results_.size() == sampled.size() + num_scored, "model runner sampled ", results_.size(),
+                 " tokens for ", sampled.size(), " samples and ", num_scored, " scored prompt tokens");
     for (size_t i = 0; i < sampled.size(); ++i)
       sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
+    size_t k = sampled.size();
+    for (const Started::Scored& r : s.scored) {
+      outputs_.prompt_scored(r.id, r.first_position, std::span(results_).subspan(k, size_t(r.count)));
+      k += size_t(r.count);
+    }
   } catch (const std::exception& e) {
     return e.what();
   }

@@ -163,6 +163,13 @@ class Engine {
     Started() {}
     StepPlan plan;
     std::vector<SampleKey> keys;  // its rows, then forks
+    // Prompt tokens it scores: specs after the keys' ones, in this order.
+    struct Scored {
+      int64_t id = -1;
+      int64_t first_position = 0;
+      int32_t count = 0;
+    };
+    std::vector<Scored> scored;
     int64_t num_prompt_tokens = 0;
     std::string error;
     EngineClock::time_point queued;  // start() done: the device has all of it
@@ -177,6 +184,8 @@ class Engine {
   // tokens on the device); a failure goes to s.error. Requests first
   // scheduled now are so from `start_time`.
   void start(Started& s, EngineClock::time_point start_time);
+  // Appends to specs_ the specs scoring the prompt tokens of rows_.scored.
+  void add_scoring_specs(Started& s);
   // Waits for the tokens of `s` (one per key); returns why it failed, or "".
   std::string finish(const Started& s, std::vector<SampledToken>& sampled);
   // finish(), then commits `s` (`appended`: the tokens the scheduler took)
@@ -222,6 +231,8 @@ class Engine {
   // banned_), and its results. Kept across steps to reuse their memory.
   std::vector<SampleSpec> specs_;
   std::vector<std::vector<int32_t>> banned_;
+  StepRows rows_;                          // which logits rows sample, which score
+  std::vector<SamplingParams> score_params_;  // of the scoring specs, one per scored run
   std::vector<SampleResult> results_;
   OutputProcessor outputs_;  // the requests in the scheduler, as their clients see them
   bool async_scheduling_ = false;

@@ -17,6 +17,7 @@ struct OutputProcessor::Sample {
   std::optional<StopStringMatcher> stops;
   bool stop_hit = false;  // a stop string matched: finish as kStop
   bool finished = false;  // its final event is made
+  bool prompt_sent = false;  // the prompt's logprobs went with its first tokens
   size_t published = 0;   // output tokens already sent
   std::optional<EngineClock::time_point> first_token, last_token;
 };
@@ -28,6 +29,8 @@ struct OutputProcessor::Active {
   int32_t samples_finished = 0;
   int64_t max_generated = 0;  // most tokens of a finished sample
   bool want_logprobs = false;
+  bool want_prompt_logprobs = false;
+  std::vector<std::optional<Logprobs>> prompt_logprobs;  // one per prompt token, the first empty
   int64_t num_prompt_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens the first admission took from the prefix cache
   int64_t max_tokens = 0;
@@ -48,6 +51,8 @@ void OutputProcessor::add(const NewRequest& r) {
                                                   r.stops ? *r.stops : std::optional<StopStringMatcher>{}));
   a->samples_left = r.n;
   a->want_logprobs = r.want_logprobs;
+  a->want_prompt_logprobs = r.prompt_logprobs >= 0;
+  if (a->want_prompt_logprobs) a->prompt_logprobs.resize(size_t(r.num_prompt_tokens));
   a->num_prompt_tokens = r.num_prompt_tokens;
   a->max_tokens = r.max_tokens;
   a->arrival = r.arrival;
@@ -65,6 +70,16 @@ void OutputProcessor::scheduled(int64_t id, EngineClock::time_point when, int64_
   if (a.first_scheduled) return;
   a.first_scheduled = when;
   a.num_cached_tokens = cached;
+}
+
+void OutputProcessor::prompt_scored(int64_t id, int64_t first_position, std::span<SampleResult> results) {
+  auto found = active_.find(id);
+  if (found == active_.end()) return;
+  Active& a = *found->second;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const size_t p = size_t(first_position) + 1 + i;
+    if (p < a.prompt_logprobs.size()) a.prompt_logprobs[p] = std::move(results[i].logprobs);
+  }
 }
 
 bool OutputProcessor::emit_tokens(const Sequence& seq, EventMap& events, IterationStats& it,
@@ -90,6 +105,11 @@ void OutputProcessor::emit_tokens(Active& a, const Sequence& seq, RequestEvent& 
   Sample& sample = *a.samples.at(size_t(seq.sample_index()));
   const std::vector<int32_t>& ids = seq.output_ids();
   const std::vector<Logprobs>& lps = seq.output_logprobs();
+  // The prompt was scored by the step that sampled the first token.
+  if (a.want_prompt_logprobs && !sample.prompt_sent && sample.published < ids.size()) {
+    ev.prompt_logprobs = a.prompt_logprobs;
+    sample.prompt_sent = true;
+  }
   // Up to the token that completes a stop string: tokens after it (the
   // emission runs a step behind the device) are never sent nor counted.
   for (; sample.published < ids.size() && !sample.stop_hit; ++sample.published) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include "engine/engine_metrics.h"
 #include "engine/request_output.h"
+#include "sampling/sampler.h"
 #include "sched/sequence.h"
 #include "sched/stop_strings.h"
 #include "tokenizer/tokenizer.h"
@@ -38,6 +40,7 @@ class OutputProcessor {
     int32_t n = 1;
     bool skip_special_tokens = true;
     bool want_logprobs = false;
+    int32_t prompt_logprobs = -1;  // SamplingParams::prompt_logprobs
     int64_t num_prompt_tokens = 0;
     int64_t max_tokens = 0;
     EngineClock::time_point arrival;
@@ -54,6 +57,9 @@ class OutputProcessor {
   std::vector<int64_t> ids() const;
   // The request's first chunk starts at `when`, with `cached` prompt tokens from the prefix cache.
   void scheduled(int64_t id, EngineClock::time_point when, int64_t cached);
+  // The scores of the request's prompt tokens first_position + 1, ...
+  // (one result each; see StepRows), kept until its samples' first events.
+  void prompt_scored(int64_t id, int64_t first_position, std::span<SampleResult> results);
   // Adds the tokens of `seq` not yet sent to its event; true when a stop
   // string ended the sample (the scheduler is to abort it).
   bool emit_tokens(const Sequence& seq, EventMap& events, IterationStats& it, EngineClock::time_point now);

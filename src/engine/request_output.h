@@ -35,6 +35,9 @@ struct RequestEvent {
   std::vector<int32_t> token_ids;  // newly generated tokens
   std::string text;                // newly safe text (UTF-8 whole characters, no stop string)
   std::vector<Logprobs> logprobs;  // one per token when the request asked for logprobs
+  // Asked for (prompt_logprobs): with each sample's first tokens, one per
+  // prompt token, the first empty (nothing comes before it).
+  std::vector<std::optional<Logprobs>> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;
   std::string error;               // the message when finish == kError
   RequestTimings timings;

@@ -194,6 +194,11 @@ struct SampleSpec {
   // (the row's input token, fed on the device: Batch::token_source). The
   // penalties count it. start_sample honours it; sample() takes none.
   int32_t fed_source = -1;
+  // >= 0: no draw: the result is this token, with the logprobs
+  // params->logprobs asks for (which must be >= 0): a prompt token scored
+  // (SamplingParams::prompt_logprobs). Penalties, bans and filters do not
+  // apply; the logits must still be valid (no NaN or +inf, not all -inf).
+  int32_t forced_token = -1;
 };
 
 // Specs as a sampler on the host needs them: fed_source -1, and output_ids

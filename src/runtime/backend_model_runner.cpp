@@ -44,6 +44,7 @@ class BackendModelRunner : public ModelRunner {
   bool uses_graphs() const override { return graphs_ != nullptr; }
   bool queues_steps_async() const override { return backend_->queues_work_async(); }
   bool counts_fed_tokens() const override { return backend_->counts_fed_tokens(); }
+  int64_t max_scored_rows() const override { return max_scored_rows_; }
 
  private:
   void allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts);
@@ -63,6 +64,7 @@ class BackendModelRunner : public ModelRunner {
   KvPool kv_;
   int32_t block_size_ = 0;
   int64_t window_ = 0;  // ModelDef::widest_window, read by every step's validation
+  int64_t max_scored_rows_ = 0;
   int64_t num_blocks_ = 0;  // blocks the engine may use; the pool may hold one spare (graph padding)
   Workspace ws_;
   std::unique_ptr<StepGraphs> graphs_;  // null: eager only
@@ -83,8 +85,8 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   SERVAL_CHECK(opts.block_size > 0, "runner: block_size must be positive, got ", opts.block_size);
   SERVAL_CHECK(opts.gpu_memory_fraction >= 0 && opts.gpu_memory_fraction <= 1,
                "--gpu-memory-fraction must be in (0, 1], got ", opts.gpu_memory_fraction);
-  SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0, "runner: max_num_batched_tokens and ",
-               "max_num_seqs must be positive");
+  SERVAL_CHECK(opts.max_num_batched_tokens > 0 && opts.max_num_seqs > 0 && opts.max_scored_rows > 0,
+               "runner: max_num_batched_tokens, max_num_seqs and max_scored_rows must be positive");
   const ModelDef def = ModelDef::of(cfg_);
   backend_ = create_backend(opts.device, opts.threads, opts.dtype, opts.cuda_tuning);
   const std::string refusal = device_cannot_run(backend_->name(), def);
@@ -104,7 +106,10 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   model_ = std::make_unique<DeviceModel>(def, weights, *backend_, opts.rope_permute);
   window_ = def.widest_window();
   // Activations for the largest step first: the KV pool gets what is left.
-  ensure_workspace(std::max<int64_t>(opts.max_num_batched_tokens, opts.max_num_seqs), opts.max_num_seqs);
+  // Logits rows: one per sequence, and the prompt tokens a step may score.
+  max_scored_rows_ = opts.max_scored_rows;
+  ensure_workspace(std::max<int64_t>(opts.max_num_batched_tokens, opts.max_num_seqs),
+                   int64_t(opts.max_num_seqs) + opts.max_scored_rows);
   allocate_kv_pool(def, planned);
   if (backend_->supports_graphs() && !opts.enforce_eager) {
     const int32_t max_len = opts.max_model_len > 0 ? opts.max_model_len : int32_t(cfg_.max_position);

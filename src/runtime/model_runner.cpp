@@ -44,7 +44,9 @@ void ModelRunner::forward_sample(const Batch& batch, std::span<const SampleSpec>
     SERVAL_CHECK(s.params != nullptr && s.row >= 0 && int64_t(s.row) * V < int64_t(logits.size()),
                  "forward_sample: spec row ", s.row, " is outside the step's logits");
     const std::span<const float> row(logits.data() + int64_t(s.row) * V, size_t(V));
-    out[i] = host_sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned);
+    out[i] = s.forced_token >= 0
+                 ? host_sampler_.score(row, s.forced_token, s.params->logprobs)
+                 : host_sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned);
   }
 }
 

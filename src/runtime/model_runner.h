@@ -39,6 +39,9 @@ struct RunnerOptions {
   // it; a larger one grows them) and the most sequences in one step.
   int64_t max_num_batched_tokens = 512;
   int32_t max_num_seqs = 256;
+  // Prompt tokens scored per step (prompt logprobs): logits rows planned
+  // beside one per sequence.
+  int32_t max_scored_rows = 256;
   int32_t max_model_len = 0;    // 0: the model's context
   bool enforce_eager = false;   // never replay decode steps from graphs
   // Backend::set_batch_invariant: a sequence's logits do not depend on what
@@ -134,6 +137,8 @@ class ModelRunner {
   // Whether start_sample's penalties count a spec's fed_source token
   // (Backend::counts_fed_tokens); the default start_sample does.
   virtual bool counts_fed_tokens() const { return true; }
+  // Prompt tokens a step may score (SchedulerConfig::max_scored_rows).
+  virtual int64_t max_scored_rows() const { return 256; }
 
  private:
   Sampler host_sampler_;    // forward_sample's default

@@ -71,6 +71,17 @@ SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams
   return result;
 }
 
+SampleResult Sampler::score(std::span<const float> logits, int32_t token, int32_t top_n) {
+  (void)checked_max(logits);
+  SERVAL_CHECK(token >= 0 && size_t(token) < logits.size(), "cannot score token ", token, ": outside the vocabulary of ",
+               logits.size());
+  SERVAL_CHECK(top_n >= 0, "scoring a token needs logprobs (top_n >= 0), got ", top_n);
+  SampleResult result;
+  result.token = token;
+  result.logprobs = compute_logprobs(logits, token, top_n);
+  return result;
+}
+
 int32_t Sampler::sample_filtered(std::span<const float> x, const SamplingParams& params,
                                  double u) {
   const int64_t vocab = int64_t(x.size());

@@ -46,6 +46,10 @@ class Sampler {
   SampleResult sample(std::span<const float> logits, const SamplingParams& params,
                       std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids,
                       double uniform, std::span<const int32_t> banned = {});
+  // No draw: `token` with the logprobs of the raw distribution and its top
+  // `top_n` (a prompt token scored). Throws on the logits sample() refuses
+  // or a token outside the vocabulary.
+  SampleResult score(std::span<const float> logits, int32_t token, int32_t top_n);
 
  private:
   int32_t sample_filtered(std::span<const float> x, const SamplingParams& params, double u);

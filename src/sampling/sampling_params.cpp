@@ -22,6 +22,8 @@ void SamplingParams::validate() const {
                "frequency_penalty must be in [-2, 2], got ", frequency_penalty);
   SERVAL_CHECK(logprobs >= -1 && logprobs <= kMaxLogprobs, "logprobs must be in [0, ",
                kMaxLogprobs, "] (or -1 for none), got ", logprobs);
+  SERVAL_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= kMaxLogprobs, "prompt_logprobs must be in [0, ",
+               kMaxLogprobs, "] (or -1 for none), got ", prompt_logprobs);
 }
 
 }  // namespace serval

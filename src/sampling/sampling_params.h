@@ -16,6 +16,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;  // [-2, 2], over output tokens
   std::optional<uint64_t> seed;    // reproducible sampling when set
   int32_t logprobs = -1;           // -1: none; n in [0, 20]: chosen token's logprob + top n
+  // -1: none; n in [0, 20]: each prompt token's logprob given the tokens
+  // before it, with the top n (vLLM's prompt_logprobs; the first has none).
+  int32_t prompt_logprobs = -1;
 
   // Temperatures this small are treated as greedy (as vLLM does), since
   // dividing logits by them would only amplify rounding noise.

@@ -33,6 +33,7 @@ void SchedulerConfig::validate() const {
   SERVAL_CHECK(max_model_len >= 0, "max_model_len must be >= 0 (0: unlimited), got ",
                max_model_len);
   SERVAL_CHECK(kv_window >= 0, "kv_window must be >= 0 (0: no sliding window), got ", kv_window);
+  SERVAL_CHECK(max_scored_rows >= 1, "max_scored_rows must be at least 1, got ", max_scored_rows);
 }
 
 Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv) : config_(config), kv_(kv) {
@@ -134,9 +135,19 @@ void Scheduler::expire_deadlines(SchedulerClock::time_point now, StepPlan& plan)
   }
 }
 
+int64_t Scheduler::chunk_tokens(const Sequence& seq, int64_t from, int64_t budget) const {
+  const int64_t n = std::min(seq.num_tokens() - from, budget);
+  return seq.scores_prompt() ? std::min(n, std::max<int64_t>(scored_rows_left_, 0)) : n;
+}
+
+void Scheduler::take_scored_rows(const Sequence& seq, int64_t n) {
+  if (seq.scores_prompt()) scored_rows_left_ -= n;
+}
+
 bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   Sequence& seq = e->seq;
-  const int64_t n = std::min(seq.num_uncomputed_tokens(), budget);
+  const int64_t n = chunk_tokens(seq, seq.num_computed_tokens(), budget);
+  if (n == 0) return true;  // a scored prompt waits for rows left in a later step
   const int64_t end = seq.num_computed_tokens() + n;
   const int64_t missing = std::max<int64_t>(0, end - seq.block_table().num_tokens());
   while (!kv_.can_allocate(seq.block_table(), missing)) {
@@ -152,6 +163,7 @@ bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   plan.copies.insert(plan.copies.end(), alloc->copies.begin(), alloc->copies.end());
   plan.items.push_back(ScheduledChunk{&seq, int32_t(n), seq.num_computed_tokens()});
   if (end == seq.num_tokens()) plan.sample_rows.push_back(&seq);
+  take_scored_rows(seq, n);
   budget -= n;
   plan.num_tokens += n;
   return true;
@@ -171,9 +183,12 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* i
     if (in_flight && abort_pending(key_of(seq))) break;
     // Look up the prefix cache, then check, adopt and allocate, in that
     // order with nothing in between (an eviction would make the match stale).
-    const PrefixMatch match = kv_.match_prefix(e->tokens);
-    if (in_flight && computes_uncached_prefix(*in_flight, *e, match.num_tokens)) break;
-    const int64_t n = std::min(seq.num_tokens() - match.num_tokens, budget);
+    // A prompt being scored needs every token's logits: none from the cache.
+    const bool scored = seq.scores_prompt();
+    const PrefixMatch match = scored ? PrefixMatch{} : kv_.match_prefix(e->tokens);
+    if (in_flight && !scored && computes_uncached_prefix(*in_flight, *e, match.num_tokens)) break;
+    const int64_t n = chunk_tokens(seq, match.num_tokens, budget);
+    if (n == 0) break;  // no scored rows left this step
     // Head-of-line: the next request in order waits for blocks rather than
     // being overtaken, so no request starves.
     if (!kv_.can_adopt_and_allocate(match, n)) break;
@@ -187,6 +202,7 @@ void Scheduler::admit_waiting(int64_t& budget, StepPlan& plan, const StepPlan* i
     insert_running(e);
     seats += need;
     plan.items.push_back(ScheduledChunk{&seq, int32_t(n), match.num_tokens});
+    take_scored_rows(seq, n);
     if (plan.continuation) plan.item_keys.push_back(key_of(seq));
     if (match.num_tokens + n == seq.num_tokens()) {
       plan.sample_rows.push_back(&seq);
@@ -243,6 +259,7 @@ StepPlan Scheduler::schedule(SchedulerClock::time_point now) {
   plan.copies = std::move(unused_copies_);
   unused_copies_.clear();
   expire_deadlines(now, plan);
+  scored_rows_left_ = config_.max_scored_rows;
   int64_t budget = config_.max_num_batched_tokens;
   // Index loop: preemption removes entries from the back of running_.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
@@ -326,6 +343,7 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   next.copies = std::move(unused_copies_);
   unused_copies_.clear();
   int64_t budget = config_.max_num_batched_tokens;
+  scored_rows_left_ = config_.max_scored_rows;
   for (const Left& l : left) {
     Sequence& seq = l.e->seq;
     ScheduledChunk chunk{&seq, 0, l.end};
@@ -339,7 +357,7 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
       chunk.num_new_tokens = 1;
       chunk.source_row = l.row;
     } else {
-      chunk.num_new_tokens = int32_t(std::min(seq.num_tokens() - l.end, budget));
+      chunk.num_new_tokens = int32_t(chunk_tokens(seq, l.end, budget));
     }
     if (chunk.num_new_tokens < 1 || chunk.num_new_tokens > budget) return give_up();
     const int64_t missing = std::max<int64_t>(0, l.end + chunk.num_new_tokens - seq.block_table().num_tokens());
@@ -348,6 +366,7 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
     SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
     next.copies.insert(next.copies.end(), alloc->copies.begin(), alloc->copies.end());
     next.items.push_back(chunk);
+    take_scored_rows(seq, chunk.num_new_tokens);
     next.item_keys.push_back(key_of(seq));
     if (chunk.fed() || l.end + chunk.num_new_tokens == seq.num_tokens()) {
       next.sample_rows.push_back(&seq);

@@ -13,6 +13,10 @@
 //      max_num_seqs and the KV pool allow (none in a step that preempted;
 //      with static_batching, none while anything is running);
 //      admission looks up the prefix cache first.
+// A prompt whose tokens are scored (prompt_logprobs) is computed whole, never
+// taken from the prefix cache (a cached token has no logits), in chunks of at
+// most max_scored_rows tokens a step for all such prompts together; its
+// blocks still enter the cache for others.
 // The engine then copies plan.copies, builds the Batch from plan.items
 // (BatchBuilder), runs the forward, samples one token per plan.sample_rows
 // entry (the Batch's logits rows, same order) and calls commit().
@@ -95,6 +99,10 @@ struct SchedulerConfig {
   // are released as a sequence's tokens are computed. Needs the prefix cache
   // off. The engine sets it from its runner (ModelRunner::attention_window).
   int64_t kv_window = 0;
+  // Prompt tokens scored per step (SamplingParams::prompt_logprobs: a
+  // logits row each): chunks of prompts being scored are cut to fit. The
+  // engine sets it from its runner (ModelRunner::max_scored_rows).
+  int64_t max_scored_rows = 256;
   // Throws serval::Error naming the bad field.
   void validate() const;
 };
@@ -237,6 +245,11 @@ class Scheduler {
   // Schedules running request e, preempting others (or e itself) for blocks;
   // false if e was preempted.
   bool schedule_running(Entry* e, int64_t& budget, StepPlan& plan);
+  // Tokens of `seq` to compute from position `from` within `budget`; a
+  // prompt being scored also within the scored rows left this step.
+  int64_t chunk_tokens(const Sequence& seq, int64_t from, int64_t budget) const;
+  // Counts a chunk of n tokens of `seq` against the scored rows left.
+  void take_scored_rows(const Sequence& seq, int64_t n);
   // Admits waiting requests into plan. With `in_flight` (a continuation of
   // it): none while in_flight computes blocks of its prompt that the prefix
   // cache does not have yet, nor one its commit aborts.
@@ -275,6 +288,7 @@ class Scheduler {
   // (continue_plan gave up): the next plan made makes them first.
   std::vector<std::pair<int32_t, int32_t>> unused_copies_;
   int in_flight_ = 0;  // plans scheduled and not yet committed (or failed)
+  int64_t scored_rows_left_ = 0;  // of the plan being made (max_scored_rows)
   bool scheduled_in_flight_ = false;  // one of them is schedule()'s
   uint64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;

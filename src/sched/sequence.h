@@ -51,6 +51,10 @@ class Sequence {
   int64_t num_computed_tokens() const { return num_computed_tokens_; }
   int64_t num_uncomputed_tokens() const { return num_tokens() - num_computed_tokens_; }
   bool prompt_computed() const { return num_computed_tokens_ >= num_prompt_tokens(); }
+  // Its prompt's tokens are scored as they are computed
+  // (SamplingParams::prompt_logprobs): the first sample, before any output
+  // (after that they were scored, and a recompute need not repeat it).
+  bool scores_prompt() const { return params_.prompt_logprobs >= 0 && sample_index_ == 0 && output_ids_.empty(); }
   // Records that n more tokens went through the model. Throws past num_tokens().
   void advance_computed(int64_t n);
   // Forgets all computed K/V (preemption by recompute: the scheduler freed the

@@ -53,7 +53,11 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
       choices.push_back(chat_choice(c, {{"role", "assistant"}, {"content", s.text}, {"refusal", nullptr}}, "message",
                                     std::move(lps), finish_json(s.finish)));
     }
-    res.set_content(dump_json(chat_object(meta, std::move(choices), u)), "application/json");
+    json body = chat_object(meta, std::move(choices), u);
+    // vLLM's extra field: once per response (the prompt is the choices').
+    if (r.gen.prompt_logprobs)
+      body["prompt_logprobs"] = vllm_prompt_logprobs(ctx.tokenizer, ids, gen->choices().front().prompt_logprobs);
+    res.set_content(dump_json(body), "application/json");
     return;
   }
 
@@ -69,10 +73,13 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   f.event = [=, &tok = ctx.tokenizer](const ChoiceEvent& ev, std::vector<json>& out) {
     const RequestEvent& e = ev.event;
     const bool has_logprobs = want_logprobs && !e.logprobs.empty();
-    if (!e.text.empty() || has_logprobs) {
+    const bool has_prompt_logprobs = r.gen.prompt_logprobs && !e.prompt_logprobs.empty() && ev.choice == 0;
+    if (!e.text.empty() || has_logprobs || has_prompt_logprobs) {
       json lps = has_logprobs ? chat_logprobs(tok, e.token_ids, e.logprobs) : json(nullptr);
-      out.push_back(chat_chunk(meta, chat_choice(ev.choice, {{"content", e.text}}, "delta", std::move(lps), nullptr),
-                               usage_null));
+      json chunk = chat_chunk(meta, chat_choice(ev.choice, {{"content", e.text}}, "delta", std::move(lps), nullptr),
+                              usage_null);
+      if (has_prompt_logprobs) chunk["prompt_logprobs"] = vllm_prompt_logprobs(tok, ids, e.prompt_logprobs);
+      out.push_back(std::move(chunk));
     }
     if (e.finished() && e.finish != FinishReason::kError)
       out.push_back(chat_chunk(meta, chat_choice(ev.choice, json::object(), "delta", nullptr, finish_json(e.finish)),

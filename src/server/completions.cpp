@@ -68,9 +68,18 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
     for (size_t c = 0; c < gen->choices().size(); ++c) {
       const ChoiceState& s = gen->choices()[c];
       const std::string& prefix = p.echo_text[c / size_t(n)];
-      int64_t offset = int64_t(prefix.size());
-      json lps = want_logprobs ? completion_logprobs(ctx.tokenizer, s.token_ids, s.logprobs, offset) : json(nullptr);
-      choices.push_back(choice_json(c, prefix + s.text, std::move(lps), finish_json(s.finish)));
+      const std::vector<int32_t>& prompt_ids = p.ids[c / size_t(n)];
+      json lps = nullptr;
+      if (want_logprobs && r.echo) {
+        int64_t offset = 0;
+        lps = echoed_completion_logprobs(ctx.tokenizer, prompt_ids, s.prompt_logprobs, s.token_ids, s.logprobs, offset);
+      } else if (want_logprobs) {
+        int64_t offset = int64_t(prefix.size());
+        lps = completion_logprobs(ctx.tokenizer, s.token_ids, s.logprobs, offset);
+      }
+      json choice = choice_json(c, prefix + s.text, std::move(lps), finish_json(s.finish));
+      if (r.gen.prompt_logprobs) choice["prompt_logprobs"] = vllm_prompt_logprobs(ctx.tokenizer, prompt_ids, s.prompt_logprobs);
+      choices.push_back(std::move(choice));
     }
     res.set_content(dump_json(completion_object(meta, std::move(choices), u)), "application/json");
     return;
@@ -78,21 +87,33 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
 
   const bool usage_null = r.gen.include_usage;
   auto offsets = std::make_shared<std::vector<int64_t>>(gen->choices().size(), 0);
+  // With logprobs the echo waits for the prompt's scores (the first event).
+  const bool echo_first = r.echo && !want_logprobs;
+  auto echo_sent = std::make_shared<std::vector<bool>>(gen->choices().size(), echo_first || !r.echo);
   StreamFormat f;
   f.start = [=, echo = p.echo_text](std::vector<json>& out) {
-    if (!r.echo) return;
+    if (!echo_first) return;
     for (size_t c = 0; c < offsets->size(); ++c) {
       (*offsets)[c] = int64_t(echo[c / size_t(n)].size());
       out.push_back(completion_chunk(meta, choice_json(c, echo[c / size_t(n)], nullptr, nullptr), usage_null));
     }
   };
-  f.event = [=, &tok = ctx.tokenizer](const ChoiceEvent& ev, std::vector<json>& out) {
+  f.event = [=, &tok = ctx.tokenizer, echo = p.echo_text, ids = p.ids](const ChoiceEvent& ev, std::vector<json>& out) {
     const RequestEvent& e = ev.event;
     if (e.text.empty() && e.token_ids.empty() && !e.finished()) return;
     if (e.finish == FinishReason::kError) return;  // reported at the end
+    const std::vector<int32_t>& prompt_ids = ids[ev.choice / size_t(n)];
+    if (!(*echo_sent)[ev.choice]) {
+      (*echo_sent)[ev.choice] = true;
+      json lps = echoed_completion_logprobs(tok, prompt_ids, e.prompt_logprobs, {}, {}, (*offsets)[ev.choice]);
+      out.push_back(completion_chunk(meta, choice_json(ev.choice, echo[ev.choice / size_t(n)], std::move(lps), nullptr),
+                                     usage_null));
+    }
     json lps = want_logprobs ? completion_logprobs(tok, e.token_ids, e.logprobs, (*offsets)[ev.choice]) : json(nullptr);
-    out.push_back(completion_chunk(meta, choice_json(ev.choice, e.text, std::move(lps), finish_json(e.finish)),
-                                   usage_null));
+    json choice = choice_json(ev.choice, e.text, std::move(lps), finish_json(e.finish));
+    if (r.gen.prompt_logprobs && !e.prompt_logprobs.empty())
+      choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, prompt_ids, e.prompt_logprobs);
+    out.push_back(completion_chunk(meta, std::move(choice), usage_null));
   };
   f.end = [=, g = gen.get()](std::vector<json>& out) {
     if (usage_null) out.push_back(usage_chunk(meta, "text_completion", g->usage()));

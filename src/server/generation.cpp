@@ -53,7 +53,11 @@ Generation::Generation(Engine& engine, std::vector<EngineRequest> requests) : gr
     EngineRequest& r = requests[i];
     prompt_lengths_.push_back(int64_t(r.prompt_ids.size()));
     cached_tokens_.push_back(0);
-    if (r.stop.max_tokens == 0) {
+    scores_only_.push_back(r.stop.max_tokens == 0 && r.params.prompt_logprobs >= 0);
+    if (scores_only_.back()) {
+      r.stop.max_tokens = 1;  // the prompt's scores come with the first token
+      r.stop.min_tokens = 0;
+    } else if (r.stop.max_tokens == 0) {
       for (int32_t s = 0; s < n_; ++s) {
         GroupEvent g{i, {}};
         g.event.index = s;
@@ -72,6 +76,7 @@ void Generation::apply(const GroupEvent& g) {
   const RequestEvent& ev = g.event;
   const size_t choice = g.request * size_t(n_) + size_t(std::clamp(ev.index, 0, n_ - 1));
   ChoiceState& c = choices_[choice];
+  if (!ev.prompt_logprobs.empty()) c.prompt_logprobs = ev.prompt_logprobs;
   c.text += ev.text;
   c.token_ids.insert(c.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
   c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
@@ -107,6 +112,14 @@ std::optional<ChoiceEvent> Generation::next(std::chrono::milliseconds wait) {
     return std::nullopt;
   }
   if (!ev) return std::nullopt;
+  if (scores_only_[ev->request]) {
+    // The one token it ran for is dropped: it ends as max_tokens 0 does.
+    RequestEvent& e = ev->event;
+    e.token_ids.clear();
+    e.text.clear();
+    e.logprobs.clear();
+    if (e.finish == FinishReason::kStop) e.finish = FinishReason::kLength;
+  }
   apply(*ev);
   const size_t choice = ev->request * size_t(n_) + size_t(std::clamp(ev->event.index, 0, n_ - 1));
   return ChoiceEvent{choice, std::move(ev->event)};

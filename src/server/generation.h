@@ -21,6 +21,7 @@ struct ChoiceState {
   std::string text;
   std::vector<int32_t> token_ids;
   std::vector<Logprobs> logprobs;
+  std::vector<std::optional<Logprobs>> prompt_logprobs;  // when asked: one per prompt token
   FinishReason finish = FinishReason::kNone;
   std::string error;  // finish == kError
 };
@@ -47,7 +48,9 @@ class Generation {
  public:
   // Submits every request (an engine refusal throws, and what was already
   // submitted is aborted). A request with max_tokens 0 (OpenAI allows it) is
-  // not submitted: its choices finish at once with "length" and no tokens.
+  // not submitted: its choices finish at once with "length" and no tokens;
+  // unless it asks for prompt logprobs: then it runs for one token, which
+  // its choices drop (they finish with "length", no tokens, the scores).
   Generation(Engine& engine, std::vector<EngineRequest> requests);
 
   // Non-streaming: waits for every choice to finish. False when the client
@@ -73,6 +76,7 @@ class Generation {
   RequestGroup group_;
   std::vector<size_t> member_prompt_;  // the prompt of each submitted request
   std::deque<GroupEvent> immediate_;   // final events of the max_tokens-0 requests, not yet read
+  std::vector<bool> scores_only_;      // by prompt: max_tokens 0 with prompt logprobs (output dropped)
   int32_t n_;
   std::vector<int64_t> prompt_lengths_, cached_tokens_;
   std::vector<ChoiceState> choices_;

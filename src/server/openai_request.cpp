@@ -72,6 +72,10 @@ GenerationOptions parse_generation(const json& body) {
     if (!it->is_array()) throw ApiError(400, "'stop_token_ids' must be a list of token ids", "stop_token_ids");
     g.stop_token_ids = token_ids(*it, "stop_token_ids");
   }
+  if (auto v = get_int(body, "prompt_logprobs", 0, SamplingParams::kMaxLogprobs)) {
+    g.prompt_logprobs = int32_t(*v);
+    p.prompt_logprobs = int32_t(*v);
+  }
   if (auto v = get_bool(body, "ignore_eos")) g.ignore_eos = *v;
   if (auto v = get_bool(body, "include_stop_str_in_output")) g.include_stop_str_in_output = *v;
   if (auto v = get_bool(body, "skip_special_tokens")) g.skip_special_tokens = *v;
@@ -195,8 +199,9 @@ CompletionRequest parse_completion_request(const json& body) {
   if (auto v = get_int(body, "logprobs", 0, SamplingParams::kMaxLogprobs)) r.gen.params.logprobs = int32_t(*v);
   if (auto s = get_string(body, "suffix"); s && !s->empty())
     throw ApiError(400, "'suffix' is not supported", "suffix");
+  // The echoed prompt's tokens come with their logprobs and top n (lm-eval's likelihood tasks).
   if (r.echo && r.gen.params.logprobs >= 0)
-    throw ApiError(400, "'echo' together with 'logprobs' is not supported (prompt logprobs are not computed)", "echo");
+    r.gen.params.prompt_logprobs = std::max(r.gen.params.prompt_logprobs, r.gen.params.logprobs);
   return r;
 }
 

@@ -27,6 +27,9 @@ struct GenerationOptions {
   bool skip_special_tokens = true;
   bool stream = false;
   bool include_usage = false;        // stream_options.include_usage
+  // vLLM's prompt_logprobs field (0..20): the response carries them. The
+  // engine's params.prompt_logprobs may be set without it (echo + logprobs).
+  std::optional<int32_t> prompt_logprobs;
 };
 
 // A prompt: text to tokenize, or token ids.

@@ -34,26 +34,79 @@ json finish_json(FinishReason reason) {
 
 std::string token_text(const Tokenizer& tok, int32_t id) { return tok.token_bytes(id); }
 
-json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<Logprobs>& lps,
-                         int64_t& text_offset) {
+namespace {
+
+// The four parallel lists of /v1/completions logprobs.
+struct CompletionLogprobs {
   json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const std::string t = token_text(tok, ids[i]);
+
+  // One token; `lp` null: no score (nulls, as for an echoed prompt's first token).
+  void add(const Tokenizer& tok, int32_t id, const Logprobs* lp, int64_t& text_offset) {
+    const std::string t = token_text(tok, id);
     tokens.push_back(t);
     offsets.push_back(text_offset);
     text_offset += int64_t(t.size());
-    if (i < lps.size()) {
-      token_lps.push_back(lps[i].chosen);
-      json top = json::object();
-      for (const TokenLogprob& e : lps[i].top) top[token_text(tok, e.token)] = e.logprob;
-      top[t] = lps[i].chosen;  // the sampled token is always listed, as vLLM does
-      tops.push_back(std::move(top));
-    } else {
+    if (lp == nullptr) {
       token_lps.push_back(nullptr);
       tops.push_back(nullptr);
+      return;
     }
+    token_lps.push_back(lp->chosen);
+    json top = json::object();
+    for (const TokenLogprob& e : lp->top) top[token_text(tok, e.token)] = e.logprob;
+    top[t] = lp->chosen;  // the token itself is always listed, as vLLM does
+    tops.push_back(std::move(top));
   }
-  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  void add_all(const Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<Logprobs>& lps,
+               int64_t& text_offset) {
+    for (size_t i = 0; i < ids.size(); ++i) add(tok, ids[i], i < lps.size() ? &lps[i] : nullptr, text_offset);
+  }
+  json to_json() {
+    return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_lps)}, {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+  }
+};
+
+}  // namespace
+
+json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<Logprobs>& lps,
+                         int64_t& text_offset) {
+  CompletionLogprobs out;
+  out.add_all(tok, ids, lps, text_offset);
+  return out.to_json();
+}
+
+json echoed_completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                                const std::vector<std::optional<Logprobs>>& prompt_lps,
+                                const std::vector<int32_t>& ids, const std::vector<Logprobs>& lps,
+                                int64_t& text_offset) {
+  CompletionLogprobs out;
+  for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    const Logprobs* lp = i < prompt_lps.size() && prompt_lps[i] ? &*prompt_lps[i] : nullptr;
+    out.add(tok, prompt_ids[i], lp, text_offset);
+  }
+  out.add_all(tok, ids, lps, text_offset);
+  return out.to_json();
+}
+
+json vllm_prompt_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                          const std::vector<std::optional<Logprobs>>& prompt_lps) {
+  json out = json::array();
+  for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    if (i >= prompt_lps.size() || !prompt_lps[i]) {
+      out.push_back(nullptr);
+      continue;
+    }
+    const Logprobs& lp = *prompt_lps[i];
+    json entry = json::object();
+    for (size_t k = 0; k < lp.top.size(); ++k)
+      entry[std::to_string(lp.top[k].token)] = {
+          {"logprob", lp.top[k].logprob}, {"rank", k + 1}, {"decoded_token", token_text(tok, lp.top[k].token)}};
+    entry[std::to_string(prompt_ids[i])] = {
+        {"logprob", lp.chosen}, {"rank", lp.chosen_rank}, {"decoded_token", token_text(tok, prompt_ids[i])}};
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 namespace {

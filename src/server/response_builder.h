@@ -2,6 +2,7 @@
 // OpenAI response bodies: completion and chat.completion objects, their
 // streaming chunks, usage and logprobs, built from engine output.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,17 @@ std::string token_text(const Tokenizer& tok, int32_t id);
 // text and is advanced past the tokens.
 nlohmann::json completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,
                                    const std::vector<Logprobs>& lps, int64_t& text_offset);
+// The same for an echoed prompt and the output after it: the prompt's tokens
+// first, with their scores (null where there is none: the first token), as
+// lm-eval's likelihood tasks read them.
+nlohmann::json echoed_completion_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                                          const std::vector<std::optional<Logprobs>>& prompt_lps,
+                                          const std::vector<int32_t>& ids, const std::vector<Logprobs>& lps,
+                                          int64_t& text_offset);
+// vLLM's prompt_logprobs: per prompt token null (the first) or
+// {"<token id>": {"logprob", "rank", "decoded_token"}} for the token and the top n.
+nlohmann::json vllm_prompt_logprobs(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                                    const std::vector<std::optional<Logprobs>>& prompt_lps);
 // /v1/chat/completions logprobs: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}.
 nlohmann::json chat_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids,
                              const std::vector<Logprobs>& lps);

@@ -129,6 +129,19 @@ Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t voca
   t.uniform = s.uniform;
   t.row = s.row;
   t.spec = spec;
+  t.forced = s.forced_token;
+  if (t.forced >= 0) {  // scored, not sampled: the logprobs of the raw row, nothing else
+    t.greedy = 1;
+    t.top_n = int32_t(std::min<int64_t>(p.logprobs, vocab));
+    t.temperature = 1.0f;
+    t.top_p = 1.0f;
+    t.repetition = 1.0f;
+    t.fed_source = -1;
+    t.work_row = -1;
+    t.patch_begin = int32_t(st.patches.size());
+    t.ban_begin = int32_t(st.bans.size());
+    return t;
+  }
   t.greedy = p.greedy() ? 1 : 0;
   t.temperature = p.temperature;
   t.top_k = !t.greedy && p.top_k > 0 && p.top_k < vocab ? p.top_k : 0;
@@ -220,6 +233,9 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
                  ", but the sample before had ", latest_specs, " specs");
     SERVAL_CHECK(s.params->logprobs <= sampling::kMaxTopLogprobs, "cuda sampler: at most ",
                  sampling::kMaxTopLogprobs, " top logprobs, got ", s.params->logprobs);
+    SERVAL_CHECK(s.forced_token < 0 || (s.forced_token < vocab && s.params->logprobs >= 0), "cuda sampler: spec ", i,
+                 " scores token ", s.forced_token, " (needs a token in the vocabulary of ", vocab,
+                 " and logprobs >= 0, got ", s.params->logprobs, ")");
     const Task t = make_task(st, s, int32_t(i), vocab, work_rows);
     if (t.greedy && t.work_row < 0 && t.top_n < 0) {
       slot.task_of_spec.push_back(int32_t(st.greedy_tasks.size()));

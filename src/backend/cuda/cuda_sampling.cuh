@@ -34,6 +34,7 @@ struct Task {
   int32_t ban_count;
   int32_t fed_source;       // >= 0: penalties also count tokens[fed_source] as it was before this launch
   int32_t greedy;           // 1: argmax, nothing else of the sampling part applies
+  int32_t forced;           // >= 0: the token is this one (a prompt token scored); greedy, no penalties
   int32_t top_k;            // 0: off, else 0 < top_k < vocab
   int32_t top_n;            // -1: no logprobs, else the number of top logprobs (<= vocab, <= 20)
   int32_t use_min_p;        // 1: keep logit >= max + log_min_p

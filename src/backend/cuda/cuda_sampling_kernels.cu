@@ -435,7 +435,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(SamplingLaunch l) {
     finish_pass(sh, r, a_on, b_on);
   }
   int32_t token = -1;
-  if (sh.status == kOk) token = r.greedy ? argmax : sh.token >= 0 ? sh.token : threshold_draw(sh, r);
+  if (sh.status == kOk)
+    token = r.t.forced >= 0 ? r.t.forced : r.greedy ? argmax : sh.token >= 0 ? sh.token : threshold_draw(sh, r);
   if (threadIdx.x == 0) l.tokens[r.t.spec] = token;
   if (token < 0) {
     if (threadIdx.x == 0) {

@@ -1,4 +1,4 @@
-// The GPU sampler's draws, logprobs, broken rows and odd shapes against the
+// The GPU sampler's draws, logprobs (of sampled and of scored tokens), broken rows and odd shapes against the
 // CPU Sampler and the exact reference (cuda_sampling_test_util.h); its speed
 // on full batches, printed. Skips without a GPU.
 #include <chrono>
@@ -136,6 +136,9 @@ TEST(CudaSampling, LogprobsMatchCpu) {
           q.params.top_k = 40;
           q.uniform = (r + 0.37) / rows;
         }
+        // Scored tokens (prompt logprobs): any token, -inf ones of row 2 too,
+        // whatever the sampling parameters say.
+        if (r % 7 == 2) q.forced = r == 2 ? 0 : int32_t(rng() % uint32_t(vocab));
         if (r % 5 == 1) {  // penalties and bans change the draw, not the (raw) logprobs
           q.params.repetition_penalty = 1.5f;
           q.prompt = {int32_t(rng() % uint32_t(vocab)), int32_t(rng() % uint32_t(vocab))};
@@ -149,7 +152,9 @@ TEST(CudaSampling, LogprobsMatchCpu) {
       for (int r = 0; r < rows; ++r) {
         const Request& q = reqs[size_t(r)];
         const SampleResult& got = g[size_t(r)];
-        if (q.params.greedy()) {
+        if (q.forced >= 0) {
+          EXPECT_EQ(got.token, q.forced) << "row " << r;
+        } else if (q.params.greedy()) {
           EXPECT_EQ(got.token, cpu_sample(sampler, host, vocab, q).token) << "row " << r;
         }
         ASSERT_TRUE(got.logprobs.has_value()) << "row " << r;

@@ -94,13 +94,14 @@ struct Request {
   std::vector<int32_t> prompt, output, banned;
   int32_t row = 0;
   double uniform = 0.0;
+  int32_t forced = -1;  // SampleSpec::forced_token
 };
 
 inline std::vector<SampleResult> gpu_sample(Backend& gpu, const Tensor& logits, const std::vector<Request>& reqs) {
   std::vector<SampleSpec> specs(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Request& q = reqs[i];
-    specs[i] = SampleSpec{q.row, &q.params, q.prompt, q.output, q.banned, q.uniform};
+    specs[i] = SampleSpec{q.row, &q.params, q.prompt, q.output, q.banned, q.uniform, -1, q.forced};
   }
   std::vector<SampleResult> out;
   gpu.sample(logits, specs, out);
