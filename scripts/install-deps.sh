@@ -14,6 +14,8 @@ $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-rec
 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check \
   "pytest>=7" "numpy" "torch" "transformers>=4.45" "safetensors" "tokenizers>=0.19" "sentencepiece>=0.1.99" "jinja2>=3" "openai>=1.0" \
   "gguf==0.19.0"
+# lm-eval's local-completions against serval serve (tests/python/test_lm_eval.py).
+PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check "lm-eval[api]==0.4.13"
 # CUTLASS's C++ headers (the CUDA backend's decode GEMM, src/backend/cuda/cuda_cutlass_gemm.cu);
 # only the headers are used, so not its Python dependencies.
 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --no-deps "nvidia-cutlass==4.2.0.0"
