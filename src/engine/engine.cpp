@@ -72,6 +72,8 @@ void Engine::shutdown() {
 void Engine::check(const EngineRequest& request) const {
   request.params.validate();
   request.stop.validate();
+  for (const auto& [id, bias] : request.params.logit_bias)
+    SERVAL_CHECK(id < vocab_size_, "logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab_size_, ")");
   SERVAL_CHECK(request.n >= 1 && request.n <= kMaxSamples, "n must be in [1, ", kMaxSamples,
                "], got ", request.n);
   const auto& prompt = request.prompt_ids;

@@ -152,6 +152,16 @@ void OutputProcessor::finish_sample(Active& a, int64_t id, int32_t index, const 
     if (!sample.stop_hit && sample.stops) ev.text += sample.stops->flush();
   }
   ev.finish = sample.stop_hit ? FinishReason::kStop : reason;
+  if (sample.stop_hit) {
+    ev.stop_string = sample.stops->matched_string();
+  } else if (ev.finish == FinishReason::kStop && seq && seq->stop_token()) {
+    // As vLLM checks: an EOS (unless ignored) first, then the stop tokens.
+    const int32_t t = *seq->stop_token();
+    const StopCriteria& stop = seq->stop();
+    const bool eos = !stop.ignore_eos && std::find(stop.eos_token_ids.begin(), stop.eos_token_ids.end(), t) !=
+                                             stop.eos_token_ids.end();
+    if (!eos) ev.stop_token = t;
+  }
   if (ev.finish == FinishReason::kError)
     ev.error = error.empty() ? std::string("the request failed") : error;
   ev.timings.finish = now;

@@ -40,6 +40,10 @@ struct RequestEvent {
   std::vector<std::optional<Logprobs>> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;
   std::string error;               // the message when finish == kError
+  // vLLM's stop_reason, on a final event with finish kStop: the stop string
+  // that matched, or the stop token (of stop_token_ids: an EOS gives neither).
+  std::optional<std::string> stop_string;
+  std::optional<int32_t> stop_token;
   RequestTimings timings;
   // Set on every event once the request has been scheduled: its prompt
   // length and how many prompt tokens its first admission took from the

@@ -53,8 +53,13 @@ SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams
                              std::span<const int32_t> banned) {
   SampleResult result;
   std::span<const float> x = logits;
-  if (params.has_penalties() || !params.greedy() || !banned.empty()) {
+  if (params.has_penalties() || !params.greedy() || !banned.empty() || !params.logit_bias.empty()) {
     work_.assign(logits.begin(), logits.end());
+    for (const auto& [id, bias] : params.logit_bias) {
+      SERVAL_CHECK(size_t(id) < work_.size(), "logit_bias: token id ", id, " is outside the vocabulary of ",
+                   work_.size());
+      work_[size_t(id)] += bias;
+    }
     for (int32_t id : banned)
       if (id >= 0 && size_t(id) < work_.size()) work_[size_t(id)] = -kInf;
     penalties_.apply(work_, params, prompt_ids, output_ids);

@@ -1,7 +1,8 @@
 #pragma once
 // Sampler: picks the next token of one sequence from its row of logits, with
 // vLLM's semantics:
-//   penalties (repetition, frequency, presence; see penalties.h)
+//   logit_bias added
+//   → penalties (repetition, frequency, presence; see penalties.h)
 //   → greedy: argmax (lowest id on ties), penalties included
 //   → otherwise: temperature, then top-k, top-p, min-p filtering, then a draw
 //     from the softmax of what is left, with the request's Rng.

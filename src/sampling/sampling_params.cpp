@@ -22,6 +22,14 @@ void SamplingParams::validate() const {
                "frequency_penalty must be in [-2, 2], got ", frequency_penalty);
   SERVAL_CHECK(logprobs >= -1 && logprobs <= kMaxLogprobs, "logprobs must be in [0, ",
                kMaxLogprobs, "] (or -1 for none), got ", logprobs);
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto& [id, bias] = logit_bias[i];
+    SERVAL_CHECK(id >= 0, "logit_bias: token id ", id, " is negative");
+    SERVAL_CHECK(bias >= -kMaxLogitBias && bias <= kMaxLogitBias, "logit_bias: the bias of token ", id,
+                 " must be in [-", kMaxLogitBias, ", ", kMaxLogitBias, "], got ", bias);
+    for (size_t j = 0; j < i; ++j)
+      SERVAL_CHECK(logit_bias[j].first != id, "logit_bias: token id ", id, " is given twice");
+  }
   SERVAL_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= kMaxLogprobs, "prompt_logprobs must be in [0, ",
                kMaxLogprobs, "] (or -1 for none), got ", prompt_logprobs);
 }

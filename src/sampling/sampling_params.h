@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace serval {
 
@@ -19,12 +21,17 @@ struct SamplingParams {
   // -1: none; n in [0, 20]: each prompt token's logprob given the tokens
   // before it, with the top n (vLLM's prompt_logprobs; the first has none).
   int32_t prompt_logprobs = -1;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the
+  // logits before penalties and sampling (vLLM's order), distinct ids.
+  // Logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // Temperatures this small are treated as greedy (as vLLM does), since
   // dividing logits by them would only amplify rounding noise.
   static constexpr float kGreedyTemperature = 1e-5f;
   static constexpr float kMaxTemperature = 100.0f;
   static constexpr int32_t kMaxLogprobs = 20;
+  static constexpr float kMaxLogitBias = 100.0f;
 
   bool greedy() const { return temperature < kGreedyTemperature; }
   // The probability mass top-p keeps. OpenAI allows top_p 0 (vLLM refuses

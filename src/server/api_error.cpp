@@ -10,13 +10,14 @@ namespace serval::server {
 namespace {
 
 // Parameters whose engine-side validation messages start with their name.
-constexpr std::array<std::string_view, 14> kKnownParams = {
-    "temperature", "top_p",     "top_k",          "min_p",      "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "logprobs", "max_tokens", "min_tokens",
-    "stop_token_ids", "seed",   "n",              "prompt"};
+constexpr std::array<std::string_view, 16> kKnownParams = {
+    "temperature",    "top_p",      "top_k",      "min_p",          "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "logprobs", "max_tokens", "min_tokens",    "stop_token_ids",     "seed",
+    "n",              "prompt",     "logit_bias", "prompt_logprobs"};
 
 std::string param_of(const std::string& message) {
-  const std::string first = message.substr(0, message.find(' '));
+  std::string first = message.substr(0, message.find(' '));
+  if (!first.empty() && first.back() == ':') first.pop_back();
   for (std::string_view p : kKnownParams)
     if (first == p) return first;
   if (message.find("prompt token") != std::string::npos) return "prompt";

@@ -14,9 +14,13 @@ namespace {
 
 using nlohmann::json;
 
-json chat_choice(size_t index, json message_or_delta, const char* key, json logprobs, json finish) {
-  return {{"index", index}, {key, std::move(message_or_delta)}, {"logprobs", std::move(logprobs)},
-          {"finish_reason", std::move(finish)}};
+json chat_choice(size_t index, json message_or_delta, const char* key, json logprobs, json finish,
+                 json stop_reason = nullptr) {
+  return {{"index", index},
+          {key, std::move(message_or_delta)},
+          {"logprobs", std::move(logprobs)},
+          {"finish_reason", std::move(finish)},
+          {"stop_reason", std::move(stop_reason)}};
 }
 
 }  // namespace
@@ -51,7 +55,7 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
       json lps = want_logprobs ? chat_logprobs(ctx.tokenizer, s.token_ids, s.logprobs) : json(nullptr);
       // refusal: required (nullable) in OpenAI's ChatCompletionMessage.
       choices.push_back(chat_choice(c, {{"role", "assistant"}, {"content", s.text}, {"refusal", nullptr}}, "message",
-                                    std::move(lps), finish_json(s.finish)));
+                                    std::move(lps), finish_json(s.finish), stop_reason_json(s.stop_string, s.stop_token)));
     }
     json body = chat_object(meta, std::move(choices), u);
     // vLLM's extra field: once per response (the prompt is the choices').
@@ -82,7 +86,9 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
       out.push_back(std::move(chunk));
     }
     if (e.finished() && e.finish != FinishReason::kError)
-      out.push_back(chat_chunk(meta, chat_choice(ev.choice, json::object(), "delta", nullptr, finish_json(e.finish)),
+      out.push_back(chat_chunk(meta,
+                               chat_choice(ev.choice, json::object(), "delta", nullptr, finish_json(e.finish),
+                                           stop_reason_json(e.stop_string, e.stop_token)),
                                usage_null));
   };
   f.end = [=, g = gen.get()](std::vector<json>& out) {

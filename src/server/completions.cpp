@@ -38,8 +38,12 @@ Prepared prepare(const ServerContext& ctx, const CompletionRequest& r) {
   return p;
 }
 
-json choice_json(size_t index, std::string text, json logprobs, json finish) {
-  return {{"index", index}, {"text", std::move(text)}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}};
+json choice_json(size_t index, std::string text, json logprobs, json finish, json stop_reason = nullptr) {
+  return {{"index", index},
+          {"text", std::move(text)},
+          {"logprobs", std::move(logprobs)},
+          {"finish_reason", finish},
+          {"stop_reason", std::move(stop_reason)}};
 }
 
 }  // namespace
@@ -77,7 +81,8 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
         int64_t offset = int64_t(prefix.size());
         lps = completion_logprobs(ctx.tokenizer, s.token_ids, s.logprobs, offset);
       }
-      json choice = choice_json(c, prefix + s.text, std::move(lps), finish_json(s.finish));
+      json choice =
+          choice_json(c, prefix + s.text, std::move(lps), finish_json(s.finish), stop_reason_json(s.stop_string, s.stop_token));
       if (r.gen.prompt_logprobs) choice["prompt_logprobs"] = vllm_prompt_logprobs(ctx.tokenizer, prompt_ids, s.prompt_logprobs);
       choices.push_back(std::move(choice));
     }
@@ -110,7 +115,8 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
                                      usage_null));
     }
     json lps = want_logprobs ? completion_logprobs(tok, e.token_ids, e.logprobs, (*offsets)[ev.choice]) : json(nullptr);
-    json choice = choice_json(ev.choice, e.text, std::move(lps), finish_json(e.finish));
+    json choice = choice_json(ev.choice, e.text, std::move(lps), finish_json(e.finish),
+                              stop_reason_json(e.stop_string, e.stop_token));
     if (r.gen.prompt_logprobs && !e.prompt_logprobs.empty())
       choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, prompt_ids, e.prompt_logprobs);
     out.push_back(completion_chunk(meta, std::move(choice), usage_null));

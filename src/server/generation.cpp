@@ -83,6 +83,8 @@ void Generation::apply(const GroupEvent& g) {
   if (ev.finished()) {
     c.finish = ev.finish;
     c.error = ev.error;
+    c.stop_string = ev.stop_string;
+    c.stop_token = ev.stop_token;
   }
   cached_tokens_[g.request] = std::max<int64_t>(cached_tokens_[g.request], ev.num_cached_tokens);
   if (!ev.token_ids.empty()) current_access_record().mark_first_token();
@@ -119,6 +121,8 @@ std::optional<ChoiceEvent> Generation::next(std::chrono::milliseconds wait) {
     e.text.clear();
     e.logprobs.clear();
     if (e.finish == FinishReason::kStop) e.finish = FinishReason::kLength;
+    e.stop_string.reset();
+    e.stop_token.reset();
   }
   apply(*ev);
   const size_t choice = ev->request * size_t(n_) + size_t(std::clamp(ev->event.index, 0, n_ - 1));

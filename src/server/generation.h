@@ -24,6 +24,8 @@ struct ChoiceState {
   std::vector<std::optional<Logprobs>> prompt_logprobs;  // when asked: one per prompt token
   FinishReason finish = FinishReason::kNone;
   std::string error;  // finish == kError
+  std::optional<std::string> stop_string;  // vLLM's stop_reason (see RequestEvent)
+  std::optional<int32_t> stop_token;
 };
 
 struct ChoiceEvent {

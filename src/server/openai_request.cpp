@@ -1,5 +1,7 @@
 #include "server/openai_request.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <limits>
 
 #include "core/error.h"
@@ -84,8 +86,27 @@ GenerationOptions parse_generation(const json& body) {
     if (!g.stream) throw ApiError(400, "'stream_options' is only allowed with stream: true", "stream_options");
     if (auto v = get_bool(*so, "include_usage")) g.include_usage = *v;
   }
-  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !it->empty())
-    throw ApiError(400, "'logit_bias' is not supported", "logit_bias");
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
+    if (!it->is_object())
+      throw ApiError(400, str_cat("'logit_bias' must map token ids to biases, got ", json_type_name(*it)), "logit_bias");
+    for (const auto& [key, value] : it->items()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id > std::numeric_limits<int32_t>::max())
+        throw ApiError(400, str_cat("'logit_bias' keys must be token ids, got \"", key, "\""), "logit_bias");
+      if (!value.is_number())
+        throw ApiError(400, str_cat("'logit_bias' values must be numbers, got ", json_type_name(value), " for token ", key),
+                       "logit_bias");
+      const double bias = value.get<double>();
+      if (!(bias >= -SamplingParams::kMaxLogitBias && bias <= SamplingParams::kMaxLogitBias))
+        throw ApiError(400, str_cat("'logit_bias' values must be in [-100, 100], got ", value.dump(), " for token ", key),
+                       "logit_bias");
+      for (const auto& [seen, b] : p.logit_bias)
+        if (seen == int32_t(id)) throw ApiError(400, str_cat("'logit_bias' names token ", id, " twice"), "logit_bias");
+      p.logit_bias.emplace_back(int32_t(id), float(bias));
+    }
+  }
   try {
     p.validate();
   } catch (const Error& e) {

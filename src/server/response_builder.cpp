@@ -32,6 +32,12 @@ json finish_json(FinishReason reason) {
   return name ? json(name) : json(nullptr);
 }
 
+json stop_reason_json(const std::optional<std::string>& stop_string, const std::optional<int32_t>& stop_token) {
+  if (stop_string) return *stop_string;
+  if (stop_token) return *stop_token;
+  return nullptr;
+}
+
 std::string token_text(const Tokenizer& tok, int32_t id) { return tok.token_bytes(id); }
 
 namespace {

@@ -34,6 +34,9 @@ int64_t unix_now();
 nlohmann::json usage_json(const UsageCounts& u);
 // OpenAI's finish_reason: null while running, else "stop", "length", "abort", ...
 nlohmann::json finish_json(FinishReason reason);
+// vLLM's stop_reason: the stop string that ended the choice, or the stop
+// token id, else null (EOS, length, still running).
+nlohmann::json stop_reason_json(const std::optional<std::string>& stop_string, const std::optional<int32_t>& stop_token);
 
 // The text a token stands for (raw bytes; invalid UTF-8 is replaced when dumped).
 std::string token_text(const Tokenizer& tok, int32_t id);

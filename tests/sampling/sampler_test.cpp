@@ -63,6 +63,39 @@ TEST(Sampler, GreedyIsArgmaxWithLowestIdOnTies) {
   EXPECT_EQ(sampler.sample(neg, p, {}, {}, rng).token, 2);
 }
 
+// logit_bias is added before penalties (vLLM's order) and sampling; the
+// logprobs stay the raw ones; the distribution is the biased softmax.
+TEST(Sampler, LogitBiasShiftsTheLogitsBeforePenalties) {
+  Sampler sampler;
+  Rng rng(1);
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logprobs = 1;
+  const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 2.0f};
+  p.logit_bias = {{2, 3.5f}};  // -1 + 3.5 = 2.5 < 3: token 1 still wins
+  EXPECT_EQ(sampler.sample(logits, p, {}, {}, rng).token, 1);
+  p.logit_bias = {{2, 4.5f}, {1, -100.0f}};
+  const SampleResult r = sampler.sample(logits, p, {}, {}, rng);
+  EXPECT_EQ(r.token, 2);
+  ASSERT_TRUE(r.logprobs);
+  EXPECT_EQ(r.logprobs->top[0].token, 1);  // the raw distribution's
+  // Before the repetition penalty: 3.0 - 1.0 = 2.0, then / 2 = 1.0 < 2.0 (token 3).
+  p.logit_bias = {{1, -1.0f}};
+  p.repetition_penalty = 2.0f;
+  const std::vector<int32_t> prompt = {1};
+  EXPECT_EQ(sampler.sample(logits, p, prompt, {}, rng).token, 3);
+  // Sampling draws from the biased softmax.
+  SamplingParams t;
+  t.logit_bias = {{0, std::log(3.0f)}};
+  const std::vector<float> flat = logits_of_probs({0.25, 0.25, 0.25, 0.25});
+  const int draws = 40000;
+  const std::vector<int> counts = histogram(flat, t, draws, 7);
+  EXPECT_LT(chi_square(counts, {0.5, 1.0 / 6, 1.0 / 6, 1.0 / 6}, draws), 16.27);  // p = 0.001, 3 dof
+  // An id outside the vocabulary is refused.
+  t.logit_bias = {{9, 1.0f}};
+  EXPECT_THROW(sampler.sample(flat, t, {}, {}, rng), Error);
+}
+
 TEST(Sampler, GreedyAppliesPenalties) {
   Sampler sampler;
   Rng rng(1);

@@ -60,6 +60,16 @@ TEST(SamplingParams, MessagesNameParameterRangeAndValue) {
             "logprobs must be in [0, 20] (or -1 for none), got 21");
   EXPECT_EQ(error_of([](SamplingParams& p) { p.logprobs = -2; }),
             "logprobs must be in [0, 20] (or -1 for none), got -2");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.prompt_logprobs = 21; }),
+            "prompt_logprobs must be in [0, 20] (or -1 for none), got 21");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.logit_bias = {{3, 100.5f}}; }),
+            "logit_bias: the bias of token 3 must be in [-100, 100], got 100.5");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.logit_bias = {{3, NAN}}; }),
+            "logit_bias: the bias of token 3 must be in [-100, 100], got nan");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }), "logit_bias: token id -1 is negative");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.logit_bias = {{4, 1.0f}, {4, 2.0f}}; }),
+            "logit_bias: token id 4 is given twice");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.logit_bias = {{4, -100.0f}, {5, 100.0f}}; }), "");
 }
 
 TEST(SamplingParams, TinyTemperatureIsGreedy) {

@@ -21,6 +21,7 @@
 namespace serval::cuda {
 namespace {
 
+using sampling::BiasEntry;
 using sampling::PenaltyEntry;
 using sampling::Result;
 using sampling::Task;
@@ -64,6 +65,7 @@ struct CudaSampler::State {
   std::vector<Task> greedy_tasks, general_tasks;
   std::vector<PenaltyEntry> patches;
   std::vector<int32_t> bans;
+  std::vector<BiasEntry> biases;
   // Indexed by token id and all zero between calls (only touched ids are reset).
   std::vector<int32_t> output_count;
   std::vector<uint8_t> seen;
@@ -140,6 +142,7 @@ Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t voca
     t.work_row = -1;
     t.patch_begin = int32_t(st.patches.size());
     t.ban_begin = int32_t(st.bans.size());
+    t.bias_begin = int32_t(st.biases.size());
     return t;
   }
   t.greedy = p.greedy() ? 1 : 0;
@@ -159,8 +162,14 @@ Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t voca
   for (int32_t id : s.banned)
     if (id >= 0 && id < vocab) st.bans.push_back(id);  // the CPU ignores ids outside the vocabulary
   t.ban_count = int32_t(st.bans.size()) - t.ban_begin;
+  t.bias_begin = int32_t(st.biases.size());
+  for (const auto& [id, bias] : p.logit_bias) {
+    SERVAL_CHECK(id >= 0 && id < vocab, "logit_bias: token id ", id, " is outside the vocabulary of ", vocab);
+    st.biases.push_back(BiasEntry{id, bias});
+  }
+  t.bias_count = int32_t(st.biases.size()) - t.bias_begin;
   t.fed_source = p.has_penalties() ? s.fed_source : -1;  // only the penalties need it
-  t.work_row = t.patch_count > 0 || t.ban_count > 0 || t.fed_source >= 0 ? work_rows++ : -1;
+  t.work_row = t.patch_count > 0 || t.ban_count > 0 || t.bias_count > 0 || t.fed_source >= 0 ? work_rows++ : -1;
   return t;
 }
 
@@ -223,6 +232,7 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
   st.general_tasks.clear();
   st.patches.clear();
   st.bans.clear();
+  st.biases.clear();
   int32_t work_rows = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const SampleSpec& s = specs[i];
@@ -250,10 +260,11 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
   const bool any_fed = std::any_of(st.general_tasks.begin(), st.general_tasks.end(),
                                    [](const Task& t) { return t.fed_source >= 0; });
 
-  // ---- one pinned input buffer: [tasks | penalty entries | bans]
+  // ---- one pinned input buffer: [tasks | penalty entries | bans | biases]
   const int64_t patches_at = align16(n * int64_t(sizeof(Task)));
   const int64_t bans_at = patches_at + align16(int64_t(st.patches.size() * sizeof(PenaltyEntry)));
-  const int64_t in_bytes = bans_at + align16(int64_t(st.bans.size() * sizeof(int32_t)));
+  const int64_t biases_at = bans_at + align16(int64_t(st.bans.size() * sizeof(int32_t)));
+  const int64_t in_bytes = biases_at + align16(int64_t(st.biases.size() * sizeof(BiasEntry)));
   const int64_t out_bytes = n * int64_t(sizeof(Result));
   reserve_pinned(slot.host_in, slot.host_in_bytes, in_bytes);
   reserve_pinned(slot.host_out, slot.host_out_bytes, out_bytes);
@@ -264,6 +275,7 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
               st.general_tasks.size() * sizeof(Task));
   if (!st.patches.empty()) std::memcpy(in + patches_at, st.patches.data(), st.patches.size() * sizeof(PenaltyEntry));
   if (!st.bans.empty()) std::memcpy(in + bans_at, st.bans.data(), st.bans.size() * sizeof(int32_t));
+  if (!st.biases.empty()) std::memcpy(in + biases_at, st.biases.data(), st.biases.size() * sizeof(BiasEntry));
 
   // ---- device buffers (grown geometrically; sampling is never in a graph), copy in (unless
   // dev_in holds these bytes already), kernels writing the pinned results, an event. Each CUDA
@@ -287,6 +299,7 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
   l.tasks = dev_tasks;
   l.patches = reinterpret_cast<const PenaltyEntry*>(dev_in + patches_at);
   l.bans = reinterpret_cast<const int32_t*>(dev_in + bans_at);
+  l.biases = reinterpret_cast<const BiasEntry*>(dev_in + biases_at);
   l.logits = static_cast<const float*>(logits.data);
   l.vocab = vocab;
   l.work = work;

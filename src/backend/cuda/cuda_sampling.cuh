@@ -32,6 +32,8 @@ struct Task {
   int32_t patch_count;
   int32_t ban_begin;        // banned ids [ban_begin, ban_begin + ban_count), all in the vocabulary
   int32_t ban_count;
+  int32_t bias_begin;       // logit biases [bias_begin, bias_begin + bias_count), distinct ids, before penalties
+  int32_t bias_count;
   int32_t fed_source;       // >= 0: penalties also count tokens[fed_source] as it was before this launch
   int32_t greedy;           // 1: argmax, nothing else of the sampling part applies
   int32_t forced;           // >= 0: the token is this one (a prompt token scored); greedy, no penalties
@@ -52,6 +54,12 @@ struct PenaltyEntry {
   int32_t output_count;     // occurrences in the output (0: prompt only)
 };
 
+// A logit_bias entry: added to the token's logit before the penalties.
+struct BiasEntry {
+  int32_t id;
+  float bias;
+};
+
 struct Result {
   int32_t token;
   int32_t status;           // Status
@@ -69,6 +77,7 @@ struct SamplingLaunch {
   const Task* tasks = nullptr;
   const PenaltyEntry* patches = nullptr;
   const int32_t* bans = nullptr;
+  const BiasEntry* biases = nullptr;
   const float* logits = nullptr;  // [rows, vocab] f32
   int64_t vocab = 0;
   float* work = nullptr;          // [penalized rows, work_stride]

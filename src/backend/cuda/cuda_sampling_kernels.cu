@@ -120,7 +120,7 @@ __device__ __forceinline__ float penalized(const Task& t, float x, int32_t outpu
 // Penalties, then bans. `fed` (>= 0): one more output token than the
 // entries count (Task::fed_source), an entry's or a token of its own.
 __device__ void copy_and_patch(const Row& r, float* work, const PenaltyEntry* patches, const int32_t* bans,
-                               int32_t fed) {
+                               const BiasEntry* biases, int32_t fed) {
   __shared__ int fed_has_entry;
   if (threadIdx.x == 0) fed_has_entry = 0;
   for (int64_t g = threadIdx.x; g < r.raw.groups; g += blockDim.x) {
@@ -130,6 +130,12 @@ __device__ void copy_and_patch(const Row& r, float* work, const PenaltyEntry* pa
   }
   __syncthreads();
   const Task& t = r.t;
+  // logit_bias before the penalties (distinct ids), as the CPU adds it.
+  for (int i = threadIdx.x; i < t.bias_count; i += blockDim.x) {
+    const BiasEntry b = biases[t.bias_begin + i];
+    work[b.id] += b.bias;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < t.patch_count; i += blockDim.x) {
     const PenaltyEntry e = patches[t.patch_begin + i];  // distinct ids: no two threads share one
     const bool is_fed = e.id == fed;
@@ -411,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(SamplingLaunch l) {
   Result& out = l.results[blockIdx.x];
   init_shared(sh, r);
   if (r.patched)
-    copy_and_patch(r, l.work + int64_t(r.t.work_row) * l.work_stride, l.patches, l.bans,
+    copy_and_patch(r, l.work + int64_t(r.t.work_row) * l.work_stride, l.patches, l.bans, l.biases,
                    l.fed_tokens ? l.fed_tokens[blockIdx.x] : -1);
   __syncthreads();
 

@@ -19,10 +19,11 @@ namespace {
 TEST(CudaSampling, GreedyMatchesCpuExactly) {
   SERVAL_CUDA_OR_SKIP(gpu);
   Sampler sampler;
-  const char* variants[] = {"plain", "bans", "repetition", "frequency", "presence", "all penalties"};
+  const char* variants[] = {"plain",    "bans",          "repetition", "frequency",
+                            "presence", "all penalties", "logit bias"};
   for (int64_t vocab : {kMidVocab, kLargeVocab}) {
     for (int rows : {1, 7, kMaxRows}) {
-      for (int variant = 0; variant < 6; ++variant) {
+      for (int variant = 0; variant < 7; ++variant) {
         std::vector<float> host = random_logits(rows, vocab, uint32_t(vocab + rows * 7 + variant));
         plant_max_ties(host, rows, vocab, uint32_t(rows + variant));
         std::mt19937 rng(uint32_t(variant * 1000 + rows));
@@ -73,6 +74,17 @@ TEST(CudaSampling, GreedyMatchesCpuExactly) {
             while (row[runner] == m) runner = int32_t((runner + 1) % vocab);
             row[runner] = m - 0.01f;
             q.prompt.push_back(runner);
+          }
+          if (variant == 6 && odd) {
+            // A bias that lifts a runner-up over the max, one that sinks the
+            // max, and a repetition penalty after them (vLLM's order).
+            const int32_t lift = int32_t(rng() % uint32_t(vocab));
+            q.params.logit_bias = {{lift, row[top] - row[lift] + 0.5f}};
+            if (lift != top) q.params.logit_bias.push_back({top, -100.0f});
+            if (r % 4 == 1) {
+              q.params.repetition_penalty = 1.5f;
+              q.prompt = {lift};
+            }
           }
           if (variant == 5 && odd) {
             q.params.repetition_penalty = 1.25f;
