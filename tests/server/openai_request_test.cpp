@@ -64,7 +64,7 @@ TEST(OpenAiRequest, WrongTypesAndRangesNameTheParameter) {
       {"n", 0},               {"n", 1e30},          {"top_p", 1.5},       {"top_k", -2},
       {"seed", "s"},          {"stop", 5},          {"stop", json::array({1})}, {"stream", 1},
       {"logprobs", 21},       {"presence_penalty", 9}, {"min_p", -0.1},   {"echo", "yes"},
-      {"stream_options", 1},  {"logit_bias", {{"1", 2}}}, {"min_tokens", -3}, {"temperature", 1e300},
+      {"stream_options", 1},  {"logit_bias", {{"1", 200}}}, {"min_tokens", -3}, {"temperature", 1e300},
       {"repetition_penalty", -1e39}};
   for (const auto& [field, value] : cases) {
     json body = base;
