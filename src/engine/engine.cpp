@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 #include <optional>
 
 #include "core/error.h"
@@ -26,6 +27,15 @@ EngineOptions with_runner_limits(EngineOptions o, const ModelRunner& runner) {
   return o;
 }
 
+// The scheduler's queue bound is the engine's, enforced at submit() on what
+// the submitting threads can see (the waiting queue as of the last step, the
+// inbox): the scheduler must not refuse a request the engine accepted
+// (preemptions may lengthen the queue between the two).
+SchedulerConfig unbounded_queue(SchedulerConfig c) {
+  c.max_queued_requests = std::numeric_limits<int64_t>::max();
+  return c;
+}
+
 }  // namespace
 
 struct Engine::Pending {
@@ -44,7 +54,7 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       registry_(metrics::Labels{{"model_name", options_.model_name}}),
       metrics_(registry_, options_.scheduler.max_model_len),
       kv_(runner.num_blocks(), runner.block_size(), options_.enable_prefix_cache),
-      sched_(options_.scheduler, kv_),
+      sched_(unbounded_queue(options_.scheduler), kv_),
       batch_builder_(runner.block_size()),
       outputs_(tokenizer, metrics_) {
   using A = EngineOptions::AsyncScheduling;
@@ -181,6 +191,7 @@ void Engine::take_inbox(StepOutputs& now) {
   }
   for (auto& p : inbox) admit(*p, now.it, now.out);
   for (int64_t id : aborts) sched_.abort(id);
+  if (!inbox.empty()) refresh_waiting();  // they left the inbox for the scheduler's queue
 }
 
 void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
@@ -235,6 +246,7 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   } else {
     const auto start_time = EngineClock::now();
     cur.plan = sched_.schedule(start_time);
+    refresh_waiting();
     it.num_preemptions = cur.plan.num_preempted;
     if (cur.plan.empty()) {
       emit_previous();
@@ -392,8 +404,15 @@ void Engine::finish_continuation() {
   next_.reset();
 }
 
+void Engine::refresh_waiting() {
+  const int64_t waiting = sched_.num_waiting();
+  std::lock_guard<std::mutex> lock(mutex_);
+  num_waiting_snapshot_ = waiting;
+}
+
 void Engine::start_continuation(const Started& cur) {
   StepPlan plan = sched_.continue_plan(cur.plan);
+  refresh_waiting();
   if (plan.empty()) return;
   next_.emplace();
   next_->plan = std::move(plan);

@@ -201,6 +201,8 @@ class Engine {
                               const std::function<void()>& emit_previous);
   // Admits the submitted requests and applies the aborts asked for.
   void take_inbox(StepOutputs& now);
+  // The waiting queue's length for submit()'s bound, as it is now.
+  void refresh_waiting();
   // Takes the tokens of a continuation still in flight and commits it (the
   // loop is ending).
   void finish_continuation();

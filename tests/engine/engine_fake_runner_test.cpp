@@ -9,8 +9,10 @@
 // context-capping rules are gone with it.)
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <map>
+#include <mutex>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -23,6 +25,7 @@ namespace {
 
 using testing::FakeModelRunner;
 using testing::toy_greedy;
+using testing::WrappedRunner;
 
 constexpr int64_t kVocab = 97;
 
@@ -248,6 +251,65 @@ TEST(EngineFakeRunner, SubmitNamesWhatIsWrong) {
   EXPECT_EQ(message(sampled({1}, 2, 1, 0)), "n must be in [1, 128], got 0");
   engine.shutdown();
   EXPECT_TRUE(runner.batches.empty());
+}
+
+// Holds each forward until the test allows it: the engine loop then sits
+// inside a known step.
+class GatedRunner : public WrappedRunner {
+ public:
+  using WrappedRunner::WrappedRunner;
+  void forward(const Batch& batch, std::vector<float>& logits) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++calls_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return calls_ <= allowed_; });
+    lock.unlock();
+    WrappedRunner::forward(batch, logits);
+  }
+  void allow(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    allowed_ = n;
+    cv_.notify_all();
+  }
+  void wait_for_call(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return calls_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int calls_ = 0, allowed_ = 0;
+};
+
+// A request submit() accepts is never refused later. The engine counts the
+// queue from the step before and its inbox; requests it has moved from the
+// inbox into the scheduler's queue during a step must count at once: here
+// the queue (2) is full while the second step runs, and a third submit then
+// is refused at once. (Before, it was accepted, and the scheduler refused it
+// later with an error: a 500 from the server.)
+TEST(EngineFakeRunner, AnAcceptedRequestIsNeverRefusedLater) {
+  FakeModelRunner fake(kVocab, 4, 256);
+  GatedRunner runner(fake);
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 1;
+  options.scheduler.max_queued_requests = 2;
+  Engine engine(runner, tokenizer(), options);
+  // A failure below must not leave the loop held (the engine's destructor waits for it).
+  struct Release {
+    GatedRunner& r;
+    ~Release() { r.allow(1 << 30); }
+  } release{runner};
+  RequestHandle a = engine.submit(greedy(iota_prompt(3, 0), 3));
+  runner.wait_for_call(1);  // a's first step, held
+  RequestHandle b = engine.submit(greedy(iota_prompt(4, 1), 3));
+  RequestHandle c = engine.submit(greedy(iota_prompt(5, 2), 3));
+  runner.allow(1);
+  runner.wait_for_call(2);  // the next step: b and c are in the scheduler's queue now
+  EXPECT_THROW(engine.submit(greedy(iota_prompt(6, 3), 3)), QueueFullError);
+  runner.allow(1000);
+  for (RequestHandle* h : {&a, &b, &c}) EXPECT_EQ(collect(*h)[0].finish, FinishReason::kLength);
+  EXPECT_EQ(engine.kv_usage().used_blocks, 0);
 }
 
 TEST(EngineFakeRunner, SubmitAllQueuesTogetherOrNotAtAll) {
