@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -21,14 +23,29 @@ constexpr uint32_t kRootMarker = UINT32_MAX;
 
 inline void set_bit(std::span<uint32_t> mask, int32_t id) { mask[size_t(id) / 32] |= uint32_t(1) << (id % 32); }
 
+// Whether the frame under a top position belongs in its key: when the top's
+// rule can end right after it, or within a few more bytes of its own (the
+// rest of a UTF-8 character, the end of a short literal), tokens would leave
+// the frame after almost every prefix.
+bool top_is_open(const CompiledGrammar& g, uint32_t top) {
+  if (g.pops(top + 1)) return true;
+  for (uint32_t p = top + 1, n = 0; n <= 3; ++p, ++n) {
+    const auto& e = g.elem(p);
+    if (e.kind == CompiledGrammar::ElemKind::End) return true;
+    if (e.kind != CompiledGrammar::ElemKind::Bytes) return false;
+  }
+  return false;
+}
+
 // The key of stack `s`: its top position, then return positions while the
-// frames above can end without consuming input; then the stack below them.
+// frames above can end soon (see top_is_open) or without consuming input;
+// then the stack below them.
 void make_key(const CompiledGrammar& g, const StackPool& pool, uint32_t s, std::vector<uint32_t>& key,
               uint32_t& below) {
   key.clear();
   const StackNode* n = &pool.node(s);
   key.push_back(n->pos);
-  bool open = g.pops(n->pos + 1);
+  bool open = top_is_open(g, n->pos);
   uint32_t next = n->parent;
   while (open && next != kRootNode) {
     n = &pool.node(next);
@@ -50,9 +67,29 @@ void compute_entry(const CompiledGrammar& g, const TokenVocabulary& vocab, const
   uint32_t node = to_root ? kRootNode : kBottomNode;
   for (size_t i = frames; i-- > 0;) node = pool.intern(key[i], node);
 
+  // Most trie nodes lead to a state seen before (inside a string every
+  // character leads back to the same stacks), so states are numbered and
+  // transitions (state, byte) remembered: a walk of the whole vocabulary
+  // then costs a table lookup per node.
+  struct Trans {
+    uint32_t next;  // state id; 0 = no stacks
+    bool bottom, root;
+  };
+  std::vector<std::vector<uint32_t>> state_stacks{{}, {node}};
+  std::unordered_map<uint64_t, Trans> trans;
+  std::unordered_map<std::string, uint32_t> state_ids;
+  auto state_id = [&](const std::vector<uint32_t>& stacks) -> uint32_t {
+    if (stacks.empty()) return 0;
+    std::string k(reinterpret_cast<const char*>(stacks.data()), stacks.size() * sizeof(uint32_t));
+    auto [it, fresh] = state_ids.emplace(std::move(k), uint32_t(state_stacks.size()));
+    if (fresh) state_stacks.push_back(stacks);
+    return it->second;
+  };
+  state_id(state_stacks[1]);
+
   const TokenTrie& trie = vocab.trie();
-  std::vector<std::vector<uint32_t>> states(trie.max_depth + 1);
-  states[0] = {node};
+  std::vector<uint32_t> states(trie.max_depth + 1);
+  states[0] = 1;
   std::vector<uint32_t> bottoms;  // depths on the current path where the frames were left
   std::vector<std::pair<std::string_view, int32_t>> rem;
   StepResult res;
@@ -67,14 +104,20 @@ void compute_entry(const CompiledGrammar& g, const TokenVocabulary& vocab, const
     const TokenTrie::Node& tn = trie.nodes[i];
     uint32_t d = tn.depth;
     while (!bottoms.empty() && bottoms.back() >= d) bottoms.pop_back();
-    stepper.step(pool, states[d - 1], tn.byte, res);
-    if (!res.stacks.empty() || res.reached_bottom || res.reached_root) {
+    uint64_t tk = uint64_t(states[d - 1]) << 8 | tn.byte;
+    auto it = trans.find(tk);
+    if (it == trans.end()) {
+      stepper.step(pool, state_stacks[states[d - 1]], tn.byte, res);
+      it = trans.emplace(tk, Trans{state_id(res.stacks), res.reached_bottom, res.reached_root}).first;
+    }
+    const Trans t = it->second;
+    if (t.next != 0 || t.bottom || t.root) {
       for (uint32_t k = tn.tok_begin; k < tn.tok_end; ++k) out.accepted.push_back(trie.ids[k]);
     } else {
       add_remainders(tn);
     }
-    if (res.reached_bottom) bottoms.push_back(d);
-    if (res.stacks.empty()) {
+    if (t.bottom) bottoms.push_back(d);
+    if (t.next == 0) {
       // Nothing continues inside the frames: the subtree is rejected, except
       // for the tokens that left them on the way (context-dependent).
       if (!bottoms.empty())
@@ -82,7 +125,7 @@ void compute_entry(const CompiledGrammar& g, const TokenVocabulary& vocab, const
       i = tn.subtree_end;
       continue;
     }
-    states[d] = res.stacks;
+    states[d] = t.next;
     ++i;
   }
   if (out.accepted.size() * 32 > size_t(vocab.size())) {

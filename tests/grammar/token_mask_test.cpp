@@ -1,0 +1,157 @@
+// Token masks: the cached trie walk must give exactly the masks of trying
+// every token on its own, on a small vocabulary built to hit the corner cases
+// and on Llama 3's real 128k vocabulary.
+#include "grammar/token_mask.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "grammar_test_util.h"
+#include "model/model_loader.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval::grammar {
+namespace {
+
+using testing::compile_gbnf;
+
+const char* kJsonGbnf = R"(
+  root   ::= object
+  value  ::= object | array | string | number | "true" | "false" | "null"
+  object ::= "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws )* )? "}"
+  array  ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
+  string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ["\\/bfnrt] )* "\""
+  number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )?
+  ws     ::= " "?
+)";
+
+std::shared_ptr<const TokenVocabulary> small_vocab() {
+  std::vector<std::string> t = {"<s>", "</s>", "{", "}", "\"", "\",", "\"}", "\":", "a", "ab", "abc", "b\"", "c\",\"",
+                                " ", " \"", "1", "12", "0", "-", ".", "5}", "},", "[", "]", "[]", "\\", "\\n", "\\\"",
+                                "é", "\xC3", "\xA9", "\xA9\"", "true", "tr", "ue", "null", ",", ", ", ": ", ":",
+                                "\"a\":1}", "x\"}", "}}", "]}", ",\"", "\n"};
+  return std::make_shared<const TokenVocabulary>(std::move(t), std::vector<int32_t>{0}, std::vector<int32_t>{1});
+}
+
+// Compares the masks at every prefix of `text` (as a sequence of single
+// bytes and of tokens where possible).
+void expect_masks_match(const std::shared_ptr<const CompiledGrammar>& g, const std::shared_ptr<const TokenVocabulary>& v,
+                        const std::string& text) {
+  TokenMasker masker(g, v);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> fast(v->mask_words()), slow(v->mask_words());
+  for (size_t i = 0; i <= text.size(); ++i) {
+    masker.fill_mask(m, fast);
+    fill_mask_reference(m, *v, slow);
+    for (int32_t id = 0; id < v->size(); ++id)
+      ASSERT_EQ(mask_allows(fast, id), mask_allows(slow, id))
+          << "after \"" << text.substr(0, i) << "\": token " << id << " \"" << v->bytes(id) << "\"";
+    if (i < text.size()) {
+      ASSERT_TRUE(m.accept_bytes(text.substr(i, 1))) << text.substr(0, i + 1);
+    }
+  }
+}
+
+TEST(TokenMask, EqualsBruteForceOnASmallVocabulary) {
+  auto g = compile_gbnf(kJsonGbnf);
+  auto v = small_vocab();
+  expect_masks_match(g, v, R"({"a": [1, -0.5, "x\"é"], "abc":{}, "b": [true, null, {"c": "d"}]})");
+  expect_masks_match(g, v, R"({ "ab" : 12 , "c" : [ ] })");
+}
+
+TEST(TokenMask, EosOnlyWhereTheTextMayEndAndSpecialTokensNever) {
+  auto g = compile_gbnf(R"(root ::= "a" "b"?)");
+  auto v = small_vocab();
+  TokenMasker masker(g, v);
+  GrammarMatcher m(g);
+  auto mask = masker.mask(m);
+  EXPECT_FALSE(mask_allows(mask, 1));
+  EXPECT_FALSE(mask_allows(mask, 0));
+  EXPECT_TRUE(mask_allows(mask, 8));    // a
+  EXPECT_TRUE(mask_allows(mask, 9));    // ab
+  EXPECT_FALSE(mask_allows(mask, 10));  // abc
+  ASSERT_TRUE(masker.accept_token(m, 8));
+  mask = masker.mask(m);
+  EXPECT_TRUE(mask_allows(mask, 1));
+  EXPECT_FALSE(masker.accept_token(m, 0));
+  EXPECT_TRUE(masker.accept_token(m, 1));  // EOS: accepted, the matcher unchanged
+  EXPECT_TRUE(m.can_end());
+}
+
+TEST(TokenMask, RegexLikeAndGbnfGrammars) {
+  auto v = small_vocab();
+  expect_masks_match(compile_gbnf(R"(root ::= ("ab" | "a" "b"? "c") "\"" [,:] "\"" "a"*)"), v, "abc\",\"aaa");
+  expect_masks_match(compile_gbnf(R"(root ::= [a-c]{2,4} ("é" | "\"")+ "}")"), v, "abé\"é}");
+}
+
+const Tokenizer* llama3() {
+  static std::unique_ptr<Tokenizer> tok = [] {
+    std::string path = models_dir() + "/tokenizers/llama3/tokenizer.json";
+    return load_tokenizer(path);
+  }();
+  return tok.get();
+}
+
+TEST(TokenMask, EqualsBruteForceOnLlama3Vocabulary) {
+  auto v = TokenVocabulary::from_tokenizer(*llama3());
+  ASSERT_GT(v->size(), 128000);
+  auto g = compile_gbnf(kJsonGbnf);
+  TokenMasker masker(g, v);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> fast(v->mask_words()), slow(v->mask_words());
+  const std::string text = R"({"name": "Ada \"L\" é", "n": [-12.5, {}], "ok": true})";
+  // A handful of states: the start, inside keys, strings, numbers, arrays.
+  for (size_t cut : {0, 1, 3, 9, 14, 20, 26, 30, 33, 38, 44, 50}) {
+    GrammarMatcher at(g);
+    ASSERT_TRUE(at.accept_bytes(text.substr(0, cut)));
+    masker.fill_mask(at, fast);
+    fill_mask_reference(at, *v, slow);
+    size_t allowed = 0;
+    for (int32_t id = 0; id < v->size(); ++id) {
+      ASSERT_EQ(mask_allows(fast, id), mask_allows(slow, id))
+          << "after \"" << text.substr(0, cut) << "\": token " << id << " \"" << v->bytes(id) << "\"";
+      allowed += mask_allows(fast, id);
+    }
+    EXPECT_GT(allowed, 0u);
+  }
+}
+
+// Not a test of speed (tests must not depend on timing): prints the cost of
+// a mask on the 128k vocabulary, cold (first use of a grammar context, which
+// walks the trie) and warm (cached), for a few kinds of JSON states.
+TEST(TokenMask, ReportsMicrosecondsPerMaskOnLlama3) {
+  auto v = TokenVocabulary::from_tokenizer(*llama3());
+  auto g = compile_gbnf(kJsonGbnf);
+  TokenMasker masker(g, v);
+  std::vector<uint32_t> mask(v->mask_words());
+  struct State {
+    const char* name;
+    const char* prefix;
+  };
+  const State states[] = {{"start", ""}, {"in a key", R"({"na)"}, {"after a key", R"({"name")"},
+                          {"in a string value", R"({"name": "Ad)"}, {"in a number", R"({"n": -12)"},
+                          {"after a value", R"({"n": 1)"}, {"in an array", R"({"n": [1, )"}};
+  using clock = std::chrono::steady_clock;
+  for (const auto& s : states) {
+    GrammarMatcher m(g);
+    ASSERT_TRUE(m.accept_bytes(s.prefix));
+    auto t0 = clock::now();
+    masker.fill_mask(m, mask);
+    auto t1 = clock::now();
+    const int reps = 200;
+    for (int i = 0; i < reps; ++i) masker.fill_mask(m, mask);
+    auto t2 = clock::now();
+    size_t allowed = 0;
+    for (int32_t id = 0; id < v->size(); ++id) allowed += mask_allows(mask, id);
+    std::printf("[ mask     ] %-18s cold %8.0f us  warm %7.1f us  (%zu of %d tokens allowed)\n", s.name,
+                std::chrono::duration<double, std::micro>(t1 - t0).count(),
+                std::chrono::duration<double, std::micro>(t2 - t1).count() / reps, allowed, v->size());
+  }
+  std::printf("[ mask     ] cache entries: %zu\n", masker.cache_size());
+}
+
+}  // namespace
+}  // namespace serval::grammar
