@@ -24,6 +24,7 @@ class Lowering {
     check_left_recursion();
     layout();
     expand_all();
+    compute_min_lengths();
     return g;
   }
 
@@ -178,6 +179,29 @@ class Lowering {
       g_->pops_[pos] = pops;
     }
     g_->exp_begin_[n] = uint32_t(g_->entries_.size());
+  }
+
+  // Shortest text of each rule, then of each position's rest, by iterating
+  // to a fixed point (productive grammars converge; a cap keeps it cheap).
+  void compute_min_lengths() {
+    const uint64_t inf = UINT32_MAX;
+    size_t n = g_->elems_.size();
+    std::vector<uint64_t> rule_min(g_->rule_names_.size(), inf);
+    std::vector<uint64_t> to_end(n, inf);
+    for (int iter = 0; iter < 1000; ++iter) {
+      bool changed = false;
+      for (size_t pos = n; pos-- > 0;) {
+        const Elem& e = g_->elems_[pos];
+        uint64_t v = e.kind == ElemKind::End ? 0
+                     : std::min(inf, (e.kind == ElemKind::Bytes ? 1 : rule_min[e.arg]) + to_end[pos + 1]);
+        if (v != to_end[pos]) to_end[pos] = v, changed = true;
+      }
+      for (size_t r = 0; r < g_->alt_starts_.size(); ++r)
+        for (uint32_t a : g_->alt_starts_[r])
+          if (to_end[a] < rule_min[r]) rule_min[r] = to_end[a], changed = true;
+      if (!changed) break;
+    }
+    g_->min_to_end_.assign(to_end.begin(), to_end.end());
   }
 
   FlatGrammar f_;

@@ -58,6 +58,9 @@ class CompiledGrammar {
   }
   // True when the rule of `pos` can end from `pos` without consuming input.
   bool pops(uint32_t pos) const { return pops_[pos]; }
+  // The fewest bytes from `pos` to the end of its alternative (a sampler's
+  // guide towards finishing; saturates at UINT32_MAX).
+  uint32_t min_bytes_to_end(uint32_t pos) const { return min_to_end_[pos]; }
   // The position of the start symbol (a call of root in a rule of its own).
   uint32_t start() const { return start_; }
   size_t num_positions() const { return elems_.size(); }
@@ -76,6 +79,7 @@ class CompiledGrammar {
   std::vector<Entry> entries_;
   std::vector<uint32_t> chains_;
   std::vector<uint8_t> pops_;
+  std::vector<uint32_t> min_to_end_;
   uint32_t start_ = 0;
 };
 

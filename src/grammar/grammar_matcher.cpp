@@ -58,6 +58,18 @@ bool GrammarMatcher::can_accept_bytes(std::string_view bytes) {
   return ok;
 }
 
+size_t GrammarMatcher::min_bytes_to_end() const {
+  if (can_end()) return 0;
+  size_t best = SIZE_MAX;
+  for (uint32_t s : stacks()) {
+    size_t total = 0;
+    for (uint32_t n = s; n != kRootNode && total < best; n = pool_.node(n).parent)
+      total += grammar_->min_bytes_to_end(pool_.node(n).pos);
+    best = std::min(best, total);
+  }
+  return best;
+}
+
 void GrammarMatcher::rollback(size_t n) {
   SERVAL_CHECK(n <= num_steps(), "cannot roll back ", n, " steps: only ", num_steps(), " were taken");
   history_.resize(history_.size() - n);

@@ -37,6 +37,10 @@ class GrammarMatcher {
   // is the invariant callers may check.
   bool is_dead() const { return is_terminated() && !can_end(); }
 
+  // The fewest bytes that would complete the text (0 when can_end()): a
+  // guide for samplers that must finish within a budget.
+  size_t min_bytes_to_end() const;
+
   // Undoes the last n successful accept_bytes calls (n <= num_steps()).
   void rollback(size_t n);
   size_t num_steps() const { return history_.size() - 1; }
