@@ -141,7 +141,11 @@ class Lowering {
   // Depth-first over calls from `pos`, with the frames pushed so far;
   // (position, frames) pairs already seen are skipped, which ends tail-call
   // cycles (left recursion with pushes was refused above).
-  void expand(uint32_t pos, std::vector<uint32_t>& chain, bool& pops) {
+  void expand(uint32_t pos, std::vector<uint32_t>& chain, bool& pops, size_t depth = 0) {
+    // Chains of calls that can match nothing ((x?){0,n} with a large n) nest
+    // this deep; refuse them rather than overflow the stack.
+    SERVAL_CHECK(depth < 10000, "grammar: over 10000 nested rules can match empty text at one point (",
+                 rule_names_of(pos), "); lower the repetition counts");
     if (!seen_.insert({pos, chain}).second) return;
     const Elem& e = g_->elems_[pos];
     if (e.kind == ElemKind::Bytes) {
@@ -154,16 +158,21 @@ class Lowering {
       } else {
         uint32_t ret = chain.back();
         chain.pop_back();
-        expand(ret, chain, pops);
+        expand(ret, chain, pops, depth + 1);
         chain.push_back(ret);
       }
     } else {
       uint32_t ret = pos + 1;
       bool tail = g_->elems_[ret].kind == ElemKind::End;
       if (!tail) chain.push_back(ret);
-      for (uint32_t a : g_->alt_starts_[e.arg]) expand(a, chain, pops);
+      for (uint32_t a : g_->alt_starts_[e.arg]) expand(a, chain, pops, depth + 1);
       if (!tail) chain.pop_back();
     }
+  }
+
+  std::string rule_names_of(uint32_t pos) const {
+    while (g_->elems_[pos].kind != ElemKind::End) ++pos;
+    return "in rule '" + g_->rule_names_[g_->elems_[pos].arg] + "'";
   }
 
   void expand_all() {
