@@ -56,9 +56,7 @@ class SchemaCompiler {
   std::set<std::string> names_;
 };
 
-// Keywords that only annotate (ignored) and those that constrain values in
-// ways the grammar does not express (refused).
-bool is_annotation_keyword(const std::string& k);
+// Keywords that constrain values in ways the grammar does not express (refused).
 bool is_unsupported_keyword(const std::string& k);
 
 }  // namespace serval::grammar

@@ -12,10 +12,6 @@ namespace serval::grammar {
 
 namespace {
 
-const char* const kAnnotations[] = {"title",      "description", "default",          "examples", "$comment",
-                                    "$schema",    "$id",         "deprecated",       "readOnly", "writeOnly",
-                                    "$defs",      "definitions", "contentEncoding",  "contentMediaType",
-                                    "$anchor",    "$vocabulary", "$dynamicAnchor"};
 const char* const kUnsupported[] = {"not",          "if",                   "then",
                                     "else",         "dependentRequired",    "dependentSchemas",
                                     "dependencies", "patternProperties",    "propertyNames",
@@ -27,10 +23,24 @@ bool in(const std::string& k, const auto& list) {
   return std::any_of(std::begin(list), std::end(list), [&](const char* x) { return k == x; });
 }
 
-// Keywords that constrain a value of some type (besides the combinators).
-bool is_validation_keyword(const std::string& k) {
-  return !is_annotation_keyword(k) && k.rfind("x-", 0) != 0;
-}
+}  // namespace
+
+bool is_unsupported_keyword(const std::string& k) { return in(k, kUnsupported); }
+
+namespace {
+
+// Keywords that constrain values. Any other keyword (annotations, vendor
+// extensions such as OpenAPI's "nullable" or "discriminator") is ignored, as
+// validators ignore it.
+const char* const kValidation[] = {"type",          "enum",          "const",           "properties",
+                                   "required",      "additionalProperties", "items",   "prefixItems",
+                                   "additionalItems", "minItems",    "maxItems",        "uniqueItems",
+                                   "minLength",     "maxLength",     "pattern",         "format",
+                                   "minimum",       "maximum",       "exclusiveMinimum", "exclusiveMaximum",
+                                   "minProperties", "maxProperties", "anyOf",           "oneOf",
+                                   "allOf",         "$ref"};
+
+bool is_validation_keyword(const std::string& k) { return in(k, kValidation) || is_unsupported_keyword(k); }
 
 std::optional<Decimal> number_of(const ojson& s, const char* key, const std::string& path) {
   auto it = s.find(key);
@@ -92,9 +102,6 @@ std::string sanitize(const std::string& hint) {
 }
 
 }  // namespace
-
-bool is_annotation_keyword(const std::string& k) { return in(k, kAnnotations); }
-bool is_unsupported_keyword(const std::string& k) { return in(k, kUnsupported); }
 
 std::string SchemaCompiler::fresh_name(const std::string& hint) {
   std::string base = sanitize(hint);

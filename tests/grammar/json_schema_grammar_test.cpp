@@ -75,6 +75,12 @@ TEST(JsonSchemaGrammar, EnumConstAndCombinators) {
   check(R"({"allOf": [{"type": "integer", "maximum": 3}]})", {"3"}, {"4"});
 }
 
+TEST(JsonSchemaGrammar, UnknownKeywordsAreIgnoredAsValidatorsIgnoreThem) {
+  check(R"({"anyOf": [{"type": "integer"}, {"type": "null"}], "nullable": true, "x-order": 3, "discriminator": {}})",
+        {"1", "null"}, {"\"a\""});
+  check(R"({"$ref": "#/$defs/a", "description": "d", "$defs": {"a": {"const": 1}}})", {"1"}, {"2"});
+}
+
 TEST(JsonSchemaGrammar, RefsIncludingRecursion) {
   const char* s = R"({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
                       "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["v", "next"],

@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
 
+#include "grammar/json_schema_grammar.h"
+#include "grammar/regex_to_grammar.h"
 #include "grammar_test_util.h"
 #include "model/model_loader.h"
 #include "tokenizer/tokenizer.h"
@@ -119,9 +122,57 @@ TEST(TokenMask, EqualsBruteForceOnLlama3Vocabulary) {
   }
 }
 
+const char* kSchema = R"({"type": "object", "properties": {
+    "id": {"type": "string", "format": "uuid"},
+    "name": {"type": "string", "maxLength": 40},
+    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 4},
+    "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                "required": ["city"]},
+    "notes": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+  "required": ["id", "name", "age"]})";
+
+// Random walks: a uniformly drawn allowed token each step.
+template <typename OnStep>
+void walk(const TokenMasker& masker, const std::shared_ptr<const CompiledGrammar>& g, uint64_t seed, int steps, OnStep on_step) {
+  std::mt19937_64 rng(seed);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> mask(masker.vocab().mask_words());
+  for (int step = 0; step < steps; ++step) {
+    on_step(m, step);
+    masker.fill_mask(m, mask);
+    std::vector<int32_t> allowed;
+    for (int32_t id = 0; id < masker.vocab().size(); ++id)
+      if (mask_allows(mask, id) && !masker.vocab().is_eos(id)) allowed.push_back(id);
+    if (allowed.empty()) return;
+    ASSERT_TRUE(masker.accept_token(m, allowed[rng() % allowed.size()]));
+  }
+}
+
+TEST(TokenMask, EqualsBruteForceAlongRandomWalksOnLlama3) {
+  auto v = TokenVocabulary::from_tokenizer(*llama3());
+  const std::shared_ptr<const CompiledGrammar> grammars[] = {
+      CompiledGrammar::compile(json_schema_text_to_grammar(kSchema)),
+      CompiledGrammar::compile(regex_to_grammar("[a-z ]{1,30}(, [A-Z][a-z]+)*\\.")),
+  };
+  std::vector<uint32_t> fast(v->mask_words()), slow(v->mask_words());
+  for (const auto& g : grammars) {
+    TokenMasker masker(g, v);
+    walk(masker, g, 7, 36, [&](GrammarMatcher& m, int step) {
+      if (step % 4) return;
+      masker.fill_mask(m, fast);
+      fill_mask_reference(m, *v, slow);
+      for (int32_t id = 0; id < v->size(); ++id)
+        ASSERT_EQ(mask_allows(fast, id), mask_allows(slow, id)) << "step " << step << ": token " << id << " \"" << v->bytes(id) << "\"";
+    });
+  }
+}
+
 // Not a test of speed (tests must not depend on timing): prints the cost of
 // a mask on the 128k vocabulary, cold (first use of a grammar context, which
-// walks the trie) and warm (cached), for a few kinds of JSON states.
+// walks the trie) and warm (cached), for a few kinds of JSON states, and over
+// random walks through a JSON schema.
 TEST(TokenMask, ReportsMicrosecondsPerMaskOnLlama3) {
   auto v = TokenVocabulary::from_tokenizer(*llama3());
   auto g = compile_gbnf(kJsonGbnf);
@@ -135,6 +186,7 @@ TEST(TokenMask, ReportsMicrosecondsPerMaskOnLlama3) {
                           {"in a string value", R"({"name": "Ad)"}, {"in a number", R"({"n": -12)"},
                           {"after a value", R"({"n": 1)"}, {"in an array", R"({"n": [1, )"}};
   using clock = std::chrono::steady_clock;
+  auto us = [](auto d) { return std::chrono::duration<double, std::micro>(d).count(); };
   for (const auto& s : states) {
     GrammarMatcher m(g);
     ASSERT_TRUE(m.accept_bytes(s.prefix));
@@ -146,11 +198,26 @@ TEST(TokenMask, ReportsMicrosecondsPerMaskOnLlama3) {
     auto t2 = clock::now();
     size_t allowed = 0;
     for (int32_t id = 0; id < v->size(); ++id) allowed += mask_allows(mask, id);
-    std::printf("[ mask     ] %-18s cold %8.0f us  warm %7.1f us  (%zu of %d tokens allowed)\n", s.name,
-                std::chrono::duration<double, std::micro>(t1 - t0).count(),
-                std::chrono::duration<double, std::micro>(t2 - t1).count() / reps, allowed, v->size());
+    std::printf("[ mask     ] json gbnf, %-18s cold %8.0f us  warm %7.1f us  (%zu of %d tokens allowed)\n", s.name,
+                us(t1 - t0), us(t2 - t1) / reps, allowed, v->size());
   }
-  std::printf("[ mask     ] cache entries: %zu\n", masker.cache_size());
+  // A schema: the first walk fills the cache (cold), later walks use it.
+  auto sg = CompiledGrammar::compile(json_schema_text_to_grammar(kSchema));
+  TokenMasker smasker(sg, v);
+  for (int round = 0; round < 2; ++round) {
+    double total = 0, worst = 0;
+    int n = 0;
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+      walk(smasker, sg, seed, 60, [&](GrammarMatcher& m, int) {
+        auto t0 = clock::now();
+        smasker.fill_mask(m, mask);
+        double t = us(clock::now() - t0);
+        total += t, worst = std::max(worst, t), ++n;
+      });
+    }
+    std::printf("[ mask     ] json schema walks, %s: %d masks, mean %.1f us, max %.0f us (cache entries %zu)\n",
+                round ? "warm" : "cold", n, total / n, worst, smasker.cache_size());
+  }
 }
 
 }  // namespace
