@@ -50,11 +50,20 @@ ExprPtr SchemaCompiler::object_value(const ojson& s, const std::string& path) {
       props.push_back({name, additional, true, path + "/additionalProperties"});
     }
   }
+  // A property whose schema is false can only be absent (it stays listed, so
+  // no extra property takes its name).
+  std::vector<std::string> listed;
+  for (const auto& p : props) listed.push_back(p.name);
+  std::erase_if(props, [&](const Prop& p) {
+    bool never = p.schema->is_boolean() && !p.schema->get<bool>();
+    if (never && p.required) error(p.path, "required property '", p.name, "' has the schema false");
+    return never;
+  });
   size_t n = props.size();
   size_t n_required = size_t(std::count_if(props.begin(), props.end(), [](const Prop& p) { return p.required; }));
   if (auto m = count_of(s, "minProperties", path); m && *m > n_required)
     error(path, "keyword 'minProperties' is only supported when 'required' already has that many properties");
-  if (auto m = count_of(s, "maxProperties", path); m && (extras || *m < n))
+  if (auto m = count_of(s, "maxProperties", path); m && (extras || *m < props.size()))
     error(path, "keyword 'maxProperties' is only supported when the listed properties are all there can be");
 
   std::string base = fresh_name(path == "#" ? "root-object" : path.substr(2));
@@ -66,9 +75,7 @@ ExprPtr SchemaCompiler::object_value(const ojson& s, const std::string& path) {
   }
   ExprPtr extra;
   if (extras) {
-    std::vector<std::string> names;
-    for (const auto& p : props) names.push_back(p.name);
-    ExprPtr key = seq({lit("\""), json_string_rest_not_in(names, g_, base + "-key-")});
+    ExprPtr key = seq({lit("\""), json_string_rest_not_in(listed, g_, base + "-key-")});
     ExprPtr v = value(*additional, path + "/additionalProperties");
     extra = as_rule(base + "-extra", seq({key, ws(), lit(":"), ws(), v}));
   }

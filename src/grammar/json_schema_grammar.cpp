@@ -187,8 +187,10 @@ ExprPtr SchemaCompiler::value(const ojson& s, const std::string& path) {
           if (!disjoint(list[j], list[i], 0))
             error(p, "'oneOf' alternatives ", j, " and ", i,
                   " may both match a value (only oneOf with mutually exclusive alternatives is supported; use anyOf)");
+      if (list[i].is_boolean() && !list[i].get<bool>()) continue;  // matches nothing: no alternative
       alts.push_back(value(list[i], p));
     }
+    if (alts.empty()) error(path, "every '", comb, "' alternative is the schema false");
     return alt(std::move(alts));
   }
   if (s.contains("const") || s.contains("enum")) return literal_values(s, path);

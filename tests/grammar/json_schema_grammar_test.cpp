@@ -66,6 +66,13 @@ TEST(JsonSchemaGrammar, ExtraPropertiesUnlessForbiddenOrStrict) {
         {R"({"x": "y"})", R"({"id": 2, "x": "y"})"}, {R"({"x": 1})"});
 }
 
+TEST(JsonSchemaGrammar, FalseSchemasOnlyRemove) {
+  check(R"({"properties": {"a": false, "b": {"type": "integer"}}})", {"{}", R"({"b": 1})", R"({"c": 1})"},
+        {R"({"a": 1})", R"({"b": 1, "a": 2})"});
+  check(R"({"anyOf": [false, {"type": "null"}]})", {"null"}, {"1"});
+  EXPECT_NE(refusal(R"({"properties": {"a": false}, "required": ["a"]})").find("schema false"), std::string::npos);
+}
+
 TEST(JsonSchemaGrammar, EnumConstAndCombinators) {
   check(R"({"enum": ["a", 1, null, [1, 2], {"k": "v"}]})", {R"("a")", "1", "null", "[1,2]", R"({"k":"v"})"}, {R"("b")", "[1, 2]"});
   check(R"({"type": "string", "enum": ["a", 1]})", {R"("a")"}, {"1"});
