@@ -191,8 +191,14 @@ void TokenMasker::fill_mask(GrammarMatcher& m, std::span<uint32_t> mask) const {
                vocab_->mask_words());
   SERVAL_CHECK(m.grammar_ptr() == grammar_, "the matcher's grammar is not the masker's");
   std::fill(mask.begin(), mask.end(), 0u);
-  StackPool& pool = m.pool();
-  size_t mark = pool.size();
+  // The scratch stacks made here go away on every way out (an over-ambiguous
+  // grammar throws from the stepper).
+  struct Scratch {
+    StackPool& pool;
+    size_t mark;
+    ~Scratch() { pool.truncate(mark); }
+  } scratch{m.pool(), m.pool().size()};
+  StackPool& pool = scratch.pool;
   Stepper stepper(*grammar_);
   std::vector<uint32_t> key;
   std::vector<std::pair<const Entry*, uint32_t>> walked;
@@ -213,7 +219,6 @@ void TokenMasker::fill_mask(GrammarMatcher& m, std::span<uint32_t> mask) const {
     stepper.resume(pool, below, start);
     if (!start.stacks.empty()) walk_remainders(*grammar_, pool, stepper, e.remainders, start.stacks, mask);
   }
-  pool.truncate(mark);
   if (m.can_end())
     for (int32_t id : vocab_->eos_ids()) set_bit(mask, id);
 }
