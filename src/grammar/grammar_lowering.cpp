@@ -1,5 +1,7 @@
 #include "grammar/grammar_lowering.h"
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <unordered_map>
 
@@ -34,7 +36,7 @@ class Lowerer {
       const Expr& body = *g_.rules[i].second;
       std::vector<std::vector<Elem>> alts;
       if (body.kind == Expr::Kind::Alt) {
-        for (const auto& a : body.items) alts.push_back(lower_seq(*a));
+        alts = lower_alternatives(body);
       } else {
         alts.push_back(lower_seq(body));
       }
@@ -113,14 +115,56 @@ class Lowerer {
       case Expr::Kind::Alt: {
         std::string key = "alt:" + to_gbnf(e);
         out.push_back(shared_rule(key, str_cat("(group ", generated_.size(), ")"), [&] {
-          std::vector<std::vector<Elem>> alts;
-          for (const auto& a : e.items) alts.push_back(lower_seq(*a));
-          return alts;
+          return lower_alternatives(e);
         }));
         return;
       }
       case Expr::Kind::Repeat: lower_repeat(e, out); return;
     }
+  }
+
+  std::vector<std::vector<Elem>> lower_alternatives(const Expr& e) {
+    bool literals = e.items.size() >= 8 && std::all_of(e.items.begin(), e.items.end(), [](const ExprPtr& a) {
+      return a->kind == Expr::Kind::Literal || a->kind == Expr::Kind::Empty;
+    });
+    if (literals) return literal_trie(e);
+    std::vector<std::vector<Elem>> alts;
+    for (const auto& a : e.items) alts.push_back(lower_seq(*a));
+    return alts;
+  }
+
+  // Many literal alternatives (an enum, a choice) as a byte trie: one rule
+  // per node, so the matcher follows one stack per distinct prefix instead of
+  // one per alternative. Returns the root node's alternatives.
+  std::vector<std::vector<Elem>> literal_trie(const Expr& e) {
+    std::vector<std::string> words;
+    for (const auto& a : e.items) words.push_back(a->text);
+    std::sort(words.begin(), words.end());
+    words.erase(std::unique(words.begin(), words.end()), words.end());
+    // Node alternatives of the words [lo, hi) that share their first `depth` bytes.
+    std::function<std::vector<std::vector<Elem>>(size_t, size_t, size_t)> node = [&](size_t lo, size_t hi, size_t depth) {
+      std::vector<std::vector<Elem>> alts;
+      size_t i = lo;
+      if (words[i].size() == depth) {
+        alts.push_back({});  // a word ends here
+        ++i;
+      }
+      while (i < hi) {
+        unsigned char b = words[i][depth];
+        size_t j = i;
+        while (j < hi && static_cast<unsigned char>(words[j][depth]) == b) ++j;
+        std::vector<Elem> a{bytes(b, b)};
+        if (!(j == i + 1 && words[i].size() == depth + 1)) {
+          auto child = node(i, j, depth + 1);
+          a.push_back({ElemKind::Ref, new_rule(str_cat("(literal trie ", out_.rules.size(), ")"), std::move(child))});
+        }
+        count(a.size() + 1);
+        alts.push_back(std::move(a));
+        i = j;
+      }
+      return alts;
+    };
+    return node(0, words.size(), 0);
   }
 
   Elem lower_class(const Expr& e) {

@@ -129,6 +129,25 @@ TEST(GrammarMatcher, NestedOptionalStarsTerminate) {
               {{"x", true}, {"y", true}, {"xy", false}});
 }
 
+TEST(GrammarMatcher, ManyLiteralAlternativesShareStacks) {
+  // Compiled as a byte trie: one stack per distinct prefix.
+  std::string text = "root ::= \"\"";
+  for (int i = 0; i < 500; ++i) text += " | \"item" + std::to_string(i) + "\"";
+  auto g = compile_gbnf(text);
+  GrammarMatcher m(g);
+  EXPECT_TRUE(m.can_end());
+  EXPECT_LE(m.stacks().size(), 2u);
+  ASSERT_TRUE(m.accept_bytes("item4"));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_LE(m.stacks().size(), 11u);
+  EXPECT_TRUE(matches(g, "item499"));
+  EXPECT_TRUE(matches(g, "item0"));
+  EXPECT_FALSE(matches(g, "item500"));
+  EXPECT_FALSE(matches(g, "item"));
+  check_table(R"(root ::= ("a" | "ab" | "abc" | "b" | "bc" | "" | "c" | "ca" | "a") "!")",
+              {{"!", true}, {"a!", true}, {"abc!", true}, {"ca!", true}, {"cb!", false}, {"abcd!", false}});
+}
+
 TEST(GrammarMatcher, BoundedRepetitionOfLargeCounts) {
   auto g = compile_gbnf(R"(root ::= [a-z]{0,5000} "!")");
   EXPECT_TRUE(matches(g, std::string(5000, 'q') + "!"));
