@@ -150,22 +150,28 @@ void walk(const TokenMasker& masker, const std::shared_ptr<const CompiledGrammar
   }
 }
 
-TEST(TokenMask, EqualsBruteForceAlongRandomWalksOnLlama3) {
-  auto v = TokenVocabulary::from_tokenizer(*llama3());
+// Byte-level BPE (Llama 3, 128k) and SentencePiece with byte tokens that
+// duplicate other tokens' bytes (Llama 2, 32k).
+TEST(TokenMask, EqualsBruteForceAlongRandomWalks) {
+  std::unique_ptr<Tokenizer> llama2 = load_tokenizer(models_dir() + "/llama-2-tiny-random/llama-2-tiny-random.gguf");
   const std::shared_ptr<const CompiledGrammar> grammars[] = {
       CompiledGrammar::compile(json_schema_text_to_grammar(kSchema)),
       CompiledGrammar::compile(regex_to_grammar("[a-z ]{1,30}(, [A-Z][a-z]+)*\\.")),
   };
-  std::vector<uint32_t> fast(v->mask_words()), slow(v->mask_words());
-  for (const auto& g : grammars) {
-    TokenMasker masker(g, v);
-    walk(masker, g, 7, 36, [&](GrammarMatcher& m, int step) {
-      if (step % 4) return;
-      masker.fill_mask(m, fast);
-      fill_mask_reference(m, *v, slow);
-      for (int32_t id = 0; id < v->size(); ++id)
-        ASSERT_EQ(mask_allows(fast, id), mask_allows(slow, id)) << "step " << step << ": token " << id << " \"" << v->bytes(id) << "\"";
-    });
+  for (const Tokenizer* tok : {llama3(), static_cast<const Tokenizer*>(llama2.get())}) {
+    auto v = TokenVocabulary::from_tokenizer(*tok);
+    std::vector<uint32_t> fast(v->mask_words()), slow(v->mask_words());
+    for (const auto& g : grammars) {
+      TokenMasker masker(g, v);
+      walk(masker, g, 7, 36, [&](GrammarMatcher& m, int step) {
+        if (step % 4) return;
+        masker.fill_mask(m, fast);
+        fill_mask_reference(m, *v, slow);
+        for (int32_t id = 0; id < v->size(); ++id)
+          ASSERT_EQ(mask_allows(fast, id), mask_allows(slow, id))
+              << "vocabulary of " << v->size() << ", step " << step << ": token " << id << " \"" << v->bytes(id) << "\"";
+      });
+    }
   }
 }
 
