@@ -1,7 +1,6 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <unordered_map>
 
@@ -11,9 +10,9 @@ namespace serval::grammar {
 
 // What a walk from a cache key's frames found (see token_mask.h).
 struct TokenMasker::Entry {
-  std::vector<int32_t> accepted;   // ids, when few
+  std::vector<int32_t> accepted;        // ids, when few
   std::vector<uint32_t> accepted_bits;  // a whole mask, when many
-  TokenTrie remainders;            // context-dependent tokens by their remainders
+  TokenTrie remainders;                 // context-dependent tokens by their remainders
 };
 
 namespace {
