@@ -33,6 +33,8 @@ struct GrammarSampleOptions {
   std::string json_schema, regex, grammar_file, choice;
   bool json_object = false;
   bool strict = false;
+  uint32_t max_whitespace = 1;
+  bool newlines = false;
   bool print_grammar = false;
   uint64_t seed = 0;
   int max_tokens = 256;
@@ -65,15 +67,15 @@ std::vector<std::string> split_choices(const std::string& s) {
 Grammar build_grammar(const GrammarSampleOptions& o) {
   int given = !o.json_schema.empty() + !o.regex.empty() + !o.grammar_file.empty() + !o.choice.empty() + o.json_object;
   SERVAL_CHECK(given == 1, "give exactly one of --json-schema, --regex, --grammar, --choice, --json-object");
-  if (!o.json_schema.empty()) {
-    JsonSchemaOptions opts;
-    opts.strict = o.strict;
-    return json_schema_text_to_grammar(read_text(o.json_schema), opts);
-  }
+  JsonSchemaOptions opts;
+  opts.strict = o.strict;
+  opts.max_whitespace = o.max_whitespace;
+  opts.allow_newlines = o.newlines;
+  if (!o.json_schema.empty()) return json_schema_text_to_grammar(read_text(o.json_schema), opts);
   if (!o.regex.empty()) return regex_to_grammar(o.regex);
   if (!o.grammar_file.empty()) return parse_gbnf(read_text(o.grammar_file));
   if (!o.choice.empty()) return choice_grammar(split_choices(o.choice));
-  return json_object_grammar();
+  return json_object_grammar(opts);
 }
 
 struct Walk {
@@ -147,6 +149,8 @@ void register_grammar_sample(CLI::App& app, Action& action) {
   sub->add_option("--choice", opts->choice, "comma-separated strings: output exactly one");
   sub->add_flag("--json-object", opts->json_object, "any JSON object");
   sub->add_flag("--strict", opts->strict, "JSON Schema as OpenAI strict mode: no properties beyond 'properties'");
+  sub->add_option("--max-whitespace", opts->max_whitespace, "JSON: whitespace characters allowed between tokens (default 1)");
+  sub->add_flag("--newlines", opts->newlines, "JSON: that whitespace may hold newlines and tabs");
   sub->add_flag("--print-grammar", opts->print_grammar, "print the grammar (GBNF) to stderr");
   sub->add_option("--seed", opts->seed, "random seed");
   sub->add_option("--max-tokens", opts->max_tokens, "tokens per walk at most")->check(CLI::PositiveNumber);

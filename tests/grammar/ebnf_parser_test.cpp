@@ -39,6 +39,24 @@ TEST(GrammarParser, ReadsRulesAcrossLinesWithComments) {
   EXPECT_FALSE(matches(c, "hi, ada"));
 }
 
+TEST(GrammarParser, LlamaCppStyleLayout) {
+  // Groups spread over lines with comments inside, an empty first
+  // alternative, and rules whose alternatives start on the next line.
+  auto g = compile_gbnf(R"(
+    root ::=
+      "[" sp (
+            item   # the first one
+        ("," sp item)*
+      )? "]"
+    item ::= [0-9]+ | "\"" [^"\\\x7F\x00-\x1F]* "\""
+    sp ::= | " " | "\n" [ \t]{0,4}
+  )");
+  EXPECT_TRUE(matches(g, "[]"));
+  EXPECT_TRUE(matches(g, "[ 1,\n  \"a b\",2]"));
+  EXPECT_FALSE(matches(g, "[1,  2]"));
+  EXPECT_FALSE(matches(g, "[\"\x7F\"]"));
+}
+
 TEST(GrammarParser, EscapesInLiteralsAndClasses) {
   auto g = compile_gbnf(R"(root ::= "\x41\u00e9\U0001F600\t\"\\" [\]\-\x30-\x39] [^\n])");
   EXPECT_TRUE(matches(g, "Aé😀\t\"\\]x"));

@@ -80,6 +80,17 @@ def test_json_object_outputs_are_objects(serval, models):
             assert isinstance(json.loads(o["text"]), dict)
 
 
+def test_whitespace_is_bounded(serval, models):
+    path = REPO / "tests" / "data" / "json_schemas" / "33_recursive_tree.json"
+    outs = sample(serval, models, "--json-schema", path, "--max-whitespace", 2, "--newlines", count=8)
+    for o in outs:
+        assert not re.search(r"[ \t\n]{3}", o["text"]), o
+        if o["complete"]:
+            json.loads(o["text"])
+    compact = sample(serval, models, "--json-schema", path, "--max-whitespace", 0, count=4)
+    assert all(not re.search(r"\s", o["text"]) for o in compact), compact
+
+
 def test_gbnf_grammar(serval, models, tmp_path):
     g = tmp_path / "sum.gbnf"
     g.write_text('root ::= "(" num (" + " num)* ")"\nnum ::= [1-9] [0-9]{0,3}\n')
