@@ -46,6 +46,9 @@ bool GrammarMatcher::accept_bytes(std::string_view bytes) {
     return false;
   }
   history_.push_back(std::move(next));
+  // Trimmed in batches, so that the erase costs O(1) per step on average.
+  if (max_rollback_ != SIZE_MAX && history_.size() > 2 * max_rollback_ + 2)
+    history_.erase(history_.begin(), history_.end() - ptrdiff_t(max_rollback_ + 1));
   maybe_compact();
   return true;
 }
@@ -71,7 +74,7 @@ size_t GrammarMatcher::min_bytes_to_end() const {
 }
 
 void GrammarMatcher::rollback(size_t n) {
-  SERVAL_CHECK(n <= num_steps(), "cannot roll back ", n, " steps: only ", num_steps(), " were taken");
+  SERVAL_CHECK(n <= num_steps(), "cannot roll back ", n, " steps: only ", num_steps(), " can be undone");
   history_.resize(history_.size() - n);
   // Nodes made by the undone steps stay until the next compaction.
 }

@@ -43,7 +43,12 @@ class GrammarMatcher {
 
   // Undoes the last n successful accept_bytes calls (n <= num_steps()).
   void rollback(size_t n);
+  // Steps that rollback() can still undo.
   size_t num_steps() const { return history_.size() - 1; }
+  // Keeps at least the last n steps undoable and lets older ones go, so a long
+  // generation holds bounded history (speculative decoding needs its draft
+  // length). Unlimited by default.
+  void set_max_rollback(size_t n) { max_rollback_ = n; }
   void reset();
 
   const CompiledGrammar& grammar() const { return *grammar_; }
@@ -68,6 +73,7 @@ class GrammarMatcher {
   std::vector<State> history_;  // [0] is the start; back() is the current state
   StepResult a_, b_;            // scratch
   size_t compact_at_ = 1 << 16;
+  size_t max_rollback_ = SIZE_MAX;
 };
 
 }  // namespace serval::grammar

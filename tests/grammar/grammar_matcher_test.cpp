@@ -89,6 +89,17 @@ TEST(GrammarMatcher, RollbackRestoresEarlierStates) {
   EXPECT_FALSE(m.accept_bytes("b"));
 }
 
+TEST(GrammarMatcher, BoundedRollbackHistory) {
+  GrammarMatcher m(compile_gbnf(R"(root ::= [a-z]*)"));
+  m.set_max_rollback(3);
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(m.accept_bytes("x"));
+  EXPECT_GE(m.num_steps(), 3u);
+  EXPECT_LE(m.num_steps(), 8u);
+  m.rollback(3);
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.accept_bytes("y"));
+}
+
 TEST(GrammarMatcher, CopiesAreIndependent) {
   GrammarMatcher a(compile_gbnf(R"(root ::= "x" [0-9]+)"));
   ASSERT_TRUE(a.accept_bytes("x1"));
