@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 fuzzers=("$@")
-[ ${#fuzzers[@]} -eq 0 ] && fuzzers=(fuzz_gguf fuzz_safetensors fuzz_tokenizer_json fuzz_chat_template fuzz_openai_request)
+[ ${#fuzzers[@]} -eq 0 ] && fuzzers=(fuzz_gguf fuzz_safetensors fuzz_tokenizer_json fuzz_chat_template fuzz_openai_request fuzz_grammar)
 
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSERVAL_BUILD_FUZZERS=ON -DSERVAL_BUILD_TESTS=OFF -DSERVAL_CUDA=OFF >/dev/null

@@ -9,11 +9,12 @@ $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-rec
   nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libopenblas-dev libcpp-httplib-dev \
   libgtest-dev libgmock-dev libbenchmark-dev >/dev/null
 # Python oracles for the end-to-end tests: Hugging Face transformers (with torch)
-# and tokenizers, sentencepiece, jinja2, the official openai client, and gguf
+# and tokenizers, sentencepiece, jinja2, the official openai client, jsonschema with
+# rfc3339-validator (the structured-output oracle; it checks date-time formats), and gguf
 # (ggml's reference block (de)quantizers, pinned: its output is the oracle).
 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check \
   "pytest>=7" "numpy" "torch" "transformers>=4.45" "safetensors" "tokenizers>=0.19" "sentencepiece>=0.1.99" "jinja2>=3" "openai>=1.0" \
-  "gguf==0.19.0"
+  "gguf==0.19.0" "jsonschema>=4.18" "rfc3339-validator"
 # lm-eval's local-completions against serval serve (tests/python/test_lm_eval.py).
 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check "lm-eval[api]==0.4.13"
 # CUTLASS's C++ headers (the CUDA backend's decode GEMM, src/backend/cuda/cuda_cutlass_gemm.cu);

@@ -16,6 +16,7 @@ int run(int argc, char** argv) {
   register_bench(app, action);
   register_perplexity(app, action);
   register_quantize(app, action);
+  register_grammar_sample(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -20,5 +20,6 @@ void register_chat_template(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 void register_perplexity(CLI::App& app, Action& action);
 void register_quantize(CLI::App& app, Action& action);
+void register_grammar_sample(CLI::App& app, Action& action);
 
 }  // namespace serval::cli
