@@ -137,6 +137,8 @@ int run_serve(const ServeOptions& o) {
                                                                  ? EngineMetrics::VllmNames::kAll
                                                                  : EngineMetrics::VllmNames::kGateway);
   server::ServerContext ctx{engine, *tok, *chat, name};
+  server::GrammarCache grammars(*tok);
+  ctx.grammars = &grammars;
   ctx.max_model_len = eo.scheduler.max_model_len;
   ctx.engine_vocab_size = runner->config().vocab_size;
   ctx.created = server::unix_now();

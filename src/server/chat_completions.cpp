@@ -35,7 +35,8 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   if (ids.empty()) throw ApiError(400, "the rendered chat prompt is empty", "messages");
   const int32_t max_tokens = resolve_max_tokens(r.gen.max_tokens, 0, int64_t(ids.size()), ctx.engine.fit_limits());
 
-  auto gen = std::make_shared<Generation>(ctx.engine, engine_requests({ids}, {max_tokens}, r.gen, ctx.tokenizer));
+  auto gen = std::make_shared<Generation>(
+      ctx.engine, engine_requests({ids}, {max_tokens}, r.gen, ctx.tokenizer, ctx.grammar_of(r.gen)));
   const ResponseMeta meta{new_response_id("chatcmpl-"), unix_now(), ctx.model_name};
   AccessRecord& record = current_access_record();
   record.id = meta.id;

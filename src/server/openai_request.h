@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sampling/sampling_params.h"
+#include "server/structured_output.h"
 
 namespace serval::server {
 
@@ -30,6 +31,7 @@ struct GenerationOptions {
   // vLLM's prompt_logprobs field (0..20): the response carries them. The
   // engine's params.prompt_logprobs may be set without it (echo + logprobs).
   std::optional<int32_t> prompt_logprobs;
+  ConstraintSpec constraint;  // structured output (response_format, guided_*, structured_outputs)
 };
 
 // A prompt: text to tokenize, or token ids.
