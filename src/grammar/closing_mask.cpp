@@ -69,22 +69,36 @@ constexpr int64_t kMargin = 64;
 constexpr int64_t kMaxTried = 4096;
 }  // namespace
 
+namespace {
+bool any_bit(std::span<const uint32_t> mask) {
+  for (uint32_t w : mask)
+    if (w != 0) return true;
+  return false;
+}
+}  // namespace
+
 void fill_budget_mask(const TokenMasker& masker, GrammarMatcher& m, int64_t tokens_left, std::span<uint32_t> mask) {
   const TokenVocabulary& vocab = masker.vocab();
+  // A vocabulary without the tokens the way to the end needs: the plain
+  // mask (the text may then be cut short, never made invalid).
+  auto closing_or_plain = [&] {
+    fill_closing_mask(m, vocab, mask);
+    if (!any_bit(mask)) masker.fill_mask(m, mask);
+  };
   const int64_t need = int64_t(m.min_bytes_to_end());
   if (tokens_left > need + 1 + kMargin) {
     masker.fill_mask(m, mask);
     return;
   }
   if (tokens_left <= need + 1) {
-    fill_closing_mask(m, vocab, mask);
+    closing_or_plain();
     return;
   }
   masker.fill_mask(m, mask);
   int64_t allowed = 0;
   for (size_t w = 0; w < vocab.mask_words(); ++w) allowed += __builtin_popcount(mask[w]);
   if (allowed > kMaxTried) {
-    fill_closing_mask(m, vocab, mask);
+    closing_or_plain();
     return;
   }
   for (size_t w = 0; w < vocab.mask_words(); ++w) {
@@ -97,6 +111,7 @@ void fill_budget_mask(const TokenMasker& masker, GrammarMatcher& m, int64_t toke
       if (after + 2 > tokens_left) mask[w] &= ~(1u << (id % 32));
     }
   }
+  if (!any_bit(mask)) closing_or_plain();
 }
 
 }  // namespace serval::grammar
