@@ -14,6 +14,18 @@ namespace {
 
 using nlohmann::json;
 
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index = false) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json chat_choice(size_t index, json message_or_delta, const char* key, json logprobs, json finish,
                  json stop_reason = nullptr) {
   return {{"index", index},
@@ -35,8 +47,23 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   if (ids.empty()) throw ApiError(400, "the rendered chat prompt is empty", "messages");
   const int32_t max_tokens = resolve_max_tokens(r.gen.max_tokens, 0, int64_t(ids.size()), ctx.engine.fit_limits());
 
+  // Tool calls: parsed from the text in the model's format; required or a
+  // named function: constrained to be one (or, parallel, several).
+  using Mode = ToolChoice::Mode;
+  const bool tools_on = !r.tools.is_null() && r.tool_choice.mode != Mode::kNone;
+  const ToolFormat format = tools_on ? ctx.tool_format : ToolFormat::kNone;
+  GenerationOptions opts = r.gen;
+  if (tools_on && (r.tool_choice.mode == Mode::kRequired || r.tool_choice.mode == Mode::kNamed)) {
+    if (!opts.constraint.empty())
+      throw ApiError(400, str_cat("'", opts.constraint.field, "' and tool_choice \"required\" or a named function both "
+                                  "constrain the output: give one"),
+                     "tool_choice");
+    opts.constraint = tool_call_constraint(ctx.tool_format, r.tools, r.tool_choice, r.parallel_tool_calls);
+  }
+  if (format == ToolFormat::kMistral) opts.skip_special_tokens = false;  // its calls start with [TOOL_CALLS]
+
   auto gen = std::make_shared<Generation>(
-      ctx.engine, engine_requests({ids}, {max_tokens}, r.gen, ctx.tokenizer, ctx.grammar_of(r.gen)));
+      ctx.engine, engine_requests({ids}, {max_tokens}, opts, ctx.tokenizer, ctx.grammar_of(opts)));
   const ResponseMeta meta{new_response_id("chatcmpl-"), unix_now(), ctx.model_name};
   AccessRecord& record = current_access_record();
   record.id = meta.id;
@@ -55,8 +82,18 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
       const ChoiceState& s = gen->choices()[c];
       json lps = want_logprobs ? chat_logprobs(ctx.tokenizer, s.token_ids, s.logprobs) : json(nullptr);
       // refusal: required (nullable) in OpenAI's ChatCompletionMessage.
-      choices.push_back(chat_choice(c, {{"role", "assistant"}, {"content", s.text}, {"refusal", nullptr}}, "message",
-                                    std::move(lps), finish_json(s.finish), stop_reason_json(s.stop_string, s.stop_token)));
+      json message = {{"role", "assistant"}, {"content", s.text}, {"refusal", nullptr}};
+      json finish = finish_json(s.finish);
+      if (format != ToolFormat::kNone) {
+        const ParsedToolOutput parsed = parse_tool_calls(format, s.text);
+        if (!parsed.calls.empty()) {
+          message["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+          message["tool_calls"] = tool_calls_json(parsed.calls);
+          finish = "tool_calls";
+        }
+      }
+      choices.push_back(chat_choice(c, std::move(message), "message", std::move(lps), std::move(finish),
+                                    stop_reason_json(s.stop_string, s.stop_token)));
     }
     json body = chat_object(meta, std::move(choices), u);
     // vLLM's extra field: once per response (the prompt is the choices').
@@ -75,22 +112,37 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
           meta, chat_choice(c, {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}, "delta", nullptr, nullptr),
           usage_null));
   };
+  // Tool calls: text that may be a call is held back and parsed at the end.
+  auto streams = std::make_shared<std::vector<ToolCallStream>>(num_choices, ToolCallStream(format));
   f.event = [=, &tok = ctx.tokenizer](const ChoiceEvent& ev, std::vector<json>& out) {
     const RequestEvent& e = ev.event;
+    ToolCallStream& calls = (*streams)[ev.choice];
+    const std::string text = calls.feed(e.text);
     const bool has_logprobs = want_logprobs && !e.logprobs.empty();
     const bool has_prompt_logprobs = r.gen.prompt_logprobs && !e.prompt_logprobs.empty() && ev.choice == 0;
-    if (!e.text.empty() || has_logprobs || has_prompt_logprobs) {
+    if (!text.empty() || has_logprobs || has_prompt_logprobs) {
       json lps = has_logprobs ? chat_logprobs(tok, e.token_ids, e.logprobs) : json(nullptr);
-      json chunk = chat_chunk(meta, chat_choice(ev.choice, {{"content", e.text}}, "delta", std::move(lps), nullptr),
+      json chunk = chat_chunk(meta, chat_choice(ev.choice, {{"content", text}}, "delta", std::move(lps), nullptr),
                               usage_null);
       if (has_prompt_logprobs) chunk["prompt_logprobs"] = vllm_prompt_logprobs(tok, ids, e.prompt_logprobs);
       out.push_back(std::move(chunk));
     }
-    if (e.finished() && e.finish != FinishReason::kError)
-      out.push_back(chat_chunk(meta,
-                               chat_choice(ev.choice, json::object(), "delta", nullptr, finish_json(e.finish),
-                                           stop_reason_json(e.stop_string, e.stop_token)),
+    if (!e.finished() || e.finish == FinishReason::kError) return;
+    json finish = finish_json(e.finish);
+    const ParsedToolOutput parsed = calls.finish();
+    if (!parsed.content.empty())
+      out.push_back(chat_chunk(meta, chat_choice(ev.choice, {{"content", parsed.content}}, "delta", nullptr, nullptr),
                                usage_null));
+    if (!parsed.calls.empty()) {
+      out.push_back(chat_chunk(
+          meta, chat_choice(ev.choice, {{"tool_calls", tool_calls_json(parsed.calls, true)}}, "delta", nullptr, nullptr),
+          usage_null));
+      finish = "tool_calls";
+    }
+    out.push_back(chat_chunk(meta,
+                             chat_choice(ev.choice, json::object(), "delta", nullptr, std::move(finish),
+                                         stop_reason_json(e.stop_string, e.stop_token)),
+                             usage_null));
   };
   f.end = [=, g = gen.get()](std::vector<json>& out) {
     if (usage_null) out.push_back(usage_chunk(meta, "chat.completion.chunk", g->usage()));

@@ -239,6 +239,8 @@ ChatRequest parse_chat_request(const ojson& ordered) {
     if (!it->is_array()) throw ApiError(400, "'tools' must be a list of tools", "tools");
     if (!it->empty()) r.tools = *it;
   }
+  r.tool_choice = parse_tool_choice(body, r.tools);
+  if (auto v = get_bool(body, "parallel_tool_calls")) r.parallel_tool_calls = *v;
   if (auto v = get_bool(body, "add_generation_prompt")) r.add_generation_prompt = *v;
   if (auto v = get_bool(body, "continue_final_message")) r.continue_final_message = *v;
   if (get_object(body, "chat_template_kwargs")) r.template_kwargs = ordered["chat_template_kwargs"];

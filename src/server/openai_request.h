@@ -11,6 +11,7 @@
 
 #include "sampling/sampling_params.h"
 #include "server/structured_output.h"
+#include "server/tool_calls.h"
 
 namespace serval::server {
 
@@ -59,6 +60,10 @@ struct ChatRequest {
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // tool_choice ("none" | "auto" | "required" | a function) and
+  // parallel_tool_calls; see server/tool_calls.h.
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
 };
 
 // Bounds that keep numbers sane before the engine sees them.

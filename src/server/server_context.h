@@ -23,6 +23,7 @@ struct ServerContext {
   int64_t created = 0;               // start time, for /v1/models
   std::atomic<bool> engine_alive{true};  // false once the engine is shut down
   GrammarCache* grammars = nullptr;      // structured output's compiled grammars
+  ToolFormat tool_format = ToolFormat::kNone;  // how the model writes tool calls
 
   // The masker of `gen`'s constraint (null when none); ApiError 400 when it
   // does not compile.
