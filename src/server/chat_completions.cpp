@@ -7,6 +7,7 @@
 #include "server/completions.h"
 #include "server/generation.h"
 #include "server/json_fields.h"
+#include "server/request_fields.h"
 #include "server/sse_stream.h"
 
 namespace serval::server {
@@ -38,6 +39,7 @@ std::string echo_prefix(const ChatRequest& r) {
 
 void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   const nlohmann::ordered_json body = parse_ordered_json_object(req.body);
+  check_request_fields(json(body), Endpoint::kChat);
   const ChatRequest r = parse_chat_request(body);
   ctx.check_model(r.gen.model);
   const std::string prompt = ctx.chat.render(r);

@@ -5,6 +5,7 @@
 #include "server/api_error.h"
 #include "server/generation.h"
 #include "server/json_fields.h"
+#include "server/request_fields.h"
 #include "server/sse_stream.h"
 #include "tokenizer/fim.h"
 
@@ -76,6 +77,7 @@ void add_token_ids(json& choice, const std::vector<int32_t>* prompt_ids, const s
 
 void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   const json body = parse_json_object(req.body);
+  check_request_fields(body, Endpoint::kCompletions);
   const CompletionRequest r = parse_completion_request(body);
   ctx.check_model(r.gen.model);
   Prepared p = prepare(ctx, r);
