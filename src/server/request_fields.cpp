@@ -166,15 +166,18 @@ bool log_unknown_field(const std::string& name, const char* path) {
   static std::mutex mu;
   static std::unordered_set<std::string> seen;
   static bool full = false;
+  // Remembered by their first 256 bytes: hostile names of megabytes would
+  // otherwise pile up (at most kMaxLoggedNames of them).
+  const std::string key = name.substr(0, 256);
   std::lock_guard<std::mutex> lock(mu);
-  if (seen.count(name) || full) return false;
+  if (seen.count(key) || full) return false;
   std::string line;
   if (seen.size() >= kMaxLoggedNames) {
     full = true;
     line = str_cat("serval: warning: more than ", kMaxLoggedNames,
                    " unknown request field names seen; further ones are not logged\n");
   } else {
-    seen.insert(name);
+    seen.insert(key);
     line = str_cat("serval: warning: unknown request field '", printable(name), "' in ", path,
                    " ignored (logged once per field name)\n");
   }

@@ -42,8 +42,8 @@ const std::vector<FieldRule>& request_field_rules();
 void check_request_fields(const nlohmann::json& body, Endpoint endpoint);
 
 // Logs "serval: warning: ..." for `name` unless it was logged before (true
-// when it was logged now). At most kMaxLoggedNames names are remembered;
-// past them one line says further names are not logged.
+// when it was logged now). At most kMaxLoggedNames names are remembered (by
+// their first 256 bytes); past them one line says further names are not logged.
 bool log_unknown_field(const std::string& name, const char* path);
 inline constexpr size_t kMaxLoggedNames = 1024;
 

@@ -29,7 +29,9 @@ TEST(RequestFields, EachNameOnce) {
   for (const FieldRule& r : request_field_rules()) {
     EXPECT_TRUE(names.insert(r.name).second) << r.name;
     EXPECT_NE(r.endpoints, 0) << r.name;
-    if (r.status == FieldStatus::kRefused) EXPECT_NE(r.why, nullptr) << r.name;
+    if (r.status == FieldStatus::kRefused) {
+      EXPECT_NE(r.why, nullptr) << r.name;
+    }
   }
 }
 
