@@ -33,6 +33,7 @@ struct ServeOptions {
   std::string served_model_name;
   std::string api_key;
   std::string chat_template;
+  std::string tool_call_parser = "auto";
   size_t max_body_bytes = 8u << 20;
   double shutdown_timeout = 30.0;
   size_t max_connections = 2048;
@@ -137,16 +138,28 @@ int run_serve(const ServeOptions& o) {
                                                                  ? EngineMetrics::VllmNames::kAll
                                                                  : EngineMetrics::VllmNames::kGateway);
   server::ServerContext ctx{engine, *tok, *chat, name};
+  server::GrammarCache grammars(*tok);
+  ctx.grammars = &grammars;
+  if (const auto named = server::tool_format_named(o.tool_call_parser)) {
+    ctx.tool_format = *named;
+  } else {
+    try {
+      ctx.tool_format = server::detect_tool_format(server::chat_template_source(o.chat_template, o.model, true));
+    } catch (const Error&) {
+      ctx.tool_format = server::ToolFormat::kNone;  // no template: no tool calls to parse
+    }
+  }
   ctx.max_model_len = eo.scheduler.max_model_len;
   ctx.engine_vocab_size = runner->config().vocab_size;
   ctx.created = server::unix_now();
 
   server::register_openai_routes(http, ctx);
   std::fprintf(stderr,
-               "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s, async "
-               "scheduling: %s) on http://%s:%d\n",
+               "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s, tool calls: "
+               "%s, async scheduling: %s) on http://%s:%d\n",
                name.c_str(), (long long)ctx.max_model_len, (long long)runner->num_blocks(), runner->block_size(),
-               chat->available() ? "yes" : "no", engine.async_scheduling() ? "on" : "off", o.host.c_str(), port);
+               chat->available() ? "yes" : "no", server::tool_format_name(ctx.tool_format),
+               engine.async_scheduling() ? "on" : "off", o.host.c_str(), port);
 
   std::atomic<bool> stop{false};
   std::thread signals([&] {
@@ -184,6 +197,8 @@ void register_serve(CLI::App& app, Action& action) {
   sub->add_option("--served-model-name", o->served_model_name, "the model name clients use (default: --model)");
   sub->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize");
   sub->add_option("--chat-template", o->chat_template, "Jinja chat template file (default: the model's own)");
+  sub->add_option("--tool-call-parser", o->tool_call_parser,
+                  "how the model writes tool calls: auto (from the chat template), hermes, llama3_json, mistral");
   sub->add_option("--max-body-bytes", o->max_body_bytes, "largest request body; larger gets HTTP 413")
       ->capture_default_str();
   sub->add_option("--shutdown-timeout", o->shutdown_timeout,

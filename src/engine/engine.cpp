@@ -56,7 +56,8 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       kv_(runner.num_blocks(), runner.block_size(), options_.enable_prefix_cache),
       sched_(unbounded_queue(options_.scheduler), kv_),
       batch_builder_(runner.block_size()),
-      outputs_(tokenizer, metrics_) {
+      outputs_(tokenizer, metrics_),
+      constraints_(runner.config().vocab_size) {
   using A = EngineOptions::AsyncScheduling;
   async_scheduling_ = options_.async_scheduling == A::kOn ||
                       (options_.async_scheduling == A::kAuto && runner.queues_steps_async());
@@ -94,6 +95,9 @@ void Engine::check(const EngineRequest& request) const {
   // The scheduler's admission check, made here so that submit() can refuse.
   check_request_fits(sched_.fit_limits(), int64_t(prompt.size()), request.stop.max_tokens, "");
 
+  if (request.grammar)
+    SERVAL_CHECK(request.grammar->vocab().size() <= vocab_size_, "the grammar's vocabulary of ",
+                 request.grammar->vocab().size(), " tokens is larger than the model's ", vocab_size_);
   // Stop strings are checked by their matcher (e.g. an empty one).
   if (!request.stop_strings.empty())
     (void)StopStringMatcher(request.stop_strings, request.include_stop_str_in_output);
@@ -225,6 +229,7 @@ void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
   }
   it.n_params.push_back(r.n);
   outputs_.add(out_req);
+  if (r.grammar) constraints_.add(p.id, r.grammar);
 }
 
 bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
@@ -316,6 +321,16 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
     // longer by the time it samples (that token is being sampled now).
     specs_.resize(num_specs);
     banned_.resize(num_specs);
+    // The masks first (the specs point into them), a block per constrained spec.
+    const size_t words = constraints_.mask_words();
+    size_t constrained = 0;
+    for (size_t i = 0; i < num_specs; ++i) {
+      const Sequence& seq = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
+      constrained += constraints_.has(seq.id());
+    }
+    masks_.resize(constrained * words);
+    s.constrained = constrained > 0;
+    size_t mask_at = 0;
     for (size_t i = 0; i < num_specs; ++i) {
       Sequence& seq = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
       const int32_t row = i < num_rows ? batch_.logits_rows[i] : -1;
@@ -330,6 +345,11 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
       spec.output_ids = seq.output_ids();
       spec.banned = banned_[i];
       spec.uniform = seq.params().greedy() ? 0.0 : seq.rng().uniform();
+      if (constraints_.has(seq.id())) {
+        spec.allowed = std::span<const uint32_t>(masks_.data() + mask_at, words);
+        constraints_.fill(seq, std::span<uint32_t>(masks_.data() + mask_at, words));
+        mask_at += words;
+      }
     }
     add_scoring_specs(s);
     runner_.start_sample(batch_, specs_);
@@ -411,6 +431,9 @@ void Engine::refresh_waiting() {
 }
 
 void Engine::start_continuation(const Started& cur) {
+  // A constrained row's next mask needs the token being drawn: schedule()
+  // plans the step after this one's commit instead.
+  if (cur.constrained) return;
   StepPlan plan = sched_.continue_plan(cur.plan);
   refresh_waiting();
   if (plan.empty()) return;
@@ -486,7 +509,11 @@ void Engine::publish(EventMap& events, std::vector<Outgoing>& out, const Iterati
   metrics_.record(ss);
 
   int64_t finals = 0;
-  for (const Outgoing& o : out) finals += o.ends_request ? 1 : 0;
+  for (const Outgoing& o : out) {
+    if (!o.ends_request) continue;
+    ++finals;
+    constraints_.remove(o.event.request_id);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     kv_usage_snapshot_ = usage;

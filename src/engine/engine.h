@@ -39,6 +39,7 @@
 
 #include "core/error.h"
 #include "engine/batch_builder.h"
+#include "engine/constraints.h"
 #include "engine/continuation_timer.h"
 #include "engine/engine_metrics.h"
 #include "engine/metrics.h"
@@ -99,6 +100,10 @@ struct EngineRequest {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;  // in the text deltas
   RequestOptions options;           // priority, deadline
+  // Structured output: every sample's text follows this grammar (its masker
+  // holds the grammar and the tokenizer's vocabulary; share one per grammar:
+  // it caches masks). Null: unconstrained.
+  std::shared_ptr<const grammar::TokenMasker> grammar;
 };
 
 class Engine {
@@ -170,6 +175,7 @@ class Engine {
       int32_t count = 0;
     };
     std::vector<Scored> scored;
+    bool constrained = false;  // a row or fork samples under a grammar: not continued
     int64_t num_prompt_tokens = 0;
     std::string error;
     EngineClock::time_point queued;  // start() done: the device has all of it
@@ -234,6 +240,8 @@ class Engine {
   std::vector<SampleSpec> specs_;
   std::vector<std::vector<int32_t>> banned_;
   StepRows rows_;                          // which logits rows sample, which score
+  Constraints constraints_;                // grammar state of constrained samples
+  std::vector<uint32_t> masks_;            // this start's allowed-token masks, a block per constrained spec
   std::vector<SamplingParams> score_params_;  // of the scoring specs, one per scored run
   std::vector<SampleResult> results_;
   OutputProcessor outputs_;  // the requests in the scheduler, as their clients see them

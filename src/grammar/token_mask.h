@@ -44,6 +44,7 @@ class TokenMasker {
   bool accept_token(GrammarMatcher& m, int32_t id) const;
 
   const TokenVocabulary& vocab() const { return *vocab_; }
+  const std::shared_ptr<const CompiledGrammar>& grammar_ptr() const { return grammar_; }
   size_t cache_size() const;
 
   struct Entry;

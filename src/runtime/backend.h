@@ -199,6 +199,10 @@ struct SampleSpec {
   // (SamplingParams::prompt_logprobs). Penalties, bans and filters do not
   // apply; the logits must still be valid (no NaN or +inf, not all -inf).
   int32_t forced_token = -1;
+  // Empty: every token may be drawn. Else a bitmask over the vocabulary
+  // (token i: bit i % 32 of word i / 32, (vocab + 31) / 32 words): tokens
+  // whose bit is 0 get -inf, as banned ones (structured output).
+  std::span<const uint32_t> allowed;
 };
 
 // Specs as a sampler on the host needs them: fed_source -1, and output_ids

@@ -46,7 +46,7 @@ void ModelRunner::forward_sample(const Batch& batch, std::span<const SampleSpec>
     const std::span<const float> row(logits.data() + int64_t(s.row) * V, size_t(V));
     out[i] = s.forced_token >= 0
                  ? host_sampler_.score(row, s.forced_token, s.params->logprobs)
-                 : host_sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned);
+                 : host_sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned, s.allowed);
   }
 }
 

@@ -42,23 +42,30 @@ RowMax checked_max(std::span<const float> x) {
 SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams& params,
                              std::span<const int32_t> prompt_ids,
                              std::span<const int32_t> output_ids, Rng& rng,
-                             std::span<const int32_t> banned) {
+                             std::span<const int32_t> banned, std::span<const uint32_t> allowed) {
   const double u = params.greedy() ? 0.0 : rng.uniform();
-  return sample(logits, params, prompt_ids, output_ids, u, banned);
+  return sample(logits, params, prompt_ids, output_ids, u, banned, allowed);
 }
 
 SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams& params,
                              std::span<const int32_t> prompt_ids,
                              std::span<const int32_t> output_ids, double u,
-                             std::span<const int32_t> banned) {
+                             std::span<const int32_t> banned, std::span<const uint32_t> allowed) {
   SampleResult result;
   std::span<const float> x = logits;
-  if (params.has_penalties() || !params.greedy() || !banned.empty() || !params.logit_bias.empty()) {
+  if (params.has_penalties() || !params.greedy() || !banned.empty() || !params.logit_bias.empty() ||
+      !allowed.empty()) {
     work_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : params.logit_bias) {
       SERVAL_CHECK(size_t(id) < work_.size(), "logit_bias: token id ", id, " is outside the vocabulary of ",
                    work_.size());
       work_[size_t(id)] += bias;
+    }
+    if (!allowed.empty()) {
+      SERVAL_CHECK(allowed.size() * 32 >= work_.size(), "the allowed-token mask has ", allowed.size(),
+                   " words, too few for a vocabulary of ", work_.size());
+      for (size_t id = 0; id < work_.size(); ++id)
+        if (!((allowed[id / 32] >> (id % 32)) & 1u)) work_[id] = -kInf;
     }
     for (int32_t id : banned)
       if (id >= 0 && size_t(id) < work_.size()) work_[size_t(id)] = -kInf;

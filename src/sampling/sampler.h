@@ -36,17 +36,20 @@ class Sampler {
   // one value from `rng` when not greedy, none when greedy.
   // `banned` tokens get logit -inf before anything else (vLLM's min_tokens:
   // EOS and stop tokens while the output is shorter); ids outside the
-  // vocabulary are ignored. Logprobs stay those of the raw logits.
+  // vocabulary are ignored. `allowed`, when not empty, is a bitmask over the
+  // vocabulary (SampleSpec::allowed): tokens outside it are banned too.
+  // Logprobs stay those of the raw logits.
   SampleResult sample(std::span<const float> logits, const SamplingParams& params,
                       std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids,
-                      Rng& rng, std::span<const int32_t> banned = {});
+                      Rng& rng, std::span<const int32_t> banned = {}, std::span<const uint32_t> allowed = {});
   // The same with the draw made by the caller: `uniform` in [0, 1) is what
   // rng.uniform() would have returned (ignored when greedy). The GPU sampler
   // takes the same draw, so a seed picks the same token on every backend up
   // to rounding of the logits.
   SampleResult sample(std::span<const float> logits, const SamplingParams& params,
                       std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids,
-                      double uniform, std::span<const int32_t> banned = {});
+                      double uniform, std::span<const int32_t> banned = {},
+                      std::span<const uint32_t> allowed = {});
   // No draw: `token` with the logprobs of the raw distribution and its top
   // `top_n` (a prompt token scored). Throws on the logits sample() refuses
   // or a token outside the vocabulary.

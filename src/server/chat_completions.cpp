@@ -15,6 +15,18 @@ namespace {
 
 using nlohmann::json;
 
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index = false) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json chat_choice(size_t index, json message_or_delta, const char* key, json logprobs, json finish,
                  json stop_reason = nullptr) {
   return {{"index", index},
@@ -49,8 +61,23 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   const int32_t max_tokens = resolve_max_tokens(r.gen.max_tokens, 0, int64_t(ids.size()), ctx.engine.fit_limits());
   const std::string echo = echo_prefix(r);
 
-  auto gen =
-      std::make_shared<Generation>(ctx.engine, engine_requests({ids}, {max_tokens}, r.gen, ctx.tokenizer), r.gen);
+  // Tool calls: parsed from the text in the model's format; required or a
+  // named function: constrained to be one (or, parallel, several).
+  using Mode = ToolChoice::Mode;
+  const bool tools_on = !r.tools.is_null() && r.tool_choice.mode != Mode::kNone;
+  const ToolFormat format = tools_on ? ctx.tool_format : ToolFormat::kNone;
+  GenerationOptions opts = r.gen;
+  if (tools_on && (r.tool_choice.mode == Mode::kRequired || r.tool_choice.mode == Mode::kNamed)) {
+    if (!opts.constraint.empty())
+      throw ApiError(400, str_cat("'", opts.constraint.field, "' and tool_choice \"required\" or a named function both "
+                                  "constrain the output: give one"),
+                     "tool_choice");
+    opts.constraint = tool_call_constraint(ctx.tool_format, r.tools, r.tool_choice, r.parallel_tool_calls);
+  }
+  if (format == ToolFormat::kMistral) opts.skip_special_tokens = false;  // its calls start with [TOOL_CALLS]
+
+  auto gen = std::make_shared<Generation>(
+      ctx.engine, engine_requests({ids}, {max_tokens}, opts, ctx.tokenizer, ctx.grammar_of(opts)), opts);
   const ResponseMeta meta{response_id("chatcmpl-", r.gen), unix_now(), ctx.model_name};
   AccessRecord& record = current_access_record();
   record.id = meta.id;
@@ -69,8 +96,19 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
       const ChoiceState& s = gen->choices()[c];
       json lps = want_logprobs ? chat_logprobs(ctx.tokenizer, s.token_ids, s.logprobs) : json(nullptr);
       // refusal: required (nullable) in OpenAI's ChatCompletionMessage.
-      json choice = chat_choice(c, {{"role", "assistant"}, {"content", echo + s.text}, {"refusal", nullptr}}, "message",
-                                std::move(lps), finish_json(s.finish), stop_reason_json(s.stop_string, s.stop_token));
+      json message = {{"role", "assistant"}, {"content", echo + s.text}, {"refusal", nullptr}};
+      json finish = finish_json(s.finish);
+      if (format != ToolFormat::kNone) {
+        const ParsedToolOutput parsed = parse_tool_calls(format, s.text);
+        if (!parsed.calls.empty()) {
+          const std::string content = echo + parsed.content;
+          message["content"] = content.empty() ? json(nullptr) : json(content);
+          message["tool_calls"] = tool_calls_json(parsed.calls);
+          finish = "tool_calls";
+        }
+      }
+      json choice = chat_choice(c, std::move(message), "message", std::move(lps), std::move(finish),
+                                stop_reason_json(s.stop_string, s.stop_token));
       if (r.gen.return_token_ids) choice["token_ids"] = s.token_ids;
       choices.push_back(std::move(choice));
     }
@@ -98,24 +136,39 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
         out.push_back(chat_chunk(meta, chat_choice(c, {{"content", echo}}, "delta", nullptr, nullptr), usage_null));
     }
   };
+  // Tool calls: text that may be a call is held back and parsed at the end.
+  auto streams = std::make_shared<std::vector<ToolCallStream>>(num_choices, ToolCallStream(format));
   f.event = [=, &tok = ctx.tokenizer](const ChoiceEvent& ev, std::vector<json>& out) {
     const RequestEvent& e = ev.event;
+    ToolCallStream& calls = (*streams)[ev.choice];
+    const std::string text = calls.feed(e.text);
     const bool has_logprobs = want_logprobs && !e.logprobs.empty();
     const bool has_prompt_logprobs = r.gen.prompt_logprobs && !e.prompt_logprobs.empty() && ev.choice == 0;
     const bool has_ids = r.gen.return_token_ids && !e.token_ids.empty();
-    if (!e.text.empty() || has_logprobs || has_prompt_logprobs || has_ids) {
+    if (!text.empty() || has_logprobs || has_prompt_logprobs || has_ids) {
       json lps = has_logprobs ? chat_logprobs(tok, e.token_ids, e.logprobs) : json(nullptr);
-      json choice = chat_choice(ev.choice, {{"content", e.text}}, "delta", std::move(lps), nullptr);
+      json choice = chat_choice(ev.choice, {{"content", text}}, "delta", std::move(lps), nullptr);
       if (r.gen.return_token_ids) choice["token_ids"] = e.token_ids;
       json chunk = chat_chunk(meta, std::move(choice), usage_null);
       if (has_prompt_logprobs) chunk["prompt_logprobs"] = vllm_prompt_logprobs(tok, ids, e.prompt_logprobs);
       out.push_back(std::move(chunk));
     }
-    if (e.finished() && e.finish != FinishReason::kError)
-      out.push_back(chat_chunk(meta,
-                               chat_choice(ev.choice, json::object(), "delta", nullptr, finish_json(e.finish),
-                                           stop_reason_json(e.stop_string, e.stop_token)),
+    if (!e.finished() || e.finish == FinishReason::kError) return;
+    json finish = finish_json(e.finish);
+    const ParsedToolOutput parsed = calls.finish();
+    if (!parsed.content.empty())
+      out.push_back(chat_chunk(meta, chat_choice(ev.choice, {{"content", parsed.content}}, "delta", nullptr, nullptr),
                                usage_null));
+    if (!parsed.calls.empty()) {
+      out.push_back(chat_chunk(
+          meta, chat_choice(ev.choice, {{"tool_calls", tool_calls_json(parsed.calls, true)}}, "delta", nullptr, nullptr),
+          usage_null));
+      finish = "tool_calls";
+    }
+    out.push_back(chat_chunk(meta,
+                             chat_choice(ev.choice, json::object(), "delta", nullptr, std::move(finish),
+                                         stop_reason_json(e.stop_string, e.stop_token)),
+                             usage_null));
   };
   f.end = [=, g = gen.get()](std::vector<json>& out) {
     if (usage_null) out.push_back(usage_chunk(meta, "chat.completion.chunk", g->usage()));

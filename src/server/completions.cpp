@@ -82,8 +82,8 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
   ctx.check_model(r.gen.model);
   Prepared p = prepare(ctx, r);
 
-  auto gen =
-      std::make_shared<Generation>(ctx.engine, engine_requests(p.ids, p.max_tokens, r.gen, ctx.tokenizer), r.gen);
+  auto gen = std::make_shared<Generation>(
+      ctx.engine, engine_requests(p.ids, p.max_tokens, r.gen, ctx.tokenizer, ctx.grammar_of(r.gen)), r.gen);
   const ResponseMeta meta{response_id("cmpl-", r.gen), unix_now(), ctx.model_name};
   AccessRecord& record = current_access_record();
   record.id = meta.id;

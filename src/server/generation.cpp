@@ -12,7 +12,7 @@ namespace serval::server {
 
 std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t>>& prompts,
                                            const std::vector<int32_t>& max_tokens, const GenerationOptions& gen,
-                                           const Tokenizer& tok) {
+                                           const Tokenizer& tok, std::shared_ptr<const grammar::TokenMasker> grammar) {
   std::vector<EngineRequest> out;
   for (size_t i = 0; i < prompts.size(); ++i) {
     EngineRequest r;
@@ -33,6 +33,7 @@ std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t
     r.stop_strings = gen.stop;
     r.include_stop_str_in_output = gen.include_stop_str_in_output;
     r.skip_special_tokens = gen.skip_special_tokens;
+    r.grammar = grammar;
     out.push_back(std::move(r));
   }
   return out;

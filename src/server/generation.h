@@ -37,7 +37,8 @@ struct ChoiceEvent {
 // `max_tokens` is each prompt's resolved output budget.
 std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t>>& prompts,
                                            const std::vector<int32_t>& max_tokens, const GenerationOptions& gen,
-                                           const Tokenizer& tok);
+                                           const Tokenizer& tok,
+                                           std::shared_ptr<const grammar::TokenMasker> grammar = nullptr);
 
 // The output budget of a prompt: `requested`, else `default_max` (0: the rest
 // of the context). ApiError 400 (context_length_exceeded) with the numbers

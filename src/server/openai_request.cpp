@@ -89,6 +89,7 @@ GenerationOptions parse_generation(const json& body) {
     g.prompt_logprobs = int32_t(*v);
     p.prompt_logprobs = int32_t(*v);
   }
+  g.constraint = parse_constraint(body);
   if (auto v = get_bool(body, "ignore_eos")) g.ignore_eos = *v;
   if (auto v = get_bool(body, "include_stop_str_in_output")) g.include_stop_str_in_output = *v;
   if (auto v = get_bool(body, "skip_special_tokens")) g.skip_special_tokens = *v;
@@ -267,6 +268,8 @@ ChatRequest parse_chat_request(const ojson& ordered) {
     if (!it->is_array()) throw ApiError(400, "'tools' must be a list of tools", "tools");
     if (!it->empty()) r.tools = *it;
   }
+  r.tool_choice = parse_tool_choice(body, r.tools);
+  if (auto v = get_bool(body, "parallel_tool_calls")) r.parallel_tool_calls = *v;
   const std::optional<bool> generation_prompt = get_bool(body, "add_generation_prompt");
   if (generation_prompt) r.add_generation_prompt = *generation_prompt;
   if (auto v = get_bool(body, "continue_final_message")) r.continue_final_message = *v;
@@ -292,11 +295,6 @@ ChatRequest parse_chat_request(const ojson& ordered) {
     r.top_logprobs = int32_t(*v);
   }
   r.gen.params.logprobs = r.logprobs ? r.top_logprobs : -1;
-  if (auto rf = get_object(body, "response_format")) {
-    auto type = rf->find("type");
-    if (type == rf->end() || *type != "text")
-      throw ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported", "response_format");
-  }
   return r;
 }
 

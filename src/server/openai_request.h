@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sampling/sampling_params.h"
+#include "server/structured_output.h"
+#include "server/tool_calls.h"
 
 namespace serval::server {
 
@@ -40,6 +42,7 @@ struct GenerationOptions {
   // vLLM's prompt_logprobs field (0..20): the response carries them. The
   // engine's params.prompt_logprobs may be set without it (echo + logprobs).
   std::optional<int32_t> prompt_logprobs;
+  ConstraintSpec constraint;  // structured output (response_format, guided_*, structured_outputs)
 };
 
 // A prompt: text to tokenize, or token ids.
@@ -70,6 +73,10 @@ struct ChatRequest {
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // tool_choice ("none" | "auto" | "required" | a function) and
+  // parallel_tool_calls; see server/tool_calls.h.
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
 };
 
 // Bounds that keep numbers sane before the engine sees them.

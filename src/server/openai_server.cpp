@@ -87,6 +87,12 @@ void handle_detokenize(ServerContext& ctx, const httplib::Request& req, httplib:
 
 }  // namespace
 
+std::shared_ptr<const grammar::TokenMasker> ServerContext::grammar_of(const GenerationOptions& gen) const {
+  if (gen.constraint.empty()) return nullptr;
+  SERVAL_CHECK(grammars != nullptr, "structured output: the server has no grammar cache");
+  return grammars->get(gen.constraint);
+}
+
 void ServerContext::check_model(const std::string& requested) const {
   if (!requested.empty() && requested != model_name)
     throw ApiError(404, str_cat("the model '", requested, "' does not exist; this server serves '", model_name, "'"),

@@ -20,7 +20,7 @@ enum class FieldStatus {
   kHonoured,  // parsed and acted on (openai_request.cpp and the handlers)
   kRefused,   // 400 unless the value asks for nothing (null, or its neutral value)
   kNoop,      // accepted, changes nothing Serval outputs (type checked)
-  kPending,   // structured output and tools, being wired: handled as on main
+  kPending,   // being wired (structured output): read by nothing yet, as on main
 };
 
 struct FieldRule {

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/openai_request.h"
 #include "server/chat_prompt.h"
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace serval::server {
@@ -20,6 +22,12 @@ struct ServerContext {
   int64_t engine_vocab_size = 0;     // the model's (may exceed the tokenizer's)
   int64_t created = 0;               // start time, for /v1/models
   std::atomic<bool> engine_alive{true};  // false once the engine is shut down
+  GrammarCache* grammars = nullptr;      // structured output's compiled grammars
+  ToolFormat tool_format = ToolFormat::kNone;  // how the model writes tool calls
+
+  // The masker of `gen`'s constraint (null when none); ApiError 400 when it
+  // does not compile.
+  std::shared_ptr<const grammar::TokenMasker> grammar_of(const GenerationOptions& gen) const;
 
   // ApiError 404 when `requested` is given and is not the served model.
   void check_model(const std::string& requested) const;

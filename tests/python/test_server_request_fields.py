@@ -70,7 +70,7 @@ SAMPLES = {
     "response_format": {"type": "json_object"}, "structured_outputs": {"json": {"type": "object"}},
     "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
     "guided_grammar": 'root ::= "a"', "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ",
-    "structural_tag": "{}", "tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": False,
+    "structural_tag": "{}", "tools": [TOOL], "tool_choice": ("required", {"tools": [TOOL]}), "parallel_tool_calls": False,
     "functions": [{"name": "f", "parameters": {"type": "object", "properties": {}}}], "function_call": "auto",
 }
 

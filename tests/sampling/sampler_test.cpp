@@ -96,6 +96,31 @@ TEST(Sampler, LogitBiasShiftsTheLogitsBeforePenalties) {
   EXPECT_THROW(sampler.sample(flat, t, {}, {}, rng), Error);
 }
 
+// A mask of allowed tokens (structured output): the others are never drawn,
+// greedy or sampled; the logprobs stay raw; a mask allowing nothing with a
+// finite logit is refused; a short mask is refused.
+TEST(Sampler, OnlyAllowedTokensAreDrawn) {
+  Sampler sampler;
+  Rng rng(3);
+  const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 2.0f, 1.0f};
+  const std::vector<uint32_t> allowed = {(1u << 0) | (1u << 2) | (1u << 4)};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = 0;
+  const SampleResult g = sampler.sample(logits, greedy, {}, {}, rng, {}, allowed);
+  EXPECT_EQ(g.token, 4);
+  EXPECT_NEAR(g.logprobs->chosen, 1.0 - log_sum_exp(logits), 1e-5);
+  SamplingParams t;
+  for (int i = 0; i < 2000; ++i) {
+    const int32_t tok = sampler.sample(logits, t, {}, {}, rng, {}, allowed).token;
+    ASSERT_TRUE(tok == 0 || tok == 2 || tok == 4) << tok;
+  }
+  const std::vector<uint32_t> none = {0u};
+  EXPECT_THROW(sampler.sample(logits, t, {}, {}, rng, {}, none), Error);
+  const std::vector<float> wide(40, 0.0f);
+  EXPECT_THROW(sampler.sample(wide, t, {}, {}, rng, {}, allowed), Error);
+}
+
 TEST(Sampler, GreedyAppliesPenalties) {
   Sampler sampler;
   Rng rng(1);

@@ -69,7 +69,8 @@ void CpuBackend::sample(const Tensor& logits, std::span<const SampleSpec> specs,
     SERVAL_CHECK(s.fed_source < 0, "sample: spec ", i, " has a fed token; start_sample resolves those");
     const std::span<const float> row(f32(logits) + int64_t(s.row) * logits.cols, size_t(logits.cols));
     out[i] = s.forced_token >= 0 ? sampler_.score(row, s.forced_token, s.params->logprobs)
-                                 : sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned);
+                                 : sampler_.sample(row, *s.params, s.prompt_ids, s.output_ids, s.uniform, s.banned,
+                                                   s.allowed);
   }
 }
 

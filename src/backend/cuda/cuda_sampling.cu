@@ -66,6 +66,7 @@ struct CudaSampler::State {
   std::vector<PenaltyEntry> patches;
   std::vector<int32_t> bans;
   std::vector<BiasEntry> biases;
+  std::vector<uint32_t> masks;
   // Indexed by token id and all zero between calls (only touched ids are reset).
   std::vector<int32_t> output_count;
   std::vector<uint8_t> seen;
@@ -143,6 +144,7 @@ Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t voca
     t.patch_begin = int32_t(st.patches.size());
     t.ban_begin = int32_t(st.bans.size());
     t.bias_begin = int32_t(st.biases.size());
+    t.mask_begin = -1;
     return t;
   }
   t.greedy = p.greedy() ? 1 : 0;
@@ -168,8 +170,18 @@ Task make_task(SamplerState& st, const SampleSpec& s, int32_t spec, int64_t voca
     st.biases.push_back(BiasEntry{id, bias});
   }
   t.bias_count = int32_t(st.biases.size()) - t.bias_begin;
+  t.mask_begin = -1;
+  if (!s.allowed.empty()) {
+    const size_t words = size_t((vocab + 31) / 32);
+    SERVAL_CHECK(s.allowed.size() >= words, "cuda sampler: the allowed-token mask has ", s.allowed.size(),
+                 " words, too few for a vocabulary of ", vocab);
+    t.mask_begin = int32_t(st.masks.size());
+    st.masks.insert(st.masks.end(), s.allowed.begin(), s.allowed.begin() + ptrdiff_t(words));
+  }
   t.fed_source = p.has_penalties() ? s.fed_source : -1;  // only the penalties need it
-  t.work_row = t.patch_count > 0 || t.ban_count > 0 || t.bias_count > 0 || t.fed_source >= 0 ? work_rows++ : -1;
+  t.work_row =
+      t.patch_count > 0 || t.ban_count > 0 || t.bias_count > 0 || t.mask_begin >= 0 || t.fed_source >= 0 ? work_rows++
+                                                                                                          : -1;
   return t;
 }
 
@@ -233,6 +245,7 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
   st.patches.clear();
   st.bans.clear();
   st.biases.clear();
+  st.masks.clear();
   int32_t work_rows = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const SampleSpec& s = specs[i];
@@ -260,11 +273,12 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
   const bool any_fed = std::any_of(st.general_tasks.begin(), st.general_tasks.end(),
                                    [](const Task& t) { return t.fed_source >= 0; });
 
-  // ---- one pinned input buffer: [tasks | penalty entries | bans | biases]
+  // ---- one pinned input buffer: [tasks | penalty entries | bans | biases | masks]
   const int64_t patches_at = align16(n * int64_t(sizeof(Task)));
   const int64_t bans_at = patches_at + align16(int64_t(st.patches.size() * sizeof(PenaltyEntry)));
   const int64_t biases_at = bans_at + align16(int64_t(st.bans.size() * sizeof(int32_t)));
-  const int64_t in_bytes = biases_at + align16(int64_t(st.biases.size() * sizeof(BiasEntry)));
+  const int64_t masks_at = biases_at + align16(int64_t(st.biases.size() * sizeof(BiasEntry)));
+  const int64_t in_bytes = masks_at + align16(int64_t(st.masks.size() * sizeof(uint32_t)));
   const int64_t out_bytes = n * int64_t(sizeof(Result));
   reserve_pinned(slot.host_in, slot.host_in_bytes, in_bytes);
   reserve_pinned(slot.host_out, slot.host_out_bytes, out_bytes);
@@ -276,6 +290,7 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
   if (!st.patches.empty()) std::memcpy(in + patches_at, st.patches.data(), st.patches.size() * sizeof(PenaltyEntry));
   if (!st.bans.empty()) std::memcpy(in + bans_at, st.bans.data(), st.bans.size() * sizeof(int32_t));
   if (!st.biases.empty()) std::memcpy(in + biases_at, st.biases.data(), st.biases.size() * sizeof(BiasEntry));
+  if (!st.masks.empty()) std::memcpy(in + masks_at, st.masks.data(), st.masks.size() * sizeof(uint32_t));
 
   // ---- device buffers (grown geometrically; sampling is never in a graph), copy in (unless
   // dev_in holds these bytes already), kernels writing the pinned results, an event. Each CUDA
@@ -300,6 +315,7 @@ void CudaSampler::start(const Tensor& logits, std::span<const SampleSpec> specs)
   l.patches = reinterpret_cast<const PenaltyEntry*>(dev_in + patches_at);
   l.bans = reinterpret_cast<const int32_t*>(dev_in + bans_at);
   l.biases = reinterpret_cast<const BiasEntry*>(dev_in + biases_at);
+  l.masks = reinterpret_cast<const uint32_t*>(dev_in + masks_at);
   l.logits = static_cast<const float*>(logits.data);
   l.vocab = vocab;
   l.work = work;

@@ -34,6 +34,7 @@ struct Task {
   int32_t ban_count;
   int32_t bias_begin;       // logit biases [bias_begin, bias_begin + bias_count), distinct ids, before penalties
   int32_t bias_count;
+  int32_t mask_begin;       // >= 0: the allowed-token bitmask at masks[mask_begin, + (vocab + 31) / 32)
   int32_t fed_source;       // >= 0: penalties also count tokens[fed_source] as it was before this launch
   int32_t greedy;           // 1: argmax, nothing else of the sampling part applies
   int32_t forced;           // >= 0: the token is this one (a prompt token scored); greedy, no penalties
@@ -78,6 +79,7 @@ struct SamplingLaunch {
   const PenaltyEntry* patches = nullptr;
   const int32_t* bans = nullptr;
   const BiasEntry* biases = nullptr;
+  const uint32_t* masks = nullptr;  // allowed-token bitmasks (Task::mask_begin)
   const float* logits = nullptr;  // [rows, vocab] f32
   int64_t vocab = 0;
   float* work = nullptr;          // [penalized rows, work_stride]

@@ -120,7 +120,7 @@ __device__ __forceinline__ float penalized(const Task& t, float x, int32_t outpu
 // Penalties, then bans. `fed` (>= 0): one more output token than the
 // entries count (Task::fed_source), an entry's or a token of its own.
 __device__ void copy_and_patch(const Row& r, float* work, const PenaltyEntry* patches, const int32_t* bans,
-                               const BiasEntry* biases, int32_t fed) {
+                               const BiasEntry* biases, const uint32_t* masks, int32_t fed) {
   __shared__ int fed_has_entry;
   if (threadIdx.x == 0) fed_has_entry = 0;
   for (int64_t g = threadIdx.x; g < r.raw.groups; g += blockDim.x) {
@@ -149,6 +149,18 @@ __device__ void copy_and_patch(const Row& r, float* work, const PenaltyEntry* pa
   }
   // Bans after penalties: a penalized -inf stays -inf, so the order does not matter.
   for (int i = threadIdx.x; i < t.ban_count; i += blockDim.x) work[bans[t.ban_begin + i]] = -CUDART_INF_F;
+  // Tokens outside the allowed mask likewise (structured output); a word per thread.
+  if (t.mask_begin >= 0) {
+    const uint32_t* mask = masks + t.mask_begin;
+    const int64_t words = (r.raw.vocab + 31) / 32;
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      const uint32_t bits = mask[w];
+      if (bits == 0xffffffffu) continue;
+      const int64_t end = min(r.raw.vocab, (w + 1) * 32);
+      for (int64_t id = w * 32; id < end; ++id)
+        if (!((bits >> (id - w * 32)) & 1u)) work[id] = -CUDART_INF_F;
+    }
+  }
   __syncthreads();
 }
 
@@ -417,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(SamplingLaunch l) {
   Result& out = l.results[blockIdx.x];
   init_shared(sh, r);
   if (r.patched)
-    copy_and_patch(r, l.work + int64_t(r.t.work_row) * l.work_stride, l.patches, l.bans, l.biases,
+    copy_and_patch(r, l.work + int64_t(r.t.work_row) * l.work_stride, l.patches, l.bans, l.biases, l.masks,
                    l.fed_tokens ? l.fed_tokens[blockIdx.x] : -1);
   __syncthreads();
 

@@ -20,10 +20,10 @@ TEST(CudaSampling, GreedyMatchesCpuExactly) {
   SERVAL_CUDA_OR_SKIP(gpu);
   Sampler sampler;
   const char* variants[] = {"plain",    "bans",          "repetition", "frequency",
-                            "presence", "all penalties", "logit bias"};
+                            "presence", "all penalties", "logit bias", "allowed mask"};
   for (int64_t vocab : {kMidVocab, kLargeVocab}) {
     for (int rows : {1, 7, kMaxRows}) {
-      for (int variant = 0; variant < 7; ++variant) {
+      for (int variant = 0; variant < 8; ++variant) {
         std::vector<float> host = random_logits(rows, vocab, uint32_t(vocab + rows * 7 + variant));
         plant_max_ties(host, rows, vocab, uint32_t(rows + variant));
         std::mt19937 rng(uint32_t(variant * 1000 + rows));
@@ -74,6 +74,14 @@ TEST(CudaSampling, GreedyMatchesCpuExactly) {
             while (row[runner] == m) runner = int32_t((runner + 1) % vocab);
             row[runner] = m - 0.01f;
             q.prompt.push_back(runner);
+          }
+          if (variant == 7 && odd) {
+            // Structured output: about one token in 8 allowed, never the max;
+            // with a bias on some rows (the mask wins over it).
+            q.allowed.assign(size_t((vocab + 31) / 32), 0u);
+            for (int64_t id = 0; id < vocab; ++id)
+              if (id != top && rng() % 8 == 0) q.allowed[size_t(id / 32)] |= 1u << (id % 32);
+            if (r % 4 == 3) q.params.logit_bias = {{top, 50.0f}};
           }
           if (variant == 6 && odd) {
             // A bias that lifts a runner-up over the max, one that sinks the

@@ -95,13 +95,14 @@ struct Request {
   int32_t row = 0;
   double uniform = 0.0;
   int32_t forced = -1;  // SampleSpec::forced_token
+  std::vector<uint32_t> allowed;  // SampleSpec::allowed
 };
 
 inline std::vector<SampleResult> gpu_sample(Backend& gpu, const Tensor& logits, const std::vector<Request>& reqs) {
   std::vector<SampleSpec> specs(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Request& q = reqs[i];
-    specs[i] = SampleSpec{q.row, &q.params, q.prompt, q.output, q.banned, q.uniform, -1, q.forced};
+    specs[i] = SampleSpec{q.row, &q.params, q.prompt, q.output, q.banned, q.uniform, -1, q.forced, q.allowed};
   }
   std::vector<SampleResult> out;
   gpu.sample(logits, specs, out);
@@ -114,7 +115,7 @@ inline std::span<const float> row_of(const std::vector<float>& logits, int64_t c
 }
 
 inline SampleResult cpu_sample(Sampler& s, const std::vector<float>& logits, int64_t cols, const Request& q) {
-  return s.sample(row_of(logits, cols, q.row), q.params, q.prompt, q.output, q.uniform, q.banned);
+  return s.sample(row_of(logits, cols, q.row), q.params, q.prompt, q.output, q.uniform, q.banned, q.allowed);
 }
 
 // The sampler's semantics written naively (a full sort): the exact probability

@@ -1,0 +1,39 @@
+#include "engine/constraints.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "grammar/closing_mask.h"
+
+namespace serval {
+
+void Constraints::add(int64_t id, std::shared_ptr<const grammar::TokenMasker> masker) {
+  SERVAL_CHECK(masker != nullptr, "request ", id, ": a constraint needs its grammar");
+  requests_[id] = Request{std::move(masker), {}};
+}
+
+void Constraints::fill(const Sequence& seq, std::span<uint32_t> mask) {
+  Request& r = requests_.at(seq.id());
+  std::unique_ptr<Sample>& s = r.samples[seq.sample_index()];
+  if (!s) s = std::make_unique<Sample>(r.masker->grammar_ptr());
+  const std::vector<int32_t>& out = seq.output_ids();
+  for (; s->consumed < out.size(); ++s->consumed) {
+    const int32_t token = out[s->consumed];
+    SERVAL_CHECK(r.masker->accept_token(s->matcher, token), "request ", seq.id(), ": output token ", token,
+                 " does not follow its grammar (structured output)");
+  }
+  SERVAL_CHECK(mask.size() == mask_words(), "a mask of ", mask.size(), " words for ", mask_words());
+  const size_t vocab_words = r.masker->vocab().mask_words();
+  // The grammar's vocabulary is the tokenizer's: a model's larger embedding
+  // leaves the extra ids out; a smaller one cannot hold the tokenizer's ids.
+  SERVAL_CHECK(vocab_words <= mask.size(), "the tokenizer's ", r.masker->vocab().size(),
+               " tokens do not fit the model's vocabulary of ", vocab_size_);
+  std::fill(mask.begin(), mask.end(), 0u);
+  // Near max_tokens, only tokens that leave room to finish (grammar/closing_mask.h).
+  grammar::fill_budget_mask(*r.masker, s->matcher, seq.stop().max_tokens - int64_t(out.size()),
+                            mask.first(vocab_words));
+  // Bits past the model's vocabulary in the last word stay 0.
+  if (vocab_size_ % 32 != 0) mask.back() &= (1u << (vocab_size_ % 32)) - 1u;
+}
+
+}  // namespace serval

@@ -1,0 +1,53 @@
+#pragma once
+// Constraints: the grammar state of each constrained sample (structured
+// output, tool calls): one GrammarMatcher per (request, sample), caught up
+// with the sample's committed output tokens when its next mask is needed.
+// Near max_tokens a sample is steered to its grammar's nearest end
+// (grammar/closing_mask.h), so that its text parses whenever it can fit.
+// The masks are of the model's vocabulary (tokens past the tokenizer's, as
+// in a padded embedding, are never allowed). A row whose previous token is
+// still in flight cannot be masked, so the engine does not continue steps
+// with constrained rows (Engine::start_continuation). Loop thread only.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/grammar_matcher.h"
+#include "grammar/token_mask.h"
+#include "sched/sequence.h"
+
+namespace serval {
+
+class Constraints {
+ public:
+  explicit Constraints(int64_t vocab_size) : vocab_size_(vocab_size) {}
+
+  void add(int64_t id, std::shared_ptr<const grammar::TokenMasker> masker);
+  bool has(int64_t id) const { return requests_.count(id) > 0; }
+  void remove(int64_t id) { requests_.erase(id); }
+  // Words of a mask: (vocab_size + 31) / 32.
+  size_t mask_words() const { return size_t((vocab_size_ + 31) / 32); }
+  // The tokens `seq` (a sample of a constrained request) may draw next,
+  // after its output so far, into `mask` (mask_words() words). Throws
+  // serval::Error naming the request when an output token was not one the
+  // grammar allowed.
+  void fill(const Sequence& seq, std::span<uint32_t> mask);
+
+ private:
+  struct Sample {
+    explicit Sample(std::shared_ptr<const grammar::CompiledGrammar> g) : matcher(std::move(g)) {}
+    grammar::GrammarMatcher matcher;
+    size_t consumed = 0;  // output tokens the matcher has taken
+  };
+  struct Request {
+    std::shared_ptr<const grammar::TokenMasker> masker;
+    std::map<int32_t, std::unique_ptr<Sample>> samples;  // by sample index
+  };
+  int64_t vocab_size_;
+  std::unordered_map<int64_t, Request> requests_;
+};
+
+}  // namespace serval
