@@ -7,6 +7,7 @@
 #include "server/completions.h"
 #include "server/generation.h"
 #include "server/json_fields.h"
+#include "server/request_fields.h"
 #include "server/sse_stream.h"
 
 namespace serval::server {
@@ -35,17 +36,30 @@ json chat_choice(size_t index, json message_or_delta, const char* key, json logp
           {"stop_reason", std::move(stop_reason)}};
 }
 
+// vLLM's chat echo: the reply starts with the last message's content when
+// that message has the reply's role (assistant, or with no generation prompt
+// the last message's own role: continue_final_message).
+std::string echo_prefix(const ChatRequest& r) {
+  if (!r.echo) return "";
+  const auto& last = r.messages.back();
+  const std::string role = r.add_generation_prompt ? "assistant" : last["role"].get<std::string>();
+  if (last["role"] != role || !last["content"].is_string()) return "";
+  return last["content"].get<std::string>();
+}
+
 }  // namespace
 
 void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
-  const ChatRequest r = parse_chat_request(parse_ordered_json_object(req.body));
+  const nlohmann::ordered_json body = parse_ordered_json_object(req.body);
+  check_request_fields(json(body), Endpoint::kChat);
+  const ChatRequest r = parse_chat_request(body);
   ctx.check_model(r.gen.model);
-  if (r.continue_final_message)
-    throw ApiError(400, "'continue_final_message' is not supported", "continue_final_message");
   const std::string prompt = ctx.chat.render(r);
-  std::vector<int32_t> ids = ctx.tokenizer.encode(prompt, /*add_special=*/false);
+  std::vector<int32_t> ids = ctx.tokenizer.encode(prompt, r.add_special_tokens);
+  truncate_prompt(ids, r.gen, ctx.max_model_len);
   if (ids.empty()) throw ApiError(400, "the rendered chat prompt is empty", "messages");
   const int32_t max_tokens = resolve_max_tokens(r.gen.max_tokens, 0, int64_t(ids.size()), ctx.engine.fit_limits());
+  const std::string echo = echo_prefix(r);
 
   // Tool calls: parsed from the text in the model's format; required or a
   // named function: constrained to be one (or, parallel, several).
@@ -63,8 +77,8 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   if (format == ToolFormat::kMistral) opts.skip_special_tokens = false;  // its calls start with [TOOL_CALLS]
 
   auto gen = std::make_shared<Generation>(
-      ctx.engine, engine_requests({ids}, {max_tokens}, opts, ctx.tokenizer, ctx.grammar_of(opts)));
-  const ResponseMeta meta{new_response_id("chatcmpl-"), unix_now(), ctx.model_name};
+      ctx.engine, engine_requests({ids}, {max_tokens}, opts, ctx.tokenizer, ctx.grammar_of(opts)), opts);
+  const ResponseMeta meta{response_id("chatcmpl-", r.gen), unix_now(), ctx.model_name};
   AccessRecord& record = current_access_record();
   record.id = meta.id;
   res.set_header("X-Request-Id", meta.id);
@@ -82,20 +96,24 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
       const ChoiceState& s = gen->choices()[c];
       json lps = want_logprobs ? chat_logprobs(ctx.tokenizer, s.token_ids, s.logprobs) : json(nullptr);
       // refusal: required (nullable) in OpenAI's ChatCompletionMessage.
-      json message = {{"role", "assistant"}, {"content", s.text}, {"refusal", nullptr}};
+      json message = {{"role", "assistant"}, {"content", echo + s.text}, {"refusal", nullptr}};
       json finish = finish_json(s.finish);
       if (format != ToolFormat::kNone) {
         const ParsedToolOutput parsed = parse_tool_calls(format, s.text);
         if (!parsed.calls.empty()) {
-          message["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+          const std::string content = echo + parsed.content;
+          message["content"] = content.empty() ? json(nullptr) : json(content);
           message["tool_calls"] = tool_calls_json(parsed.calls);
           finish = "tool_calls";
         }
       }
-      choices.push_back(chat_choice(c, std::move(message), "message", std::move(lps), std::move(finish),
-                                    stop_reason_json(s.stop_string, s.stop_token)));
+      json choice = chat_choice(c, std::move(message), "message", std::move(lps), std::move(finish),
+                                stop_reason_json(s.stop_string, s.stop_token));
+      if (r.gen.return_token_ids) choice["token_ids"] = s.token_ids;
+      choices.push_back(std::move(choice));
     }
     json body = chat_object(meta, std::move(choices), u);
+    if (r.gen.return_token_ids) body["prompt_token_ids"] = ids;
     // vLLM's extra field: once per response (the prompt is the choices').
     if (r.gen.prompt_logprobs)
       body["prompt_logprobs"] = vllm_prompt_logprobs(ctx.tokenizer, ids, gen->choices().front().prompt_logprobs);
@@ -106,11 +124,17 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   const bool usage_null = r.gen.include_usage;
   const size_t num_choices = gen->choices().size();
   StreamFormat f;
+  f.continuous_usage = r.gen.continuous_usage;
   f.start = [=](std::vector<json>& out) {
-    for (size_t c = 0; c < num_choices; ++c)
-      out.push_back(chat_chunk(
+    for (size_t c = 0; c < num_choices; ++c) {
+      json chunk = chat_chunk(
           meta, chat_choice(c, {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}, "delta", nullptr, nullptr),
-          usage_null));
+          usage_null);
+      if (r.gen.return_token_ids && c == 0) chunk["prompt_token_ids"] = ids;
+      out.push_back(std::move(chunk));
+      if (!echo.empty())
+        out.push_back(chat_chunk(meta, chat_choice(c, {{"content", echo}}, "delta", nullptr, nullptr), usage_null));
+    }
   };
   // Tool calls: text that may be a call is held back and parsed at the end.
   auto streams = std::make_shared<std::vector<ToolCallStream>>(num_choices, ToolCallStream(format));
@@ -120,10 +144,12 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
     const std::string text = calls.feed(e.text);
     const bool has_logprobs = want_logprobs && !e.logprobs.empty();
     const bool has_prompt_logprobs = r.gen.prompt_logprobs && !e.prompt_logprobs.empty() && ev.choice == 0;
-    if (!text.empty() || has_logprobs || has_prompt_logprobs) {
+    const bool has_ids = r.gen.return_token_ids && !e.token_ids.empty();
+    if (!text.empty() || has_logprobs || has_prompt_logprobs || has_ids) {
       json lps = has_logprobs ? chat_logprobs(tok, e.token_ids, e.logprobs) : json(nullptr);
-      json chunk = chat_chunk(meta, chat_choice(ev.choice, {{"content", text}}, "delta", std::move(lps), nullptr),
-                              usage_null);
+      json choice = chat_choice(ev.choice, {{"content", text}}, "delta", std::move(lps), nullptr);
+      if (r.gen.return_token_ids) choice["token_ids"] = e.token_ids;
+      json chunk = chat_chunk(meta, std::move(choice), usage_null);
       if (has_prompt_logprobs) chunk["prompt_logprobs"] = vllm_prompt_logprobs(tok, ids, e.prompt_logprobs);
       out.push_back(std::move(chunk));
     }

@@ -14,6 +14,31 @@ ChatPrompt::ChatPrompt(const std::string& source, const std::string& tool_source
   if (!tool_source.empty() && tool_source != source) tool_template_ = std::make_unique<ChatTemplate>(tool_source);
 }
 
+namespace {
+
+constexpr const char* kSpaces = " \t\n\r\f\v";
+
+// continue_final_message, as transformers' apply_chat_template does it: the
+// prompt ends where the final message's text ends (its end-of-turn tokens
+// and anything after them cut), so the model continues that message.
+std::string cut_after_final_message(const std::string& rendered, const std::string& text) {
+  const size_t first = text.find_first_not_of(kSpaces);
+  const std::string lstripped = first == std::string::npos ? "" : text.substr(first);
+  const std::string stripped = lstripped.substr(0, lstripped.find_last_not_of(kSpaces) + 1);
+  const size_t at = stripped.empty() ? rendered.size() : rendered.rfind(stripped);
+  if (at == std::string::npos)
+    throw ApiError(400,
+                   "'continue_final_message': the final message's text does not appear in the prompt the chat "
+                   "template renders, so it cannot be continued",
+                   "continue_final_message");
+  // The template kept the message's trailing spaces: cut after them; else after its last non-space.
+  if (rendered.compare(at, lstripped.size(), lstripped) == 0 && lstripped == text)
+    return rendered.substr(0, at + lstripped.size());
+  return rendered.substr(0, at + stripped.size());
+}
+
+}  // namespace
+
 std::string ChatPrompt::render(const ChatRequest& r) const {
   if (!template_)
     throw ApiError(400,
@@ -24,7 +49,12 @@ std::string ChatPrompt::render(const ChatRequest& r) const {
       chat_template_variables(r.messages, r.tools, r.add_generation_prompt, &tok_, r.template_kwargs);
   const ChatTemplate& t = !r.tools.is_null() && tool_template_ ? *tool_template_ : *template_;
   try {
-    return t.render(vars);
+    std::string prompt = t.render(vars);
+    if (r.continue_final_message) {
+      const auto& content = r.messages.back()["content"];
+      prompt = cut_after_final_message(prompt, content.is_string() ? content.get<std::string>() : "");
+    }
+    return prompt;
   } catch (const ChatTemplateRaisedError& e) {
     throw ApiError(400, str_cat("the chat template refused the messages: ", e.what()), "messages");
   } catch (const Error& e) {

@@ -19,6 +19,11 @@ std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t
     r.prompt_ids = prompts[i];
     r.params = gen.params;
     r.n = gen.n;
+    if (gen.best_of > gen.n) {
+      r.n = gen.best_of;  // ranked by the chosen tokens' logprobs: always computed
+      r.params.logprobs = std::max(r.params.logprobs, 0);
+    }
+    r.options.priority = gen.priority;
     r.stop.max_tokens = max_tokens[i];
     r.stop.min_tokens = std::min(gen.min_tokens, max_tokens[i]);
     r.stop.eos_token_ids = tok.eos_ids;
@@ -48,7 +53,20 @@ int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max
   return int32_t(want);
 }
 
-Generation::Generation(Engine& engine, std::vector<EngineRequest> requests) : group_(engine) {
+bool truncate_prompt(std::vector<int32_t>& ids, const GenerationOptions& gen, int64_t max_model_len) {
+  if (!gen.truncate_prompt_tokens) return false;
+  const int64_t keep = *gen.truncate_prompt_tokens < 0 ? max_model_len : *gen.truncate_prompt_tokens;
+  if (keep <= 0 || int64_t(ids.size()) <= keep) return false;
+  ids.erase(ids.begin(), ids.end() - keep);
+  return true;
+}
+
+std::string response_id(const std::string& prefix, const GenerationOptions& gen) {
+  return gen.request_id.empty() ? new_response_id(prefix) : prefix + gen.request_id;
+}
+
+Generation::Generation(Engine& engine, std::vector<EngineRequest> requests, const GenerationOptions& gen)
+    : group_(engine), keep_n_(gen.n), keep_logprobs_(gen.params.logprobs >= 0) {
   n_ = requests.empty() ? 1 : std::max(1, requests[0].n);
   for (size_t i = 0; i < requests.size(); ++i) {
     EngineRequest& r = requests[i];
@@ -80,6 +98,7 @@ void Generation::apply(const GroupEvent& g) {
   if (!ev.prompt_logprobs.empty()) c.prompt_logprobs = ev.prompt_logprobs;
   c.text += ev.text;
   c.token_ids.insert(c.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+  completion_tokens_ += int64_t(ev.token_ids.size());
   c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
   if (ev.finished()) {
     c.finish = ev.finish;
@@ -93,7 +112,31 @@ void Generation::apply(const GroupEvent& g) {
 
 bool Generation::collect() {
   while (!done() && !disconnected_) next(std::chrono::milliseconds(20));
+  if (!disconnected_ && keep_n_ < n_) keep_best();
   return !disconnected_;
+}
+
+// best_of: each prompt's samples ranked by cumulative logprob (the sum of the
+// chosen tokens' logprobs, as vLLM's V0 engine ranked them; ties keep the
+// sample order), the best keep_n_ kept, best first.
+void Generation::keep_best() {
+  std::vector<ChoiceState> kept;
+  for (size_t p = 0; p < prompt_lengths_.size(); ++p) {
+    std::vector<std::pair<double, size_t>> ranked;
+    for (size_t s = 0; s < size_t(n_); ++s) {
+      const ChoiceState& c = choices_[p * size_t(n_) + s];
+      double sum = 0;
+      for (const Logprobs& lp : c.logprobs) sum += lp.chosen;
+      ranked.emplace_back(sum, s);
+    }
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t k = 0; k < size_t(keep_n_); ++k) {
+      kept.push_back(std::move(choices_[p * size_t(n_) + ranked[k].second]));
+      if (!keep_logprobs_) kept.back().logprobs.clear();
+    }
+  }
+  choices_ = std::move(kept);
+  n_ = keep_n_;
 }
 
 std::optional<ChoiceEvent> Generation::next(std::chrono::milliseconds wait) {
@@ -136,7 +179,7 @@ UsageCounts Generation::usage() const {
     u.prompt_tokens += prompt_lengths_[i];
     u.cached_tokens += cached_tokens_[i];
   }
-  for (const ChoiceState& c : choices_) u.completion_tokens += int64_t(c.token_ids.size());
+  u.completion_tokens = completion_tokens_;  // every sample's, best_of's dropped ones included (as OpenAI bills)
   return u;
 }
 

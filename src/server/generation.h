@@ -47,6 +47,13 @@ std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t
 int32_t resolve_max_tokens(std::optional<int32_t> requested, int32_t default_max, int64_t prompt_len,
                            const KvFitLimits& limits);
 
+// vLLM's truncate_prompt_tokens: keeps the last k tokens of `ids` (-1: the
+// context length). True when tokens were dropped.
+bool truncate_prompt(std::vector<int32_t>& ids, const GenerationOptions& gen, int64_t max_model_len);
+
+// prefix + the client's request_id, or + a random id.
+std::string response_id(const std::string& prefix, const GenerationOptions& gen);
+
 class Generation {
  public:
   // Submits every request (an engine refusal throws, and what was already
@@ -54,10 +61,15 @@ class Generation {
   // not submitted: its choices finish at once with "length" and no tokens;
   // unless it asks for prompt logprobs: then it runs for one token, which
   // its choices drop (they finish with "length", no tokens, the scores).
-  Generation(Engine& engine, std::vector<EngineRequest> requests);
+  // `gen`: the request's options. With best_of above n the requests carry
+  // best_of samples each (engine_requests); collect() keeps each prompt's n
+  // with the highest cumulative logprob (best first), and their logprobs
+  // only when the client asked for them.
+  Generation(Engine& engine, std::vector<EngineRequest> requests, const GenerationOptions& gen);
 
-  // Non-streaming: waits for every choice to finish. False when the client
-  // disconnected first (everything is aborted; nothing should be sent).
+  // Non-streaming: waits for every choice to finish (then keeps best_of's
+  // best). False when the client disconnected first (everything is aborted;
+  // nothing should be sent).
   bool collect();
   // Streaming: the next event (already applied to choices()), waiting up to
   // `wait`; nullopt on timeout or when done. Sets disconnected() and aborts
@@ -68,19 +80,24 @@ class Generation {
   void abort() { group_.abort_all(); }
 
   const std::vector<ChoiceState>& choices() const { return choices_; }
-  int32_t n() const { return n_; }
+  int32_t n() const { return n_; }  // choices per prompt
+  // Every generated token counts, best_of's dropped samples included.
   UsageCounts usage() const;
   // The first error message of a choice that failed ("" when none).
   std::string error() const;
 
  private:
   void apply(const GroupEvent& ev);
+  void keep_best();
 
   RequestGroup group_;
   std::vector<size_t> member_prompt_;  // the prompt of each submitted request
   std::deque<GroupEvent> immediate_;   // final events of the max_tokens-0 requests, not yet read
   std::vector<bool> scores_only_;      // by prompt: max_tokens 0 with prompt logprobs (output dropped)
-  int32_t n_;
+  int32_t n_;                          // samples per prompt; keep_n_ after keep_best()
+  int32_t keep_n_;                     // the client's n
+  bool keep_logprobs_;                 // the client asked for logprobs
+  int64_t completion_tokens_ = 0;
   std::vector<int64_t> prompt_lengths_, cached_tokens_;
   std::vector<ChoiceState> choices_;
   bool disconnected_ = false;

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
@@ -47,6 +48,16 @@ void parse_stop(const json& body, GenerationOptions& g) {
   std::erase_if(g.stop, [](const std::string& s) { return s.empty(); });
 }
 
+// vLLM's request_id becomes the response id and goes into a header and the
+// access log: printable ASCII without spaces, at most 128 characters.
+std::string request_id(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 128 &&
+                  std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 127; });
+  if (!ok)
+    throw ApiError(400, "'request_id' must be 1 to 128 printable ASCII characters without spaces", "request_id");
+  return id;
+}
+
 // Fields common to both endpoints (sampling, stopping, streaming).
 GenerationOptions parse_generation(const json& body) {
   GenerationOptions g;
@@ -67,7 +78,7 @@ GenerationOptions parse_generation(const json& body) {
   // OpenAI: best_of must be at least n (its schema's minimum of 0 contradicts that for any n >= 1).
   if (auto v = get_int(body, "best_of", 0, kMaxN)) {
     if (*v < g.n) throw ApiError(400, str_cat("'best_of' must be at least n (", g.n, "), got ", *v), "best_of");
-    if (*v != g.n) throw ApiError(400, "'best_of' other than n is not supported", "best_of");
+    g.best_of = int32_t(*v);
   }
   parse_stop(body, g);
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
@@ -86,7 +97,21 @@ GenerationOptions parse_generation(const json& body) {
   if (const json* so = get_object(body, "stream_options")) {
     if (!g.stream) throw ApiError(400, "'stream_options' is only allowed with stream: true", "stream_options");
     if (auto v = get_bool(*so, "include_usage")) g.include_usage = *v;
+    if (auto v = get_bool(*so, "continuous_usage_stats")) g.continuous_usage = *v && g.include_usage;
   }
+  // As OpenAI: the best choices are known only once all are done.
+  if (g.stream && g.best_of > g.n)
+    throw ApiError(400, str_cat("'best_of' (", g.best_of, ") above n (", g.n, ") cannot be streamed"), "best_of");
+  if (auto v = get_int(body, "priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()))
+    g.priority = int32_t(*v);
+  if (auto v = get_string(body, "request_id")) g.request_id = request_id(*v);
+  if (auto v = get_int(body, "truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max())) {
+    if (*v == 0)
+      throw ApiError(400, "'truncate_prompt_tokens' must be -1 (the context length) or at least 1, got 0",
+                     "truncate_prompt_tokens");
+    g.truncate_prompt_tokens = int32_t(*v);
+  }
+  if (auto v = get_bool(body, "return_token_ids")) g.return_token_ids = *v;
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
     if (!it->is_object())
       throw ApiError(400, str_cat("'logit_bias' must map token ids to biases, got ", json_type_name(*it)), "logit_bias");
@@ -219,8 +244,12 @@ CompletionRequest parse_completion_request(const json& body) {
   if (auto v = get_bool(body, "echo")) r.echo = *v;
   if (auto v = get_bool(body, "add_special_tokens")) r.add_special_tokens = *v;
   if (auto v = get_int(body, "logprobs", 0, SamplingParams::kMaxLogprobs)) r.gen.params.logprobs = int32_t(*v);
-  if (auto s = get_string(body, "suffix"); s && !s->empty())
-    throw ApiError(400, "'suffix' is not supported", "suffix");
+  if (auto s = get_string(body, "suffix")) r.suffix = *s;
+  if (!r.suffix.empty() && r.echo)
+    throw ApiError(400,
+                   "'suffix' cannot be combined with echo: the model reads the prompt rearranged around its "
+                   "fill-in-the-middle tokens, so there is no prompt text to echo",
+                   "suffix");
   // The echoed prompt's tokens come with their logprobs and top n (lm-eval's likelihood tasks).
   if (r.echo && r.gen.params.logprobs >= 0)
     r.gen.params.prompt_logprobs = std::max(r.gen.params.prompt_logprobs, r.gen.params.logprobs);
@@ -241,9 +270,25 @@ ChatRequest parse_chat_request(const ojson& ordered) {
   }
   r.tool_choice = parse_tool_choice(body, r.tools);
   if (auto v = get_bool(body, "parallel_tool_calls")) r.parallel_tool_calls = *v;
-  if (auto v = get_bool(body, "add_generation_prompt")) r.add_generation_prompt = *v;
+  const std::optional<bool> generation_prompt = get_bool(body, "add_generation_prompt");
+  if (generation_prompt) r.add_generation_prompt = *generation_prompt;
   if (auto v = get_bool(body, "continue_final_message")) r.continue_final_message = *v;
+  if (r.continue_final_message) {
+    if (generation_prompt.value_or(false))
+      throw ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                     "continue_final_message");
+    r.add_generation_prompt = false;  // vLLM's default of true gives way
+  }
+  if (auto v = get_bool(body, "add_special_tokens")) r.add_special_tokens = *v;
+  if (auto v = get_bool(body, "echo")) r.echo = *v;
   if (get_object(body, "chat_template_kwargs")) r.template_kwargs = ordered["chat_template_kwargs"];
+  // Template variables, as vLLM passes them (templates that do not read them ignore them).
+  if (auto v = get_string(body, "reasoning_effort")) r.template_kwargs["reasoning_effort"] = *v;
+  if (auto it = ordered.find("documents"); it != ordered.end() && !it->is_null()) {
+    if (!it->is_array() || !std::all_of(it->begin(), it->end(), [](const ojson& d) { return d.is_object(); }))
+      throw ApiError(400, "'documents' must be a list of objects (such as {\"title\", \"text\"})", "documents");
+    r.template_kwargs["documents"] = *it;
+  }
   if (auto v = get_bool(body, "logprobs")) r.logprobs = *v;
   if (auto v = get_int(body, "top_logprobs", 0, SamplingParams::kMaxLogprobs)) {
     if (!r.logprobs) throw ApiError(400, "'top_logprobs' needs logprobs: true", "top_logprobs");

@@ -22,6 +22,9 @@ struct GenerationOptions {
   std::optional<int32_t> max_tokens; // not given: endpoint default
   int32_t min_tokens = 0;
   int32_t n = 1;
+  // Samples per prompt (OpenAI's best_of): when above n, the n with the
+  // highest cumulative logprob are returned (not with stream). 0: n.
+  int32_t best_of = 0;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
@@ -29,6 +32,13 @@ struct GenerationOptions {
   bool skip_special_tokens = true;
   bool stream = false;
   bool include_usage = false;        // stream_options.include_usage
+  bool continuous_usage = false;     // stream_options.continuous_usage_stats (vLLM), with include_usage
+  int32_t priority = 0;              // vLLM's: lower is scheduled first
+  std::string request_id;            // vLLM's: the response id is cmpl-/chatcmpl- + this ("" = random)
+  // vLLM's truncate_prompt_tokens: keep the prompt's last k tokens; -1: the
+  // context length. Unset: no truncation.
+  std::optional<int32_t> truncate_prompt_tokens;
+  bool return_token_ids = false;     // vLLM's: token_ids and prompt_token_ids in the response
   // vLLM's prompt_logprobs field (0..20): the response carries them. The
   // engine's params.prompt_logprobs may be set without it (echo + logprobs).
   std::optional<int32_t> prompt_logprobs;
@@ -47,6 +57,7 @@ struct CompletionRequest {
   std::vector<PromptInput> prompts;  // at least one
   bool echo = false;
   bool add_special_tokens = true;    // BOS before text prompts, as the model's tokenizer does
+  std::string suffix;                // fill-in-the-middle: the text after the completion ("" = none)
 };
 
 struct ChatRequest {
@@ -57,6 +68,8 @@ struct ChatRequest {
   nlohmann::ordered_json tools;     // null when none
   bool add_generation_prompt = true;
   bool continue_final_message = false;
+  bool add_special_tokens = false;   // vLLM's: BOS on top of what the template writes
+  bool echo = false;                 // vLLM's: the reply starts with the last message when it has the reply's role
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   bool logprobs = false;
   int32_t top_logprobs = 0;

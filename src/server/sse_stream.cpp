@@ -49,6 +49,9 @@ void stream_generation(httplib::Response& res, std::shared_ptr<Generation> gen, 
         std::optional<ChoiceEvent> ev = g.next(std::chrono::milliseconds(50));
         if (g.disconnected()) return false;
         if (ev) state->format.event(*ev, chunks);
+        if (state->format.continuous_usage)
+          for (nlohmann::json& c : chunks)
+            if (c.contains("choices") && !c["choices"].empty()) c["usage"] = usage_json(g.usage());
         if (g.done()) {
           const std::string error = g.error();
           if (!error.empty()) chunks.push_back(ApiError(500, error).body());

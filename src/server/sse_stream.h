@@ -25,6 +25,9 @@ struct StreamFormat {
   std::function<void(std::vector<nlohmann::json>& out)> start;
   std::function<void(const ChoiceEvent& ev, std::vector<nlohmann::json>& out)> event;
   std::function<void(std::vector<nlohmann::json>& out)> end;
+  // vLLM's stream_options.continuous_usage_stats: every chunk with choices
+  // carries the usage so far.
+  bool continuous_usage = false;
 };
 
 void stream_generation(httplib::Response& res, std::shared_ptr<Generation> gen, StreamFormat format);

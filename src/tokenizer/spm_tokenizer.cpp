@@ -101,6 +101,14 @@ std::string SpmTokenizer::token_bytes(int32_t id) const {
 }
 
 std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_special) const {
+  return encode_text(text, add_special, /*continuation=*/false);
+}
+
+std::vector<int32_t> SpmTokenizer::encode_continuation(std::string_view text) const {
+  return encode_text(text, /*add_special=*/false, /*continuation=*/true);
+}
+
+std::vector<int32_t> SpmTokenizer::encode_text(std::string_view text, bool add_special, bool continuation) const {
   std::vector<int32_t> ids;
   if (add_special && add_bos && bos_id >= 0) ids.push_back(bos_id);
   std::string clean = utf8::sanitize(text);
@@ -110,7 +118,7 @@ std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_specia
       continue;
     }
     bool at_start = frag.text.data() == clean.data();
-    bool prefix = add_dummy_prefix_ && (prefix_every_fragment_ || at_start) &&
+    bool prefix = add_dummy_prefix_ && !(continuation && at_start) && (prefix_every_fragment_ || at_start) &&
                   !(prefix_unless_leading_space_ && (frag.text[0] == ' ' || frag.text.substr(0, 3) == kSpace));
     encode_fragment(frag.text, prefix, ids);
   }

@@ -18,6 +18,7 @@ class SpmTokenizer : public Tokenizer {
   explicit SpmTokenizer(SpmVocab vocab);
 
   std::vector<int32_t> encode(std::string_view text, bool add_special) const override;
+  std::vector<int32_t> encode_continuation(std::string_view text) const override;
   std::string token_bytes(int32_t id) const override;
   const std::string& token_piece(int32_t id) const override { return pieces_.at(id); }
   int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
@@ -26,6 +27,8 @@ class SpmTokenizer : public Tokenizer {
   std::optional<int32_t> token_id(std::string_view piece) const override;
 
  private:
+  // `continuation`: no dummy prefix before the text's first fragment.
+  std::vector<int32_t> encode_text(std::string_view text, bool add_special, bool continuation) const;
   void encode_fragment(std::string_view text, bool prefix, std::vector<int32_t>& out) const;
   // Id of a piece that text may merge into (normal and user-defined pieces only).
   int32_t mergeable_id(std::string_view piece) const;

@@ -36,6 +36,11 @@ class Tokenizer {
   // SentencePiece decoding drops the space of the first "▁" piece of a text.
   virtual bool strips_leading_space() const { return false; }
   virtual std::optional<int32_t> token_id(std::string_view piece) const = 0;
+  // Encodes text that continues a text rather than starting one: nothing
+  // added around it, and no SentencePiece dummy "▁" before its first word
+  // (as CodeLlama's infilling encodes a suffix). Byte-level BPE adds no such
+  // prefix: encode(text, false).
+  virtual std::vector<int32_t> encode_continuation(std::string_view text) const { return encode(text, false); }
 
   // Decodes a whole sequence; invalid UTF-8 in the result is replaced by U+FFFD
   // ids past the vocabulary (padded embedding rows) are left out, as in
@@ -48,6 +53,9 @@ class Tokenizer {
   bool add_bos = false;
   bool add_eos = false;
   std::string chat_template;     // kept for the server
+  // Fill-in-the-middle tokens a GGUF file names (tokenizer.ggml.fim_pre/suf/
+  // mid_token_id); -1 when not given (tokenizer/fim.h also looks them up by text).
+  int32_t fim_pre_id = -1, fim_suf_id = -1, fim_mid_id = -1;
 };
 
 // Loads the tokenizer of a model: a .gguf file (tokenizer.ggml.* metadata), or a

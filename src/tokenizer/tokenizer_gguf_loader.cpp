@@ -95,6 +95,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const GgufFile& g) {
   if (tok->bos_id < 0) tok->add_bos = false;
   tok->add_eos = g.get_bool("tokenizer.ggml.add_eos_token", false) && tok->eos_id >= 0;
   tok->chat_template = g.get_string("tokenizer.chat_template", "");
+  tok->fim_pre_id = id_key("tokenizer.ggml.fim_pre_token_id");
+  tok->fim_suf_id = id_key("tokenizer.ggml.fim_suf_token_id");
+  tok->fim_mid_id = id_key("tokenizer.ggml.fim_mid_token_id");
   std::vector<int32_t> extra;
   for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
     if (int32_t id = id_key(key); id >= 0) extra.push_back(id);

@@ -147,6 +147,53 @@ TEST(OpenAiRequest, ChatErrorsNameTheMessageField) {
   EXPECT_EQ(param(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})"), "top_logprobs");
 }
 
+TEST(OpenAiRequest, BestOfAboveNIsHonouredButNotStreamed) {
+  const CompletionRequest r = parse_completion_request(json::parse(R"({"prompt": "x", "best_of": 4, "n": 2})"));
+  EXPECT_EQ(r.gen.best_of, 4);
+  EXPECT_EQ(r.gen.n, 2);
+  const ApiError e = refusal_of(json::parse(R"({"prompt": "x", "best_of": 2, "stream": true})"));
+  EXPECT_EQ(e.param(), "best_of");
+  EXPECT_NO_THROW(parse_completion_request(json::parse(R"({"prompt": "x", "best_of": 2, "n": 2, "stream": true})")));
+}
+
+TEST(OpenAiRequest, VllmExtraFieldsParsed) {
+  const CompletionRequest r = parse_completion_request(json::parse(R"({
+      "prompt": "x", "suffix": "y", "priority": -3, "request_id": "abc", "truncate_prompt_tokens": 5,
+      "return_token_ids": true, "stream": true,
+      "stream_options": {"include_usage": true, "continuous_usage_stats": true}})"));
+  EXPECT_EQ(r.suffix, "y");
+  EXPECT_EQ(r.gen.priority, -3);
+  EXPECT_EQ(r.gen.request_id, "abc");
+  EXPECT_EQ(*r.gen.truncate_prompt_tokens, 5);
+  EXPECT_TRUE(r.gen.return_token_ids && r.gen.continuous_usage);
+  EXPECT_EQ(param_of_failure(json::parse(R"({"prompt": "x", "truncate_prompt_tokens": 0})")), "truncate_prompt_tokens");
+  EXPECT_EQ(param_of_failure(json::parse(R"({"prompt": "x", "truncate_prompt_tokens": -2})")), "truncate_prompt_tokens");
+  EXPECT_EQ(param_of_failure(json::parse(R"({"prompt": "x", "request_id": "a\nb"})")), "request_id");
+  EXPECT_EQ(param_of_failure(json::parse(R"({"prompt": "x", "suffix": "y", "echo": true})")), "suffix");
+  // continuous_usage_stats needs include_usage.
+  EXPECT_FALSE(parse_completion_request(json::parse(R"({"prompt": "x", "stream": true,
+      "stream_options": {"continuous_usage_stats": true}})")).gen.continuous_usage);
+}
+
+TEST(OpenAiRequest, ChatVllmFields) {
+  const ChatRequest r = parse_chat_request(nlohmann::ordered_json::parse(R"({
+      "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+      "continue_final_message": true, "echo": true, "add_special_tokens": true, "reasoning_effort": "low",
+      "documents": [{"title": "t"}], "chat_template_kwargs": {"a": 1}})"));
+  EXPECT_TRUE(r.continue_final_message && r.echo && r.add_special_tokens);
+  EXPECT_FALSE(r.add_generation_prompt);  // gives way to continue_final_message
+  EXPECT_EQ(r.template_kwargs["reasoning_effort"], "low");
+  EXPECT_EQ(r.template_kwargs["documents"][0]["title"], "t");
+  EXPECT_EQ(r.template_kwargs["a"], 1);
+  try {
+    parse_chat_request(nlohmann::ordered_json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+        "continue_final_message": true, "add_generation_prompt": true})"));
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "continue_final_message");
+  }
+}
+
 TEST(JsonFields, MalformedAndDeepBodiesAre400) {
   EXPECT_THROW(parse_json_object("{"), ApiError);
   EXPECT_THROW(parse_json_object("[]"), ApiError);
