@@ -16,8 +16,7 @@ namespace {
 using nlohmann::json;
 
 constexpr uint8_t C = uint8_t(Endpoint::kCompletions), H = uint8_t(Endpoint::kChat), B = C | H;
-constexpr FieldStatus kOk = FieldStatus::kHonoured, kNo = FieldStatus::kRefused, kNop = FieldStatus::kNoop,
-                      kWip = FieldStatus::kPending;
+constexpr FieldStatus kOk = FieldStatus::kHonoured, kNo = FieldStatus::kRefused, kNop = FieldStatus::kNoop;
 
 const std::vector<FieldRule> kRules = {
     // OpenAI, both endpoints.
@@ -108,12 +107,12 @@ const std::vector<FieldRule> kRules = {
     {"tools", H, kOk, nullptr, nullptr},
     {"tool_choice", H, kOk, nullptr, nullptr},
     {"parallel_tool_calls", H, kOk, nullptr, nullptr},
-    // Still being wired: handled as on main (not read).
-    {"guided_decoding_backend", B, kWip, nullptr, nullptr},
-    {"guided_whitespace_pattern", B, kWip, nullptr, nullptr},
-    {"structural_tag", H, kWip, nullptr, nullptr},
-    {"functions", H, kWip, nullptr, nullptr},
-    {"function_call", H, kWip, nullptr, nullptr},
+    {"guided_decoding_backend", B, kNop, "string", nullptr},  // one backend: Serval's grammar engine
+    {"guided_whitespace_pattern", B, kNo, nullptr,
+     "JSON grammars allow their own whitespace (at most one space between tokens, no newlines)"},
+    {"structural_tag", H, kNo, nullptr, "structural tags are not supported: use response_format, guided_* or tools"},
+    {"functions", H, kNo, nullptr, "the deprecated functions API: use tools"},
+    {"function_call", H, kNo, nullptr, "the deprecated functions API: use tool_choice"},
 };
 
 // stream_options' fields: include_usage (OpenAI) and continuous_usage_stats

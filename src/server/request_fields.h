@@ -20,7 +20,6 @@ enum class FieldStatus {
   kHonoured,  // parsed and acted on (openai_request.cpp and the handlers)
   kRefused,   // 400 unless the value asks for nothing (null, or its neutral value)
   kNoop,      // accepted, changes nothing Serval outputs (type checked)
-  kPending,   // being wired (structured output): read by nothing yet, as on main
 };
 
 struct FieldRule {
