@@ -1,6 +1,6 @@
 """Structured output through `serval serve` (issue 51, part 3): response_format json_schema
 and json_object, vLLM's guided_json / guided_regex / guided_choice / guided_grammar and
-structured_outputs, on stories260K (completions) over the corpus of JSON schemas in
+structured_outputs, on stories260K and a tiny random Qwen3 (completions) over the corpus of JSON schemas in
 tests/data/json_schemas: every output ends (finish_reason "stop": near max_tokens
 only tokens that leave room to finish are drawn), parses and validates (jsonschema, formats
 checked), streamed or not, sampled or greedy, with n > 1.
@@ -21,6 +21,17 @@ PROMPT = "Once upon a time"
 @pytest.fixture(scope="module")
 def server(serval, models):
     s = ServalServer(serval, models / "stories260K" / "stories260K.gguf")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def hf_server(serval, models, tmp_path_factory):
+    """A tiny random Qwen3 (151k-token byte-level BPE vocabulary, multi-byte tokens)."""
+    import hf_models
+    folder = tmp_path_factory.mktemp("qwen3-structured")
+    hf_models.build("qwen3", folder, models)
+    s = ServalServer(serval, folder, "--max-model-len", "1024")
     yield s
     s.stop()
 
@@ -48,6 +59,16 @@ def test_json_schema_outputs_validate(server, path):
         value = json.loads(c["text"])
         errors = [e.message for e in v.iter_errors(value)]
         assert not errors, f"{c['text']!r}: {errors}"
+
+
+@pytest.mark.parametrize("path", SCHEMAS, ids=[p.stem for p in SCHEMAS])
+def test_json_schema_outputs_validate_on_a_large_vocabulary(hf_server, path):
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    out = complete(hf_server, temperature=1.0, seed=len(path.stem), max_tokens=300, guided_json=schema)
+    c = out["choices"][0]
+    assert c["finish_reason"] == "stop", c
+    errors = [e.message for e in validator_of(schema).iter_errors(json.loads(c["text"]))]
+    assert not errors, f"{c['text']!r}: {errors}"
 
 
 @pytest.mark.parametrize("max_tokens", [16, 40])
