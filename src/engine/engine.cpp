@@ -362,11 +362,10 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
 void Engine::add_scoring_specs(Started& s) {
   // One spec per scored prompt token, after the sampling ones (whose
   // indices a continuation's fed rows name): the token itself, its logprobs.
-  size_t num_scored = 0;
-  for (const StepRows::Scored& r : rows_.scored) num_scored += size_t(r.count);
+  for (const StepRows::Scored& r : rows_.scored) s.num_scored += size_t(r.count);
   score_params_.resize(rows_.scored.size());
   size_t k = specs_.size();
-  specs_.resize(k + num_scored);
+  specs_.resize(k + s.num_scored);
   for (size_t j = 0; j < rows_.scored.size(); ++j) {
     const StepRows::Scored& r = rows_.scored[j];
     const Sequence& seq = *s.plan.items[r.item].seq;
@@ -389,10 +388,8 @@ std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled)
   if (!s.error.empty()) return s.error;
   try {
     runner_.finish_sample(results_);
-    size_t num_scored = 0;
-    for (const Started::Scored& r : s.scored) num_scored += size_t(r.count);
-    SERVAL_CHECK(results_.size() == sampled.size() + num_scored, "model runner sampled ", results_.size(),
-                 " tokens for ", sampled.size(), " samples and ", num_scored, " scored prompt tokens");
+    SERVAL_CHECK(results_.size() == sampled.size() + s.num_scored, "model runner sampled ", results_.size(),
+                 " tokens for ", sampled.size(), " samples and ", s.num_scored, " scored prompt tokens");
     for (size_t i = 0; i < sampled.size(); ++i)
       sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
     size_t k = sampled.size();

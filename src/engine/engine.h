@@ -175,6 +175,7 @@ class Engine {
       int32_t count = 0;
     };
     std::vector<Scored> scored;
+    size_t num_scored = 0;     // their tokens, summed
     bool constrained = false;  // a row or fork samples under a grammar: not continued
     int64_t num_prompt_tokens = 0;
     std::string error;

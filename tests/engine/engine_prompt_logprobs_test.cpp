@@ -7,25 +7,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <random>
 
 #include "../runtime/tiny_model.h"
 #include "core/error.h"
 #include "engine/engine.h"
-#include "model/model_loader.h"
+#include "engine_test_util.h"
 
 namespace serval {
 namespace {
 
-const Tokenizer& stories_tokenizer() {
-  static const std::unique_ptr<Tokenizer> tok = [] {
-    const std::string path = models_dir() + "/stories260K/stories260K.gguf";
-    if (!std::filesystem::exists(path)) throw Error(path + " not found (set SERVAL_MODELS)");
-    return load_tokenizer(path);
-  }();
-  return *tok;
-}
+const Tokenizer& stories_tokenizer() { return *testing::stories_model().tok; }
 
 struct Tiny {
   testing::TinySpec spec;
