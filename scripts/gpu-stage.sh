@@ -14,7 +14,7 @@ strip -o "$DEST/serval_tests" "$BUILD/serval_tests"
 for b in "$BUILD"/bench/cuda_*_bench; do [ -f "$b" ] && strip -o "$DEST/$(basename "$b")" "$b"; done
 cp "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-profile.sh" "$ROOT/scripts/gpu-engine-check.sh" \
   "$ROOT/scripts/batch-vs-solo.sh" "$ROOT/scripts/gpu-ab.sh" "$ROOT/scripts/gpu-engine-ab.sh" \
-  "$ROOT/scripts/gpu-serve-ab.sh" "$ROOT/scripts/gpu-quant-ab.sh" "$DEST/"
+  "$ROOT/scripts/gpu-serve-ab.sh" "$ROOT/scripts/gpu-quant-ab.sh" "$ROOT/scripts/gpu-constrained-ab.sh" "$DEST/"
 git -C "$ROOT" log --oneline -1 > "$DEST/COMMIT" 2>/dev/null || true
 cp -r "${SERVAL_MODELS:-/work/shared/models}/stories260K" "$DEST/models/"
 # Every non-system library the binaries load, except the CUDA ones the host has.

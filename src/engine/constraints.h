@@ -6,8 +6,9 @@
 // (grammar/closing_mask.h), so that its text parses whenever it can fit.
 // The masks are of the model's vocabulary (tokens past the tokenizer's, as
 // in a padded embedding, are never allowed). A row whose previous token is
-// still in flight cannot be masked, so the engine does not continue steps
-// with constrained rows (Engine::start_continuation). Loop thread only.
+// still in flight cannot be masked yet: the engine queues such a
+// continuation's forward pass and makes its masks once the step before is
+// committed (Engine::start_deferred_sampling). Loop thread only.
 #include <cstdint>
 #include <map>
 #include <memory>

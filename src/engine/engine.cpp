@@ -262,7 +262,7 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
       }
       return false;
     }
-    start(cur, start_time);
+    start(cur, start_time, /*continuation=*/false);
     device_start = std::max(start_time, last_done_);
   }
   const bool start_known = device_start > last_done_ || last_done_waited_;
@@ -287,17 +287,19 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   if (!now.error.empty()) {
     if (next_) {  // its rows were this step's: they failed with it
       std::vector<SampledToken> ignored;
-      finish(*next_, ignored);
+      if (!next_->sampling_deferred) finish(*next_, ignored);
       sched_.fail_step(next_->plan);
       next_.reset();
     }
     return false;
   }
+  // The continuation's masks follow the tokens just committed.
+  if (next_ && next_->sampling_deferred) start_deferred_sampling(*next_);
   now.sampled_keys = std::move(cur.keys);
   return true;
 }
 
-void Engine::start(Started& s, EngineClock::time_point start_time) {
+void Engine::start(Started& s, EngineClock::time_point start_time, bool continuation) {
   const StepPlan& plan = s.plan;
   for (const Sequence* seq : plan.sample_rows) s.keys.emplace_back(seq->id(), seq->sample_index());
   for (const StepPlan::Fork& f : plan.forks) s.keys.emplace_back(f.seq->id(), f.seq->sample_index());
@@ -309,76 +311,128 @@ void Engine::start(Started& s, EngineClock::time_point start_time) {
     const int64_t prompt_left = c.seq->num_prompt_tokens() - c.first();
     s.num_prompt_tokens += std::clamp<int64_t>(prompt_left, 0, c.num_new_tokens);
   }
-  const size_t num_rows = plan.sample_rows.size(), num_specs = s.keys.size();
   try {
     if (!plan.copies.empty()) runner_.copy_blocks(plan.copies);
     batch_builder_.build(plan.items, batch_, &rows_);
-    SERVAL_CHECK(rows_.sampled.size() == num_rows, "batch builder made ", rows_.sampled.size(),
-                 " sampling rows for ", num_rows, " sampled sequences");
-    // One spec per sample; a forked sample draws from its parent's row. The
-    // draws are made here, from each request's Rng, so that a seed picks
-    // the same token on every backend. A fed row's output is one token
-    // longer by the time it samples (that token is being sampled now).
-    specs_.resize(num_specs);
-    banned_.resize(num_specs);
-    // The masks first (the specs point into them), a block per constrained spec.
-    const size_t words = constraints_.mask_words();
-    size_t constrained = 0;
-    for (size_t i = 0; i < num_specs; ++i) {
-      const Sequence& seq = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
-      constrained += constraints_.has(seq.id());
+    SERVAL_CHECK(rows_.sampled.size() == plan.sample_rows.size(), "batch builder made ", rows_.sampled.size(),
+                 " sampling rows for ", plan.sample_rows.size(), " sampled sequences");
+    // A continuation's constrained rows are masked after the tokens of the
+    // step before are known (its commit): their forward pass is queued now,
+    // their sampling then (start_deferred_sampling).
+    bool constrained = false;
+    for (const Sequence* seq : plan.sample_rows) constrained |= constraints_.has(seq->id());
+    for (const StepPlan::Fork& f : plan.forks) constrained |= constraints_.has(f.seq->id());
+    if (continuation && constrained) {
+      runner_.start_forward(batch_);
+      s.sampling_deferred = true;
+    } else {
+      make_specs(s);
+      runner_.start_sample(batch_, specs_);
     }
-    masks_.resize(constrained * words);
-    s.constrained = constrained > 0;
-    size_t mask_at = 0;
-    for (size_t i = 0; i < num_specs; ++i) {
-      Sequence& seq = i < num_rows ? *plan.sample_rows[i] : *plan.forks[i - num_rows].seq;
-      const int32_t row = i < num_rows ? batch_.logits_rows[i] : -1;
-      const int32_t fed_source = row >= 0 && !batch_.token_source.empty() ? batch_.token_source[size_t(row)] : -1;
-      banned_[i] = seq.stop().banned_tokens(int64_t(seq.output_ids().size()) + (fed_source >= 0));
-      SampleSpec& spec = specs_[i];
-      spec = SampleSpec{};
-      spec.fed_source = fed_source;
-      spec.row = rows_.sampled[i < num_rows ? i : size_t(plan.forks[i - num_rows].row)];
-      spec.params = &seq.params();
-      spec.prompt_ids = seq.prompt_ids();
-      spec.output_ids = seq.output_ids();
-      spec.banned = banned_[i];
-      spec.uniform = seq.params().greedy() ? 0.0 : seq.rng().uniform();
-      if (constraints_.has(seq.id())) {
-        spec.allowed = std::span<const uint32_t>(masks_.data() + mask_at, words);
-        constraints_.fill(seq, std::span<uint32_t>(masks_.data() + mask_at, words));
-        mask_at += words;
-      }
-    }
-    add_scoring_specs(s);
-    runner_.start_sample(batch_, specs_);
     s.queued = EngineClock::now();
   } catch (const std::exception& e) {
     s.error = e.what();
   }
 }
 
-void Engine::add_scoring_specs(Started& s) {
+void Engine::start_deferred_sampling(Started& s) {
+  try {
+    make_specs(s);
+    s.sampling_deferred = false;
+    runner_.start_sampling(specs_);
+  } catch (const std::exception& e) {
+    s.sampling_deferred = false;
+    s.error = e.what();
+  }
+}
+
+void Engine::make_specs(Started& s) {
+  const StepPlan& plan = s.plan;
+  const size_t num_rows = plan.sample_rows.size(), num_specs = s.keys.size();
+  // After the commit before (deferred sampling), a continuation's samples are
+  // found by key: one may have finished since, and its sequence moved. Its
+  // row is then sampled for nothing (the commit drops it).
+  const bool after_commit = s.sampling_deferred;
+  auto sample = [&](size_t i) -> Sequence* {
+    if (after_commit) return sched_.find(s.keys[i].first, s.keys[i].second);
+    return i < num_rows ? plan.sample_rows[i] : plan.forks[i - num_rows].seq;
+  };
+  static const SamplingParams kDropped;  // greedy
+  // One spec per sample; a forked sample draws from its parent's row. The
+  // draws are made here, from each request's Rng, so that a seed picks the
+  // same token on every backend. A fed row's output is one token longer by
+  // the time it samples (that token is being sampled now), except after the
+  // commit before, which appended it.
+  specs_.resize(num_specs);
+  banned_.resize(num_specs);
+  // The masks first (the specs point into them), a block per constrained spec.
+  const size_t words = constraints_.mask_words();
+  size_t constrained = 0;
+  for (size_t i = 0; i < num_specs; ++i) constrained += constraints_.has(s.keys[i].first);
+  masks_.resize(constrained * words);
+  size_t mask_at = 0, masks_made = 0;
+  const auto masks_start = EngineClock::now();
+  for (size_t i = 0; i < num_specs; ++i) {
+    SampleSpec& spec = specs_[i];
+    spec = SampleSpec{};
+    spec.row = rows_.sampled[i < num_rows ? i : size_t(plan.forks[i - num_rows].row)];
+    banned_[i].clear();
+    Sequence* seq = sample(i);
+    if (seq == nullptr || seq->finished()) {
+      spec.params = &kDropped;
+      if (constraints_.has(s.keys[i].first)) mask_at += words;
+      continue;
+    }
+    const int32_t row = i < num_rows ? batch_.logits_rows[i] : -1;
+    const bool fed = row >= 0 && !batch_.token_source.empty() && batch_.token_source[size_t(row)] >= 0;
+    spec.fed_source = fed && !after_commit ? batch_.token_source[size_t(row)] : -1;
+    banned_[i] = seq->stop().banned_tokens(int64_t(seq->output_ids().size()) + (spec.fed_source >= 0));
+    spec.params = &seq->params();
+    spec.prompt_ids = seq->prompt_ids();
+    spec.output_ids = seq->output_ids();
+    spec.banned = banned_[i];
+    spec.uniform = seq->params().greedy() ? 0.0 : seq->rng().uniform();
+    if (constraints_.has(seq->id())) {
+      const std::span<uint32_t> mask(masks_.data() + mask_at, words);
+      mask_at += words;
+      constraints_.fill(*seq, mask);
+      spec.allowed = mask;
+      ++masks_made;
+    }
+  }
+  if (masks_made > 0) {
+    metrics_.structured_output_masks_total.inc(double(masks_made));
+    metrics_.structured_output_mask_seconds_total.inc(
+        std::chrono::duration<double>(EngineClock::now() - masks_start).count());
+  }
+  add_scoring_specs(s, after_commit);
+}
+
+void Engine::add_scoring_specs(Started& s, bool after_commit) {
   // One spec per scored prompt token, after the sampling ones (whose
   // indices a continuation's fed rows name): the token itself, its logprobs.
+  s.num_scored = 0;
+  s.scored.clear();
   for (const StepRows::Scored& r : rows_.scored) s.num_scored += size_t(r.count);
   score_params_.resize(rows_.scored.size());
   size_t k = specs_.size();
   specs_.resize(k + s.num_scored);
   for (size_t j = 0; j < rows_.scored.size(); ++j) {
     const StepRows::Scored& r = rows_.scored[j];
-    const Sequence& seq = *s.plan.items[r.item].seq;
+    // After the commit before, a request aborted there is gone: its tokens
+    // are scored for nothing (id -1: finish() drops them).
+    const Sequence* seq = after_commit ? sched_.find(s.plan.item_keys[r.item].first, s.plan.item_keys[r.item].second)
+                                       : s.plan.items[r.item].seq;
     score_params_[j] = SamplingParams{};
     score_params_[j].temperature = 0.0f;
-    score_params_[j].logprobs = seq.params().prompt_logprobs;
-    s.scored.push_back({seq.id(), r.first_position, r.count});
+    score_params_[j].logprobs = seq ? seq->params().prompt_logprobs : 0;
+    s.scored.push_back({seq ? seq->id() : -1, r.first_position, r.count});
     for (int32_t c = 0; c < r.count; ++c) {
       SampleSpec& spec = specs_[k++];
       spec = SampleSpec{};
       spec.row = r.first_row + c;
       spec.params = &score_params_[j];
-      spec.forced_token = seq.token_at(r.first_position + c + 1);
+      spec.forced_token = seq ? seq->token_at(r.first_position + c + 1) : 0;
     }
   }
 }
@@ -394,7 +448,8 @@ std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled)
       sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
     size_t k = sampled.size();
     for (const Started::Scored& r : s.scored) {
-      outputs_.prompt_scored(r.id, r.first_position, std::span(results_).subspan(k, size_t(r.count)));
+      if (r.id >= 0)
+        outputs_.prompt_scored(r.id, r.first_position, std::span(results_).subspan(k, size_t(r.count)));
       k += size_t(r.count);
     }
   } catch (const std::exception& e) {
@@ -428,15 +483,12 @@ void Engine::refresh_waiting() {
 }
 
 void Engine::start_continuation(const Started& cur) {
-  // A constrained row's next mask needs the token being drawn: schedule()
-  // plans the step after this one's commit instead.
-  if (cur.constrained) return;
   StepPlan plan = sched_.continue_plan(cur.plan);
   refresh_waiting();
   if (plan.empty()) return;
   next_.emplace();
   next_->plan = std::move(plan);
-  start(*next_, EngineClock::now());
+  start(*next_, EngineClock::now(), /*continuation=*/true);
 }
 
 bool Engine::continue_while_running(const Started& cur, EngineClock::time_point device_start, StepOutputs& now,

@@ -170,13 +170,15 @@ class Engine {
     std::vector<SampleKey> keys;  // its rows, then forks
     // Prompt tokens it scores: specs after the keys' ones, in this order.
     struct Scored {
-      int64_t id = -1;
+      int64_t id = -1;  // -1: the request is gone, its results are dropped
       int64_t first_position = 0;
       int32_t count = 0;
     };
     std::vector<Scored> scored;
     size_t num_scored = 0;     // their tokens, summed
-    bool constrained = false;  // a row or fork samples under a grammar: not continued
+    // A continuation with constrained rows: forwarded, its specs made and its
+    // sampling started after the step before is committed.
+    bool sampling_deferred = false;
     int64_t num_prompt_tokens = 0;
     std::string error;
     EngineClock::time_point queued;  // start() done: the device has all of it
@@ -189,10 +191,16 @@ class Engine {
   bool step(StepOutputs& now, std::optional<StepOutputs>& previous);
   // Copies, builds and starts `s.plan` (a continuation's fed rows take their
   // tokens on the device); a failure goes to s.error. Requests first
-  // scheduled now are so from `start_time`.
-  void start(Started& s, EngineClock::time_point start_time);
-  // Appends to specs_ the specs scoring the prompt tokens of rows_.scored.
-  void add_scoring_specs(Started& s);
+  // scheduled now are so from `start_time`. A continuation with constrained
+  // rows is only forwarded (s.sampling_deferred).
+  void start(Started& s, EngineClock::time_point start_time, bool continuation);
+  // Samples a forwarded continuation, once the step before it is committed.
+  void start_deferred_sampling(Started& s);
+  // specs_ (with masks_ and banned_) for `s`: its samples, then its scored prompt tokens.
+  void make_specs(Started& s);
+  // Appends to specs_ the specs scoring the prompt tokens of rows_.scored
+  // (after_commit: the sequences found by key, see make_specs).
+  void add_scoring_specs(Started& s, bool after_commit);
   // Waits for the tokens of `s` (one per key); returns why it failed, or "".
   std::string finish(const Started& s, std::vector<SampledToken>& sampled);
   // finish(), then commits `s` (`appended`: the tokens the scheduler took)

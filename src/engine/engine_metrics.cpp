@@ -108,6 +108,10 @@ EngineMetrics::EngineMetrics(Registry& r, int64_t max_model_len)
       request_decode_time_seconds(r.histogram(
           "serval:request_decode_time_seconds",
           "Histogram of time spent in DECODE phase for request.", request_latency_buckets())),
+      structured_output_masks_total(r.counter("serval:structured_output_masks_total",
+                                              "Allowed-token masks computed for constrained samples.")),
+      structured_output_mask_seconds_total(r.counter("serval:structured_output_mask_seconds_total",
+                                                     "Host time spent computing allowed-token masks.")),
       registry_(r) {
   // Series for every finish reason exist from the start (at 0), as in vLLM,
   // so rate() works from the first scrape.

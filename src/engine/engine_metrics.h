@@ -110,6 +110,9 @@ class EngineMetrics {
   metrics::Histogram& request_inference_time_seconds;
   metrics::Histogram& request_prefill_time_seconds;
   metrics::Histogram& request_decode_time_seconds;
+  // Structured output (Serval's own): token masks made, and the host time they took.
+  metrics::Counter& structured_output_masks_total;
+  metrics::Counter& structured_output_mask_seconds_total;
 
  private:
   metrics::Registry& registry_;

@@ -26,6 +26,8 @@ class BackendModelRunner : public ModelRunner {
   void forward(const Batch& batch, std::vector<float>& logits) override;
   void forward_sample(const Batch& batch, std::span<const SampleSpec> specs, std::vector<SampleResult>& out) override;
   void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override;
+  void start_forward(const Batch& batch) override;
+  void start_sampling(std::span<const SampleSpec> specs) override;
   void finish_sample(std::vector<SampleResult>& out) override { backend_->finish_sample(out); }
   bool sample_ready() const override { return backend_->sample_ready(); }
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
@@ -76,6 +78,12 @@ class BackendModelRunner : public ModelRunner {
   // Specs of the latest start_sample that did not throw: what a chained
   // step's token_source may name.
   int64_t sampled_specs_ = 0;
+  // The step start_forward queued and start_sampling has not sampled: its
+  // logits rows, and the specs of the sample it feeds from (what its specs'
+  // fed_source may name). rows < 0: none.
+  Tensor forwarded_logits_;
+  int64_t forwarded_rows_ = -1;
+  int64_t forwarded_fed_specs_ = 0;
 };
 
 BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightStore& weights,
@@ -278,19 +286,39 @@ void BackendModelRunner::forward_sample(const Batch& batch, std::span<const Samp
   finish_sample(out);
 }
 
+// The specs of a step with `rows` logits rows, chained to a sample of `fed` specs.
+void check_specs(std::span<const SampleSpec> specs, int64_t rows, int64_t fed) {
+  for (const SampleSpec& s : specs) {
+    SERVAL_CHECK(s.params != nullptr && s.row >= 0 && s.row < rows, "forward_sample: spec row ", s.row,
+                 " is outside the step's ", rows, " logits rows");
+    SERVAL_CHECK(s.fed_source < fed, "sample spec: fed_source ", s.fed_source,
+                 " names no spec of the sample before, which had ", fed);
+  }
+}
+
 void BackendModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
+  // Before anything is queued: a bad spec touches nothing.
+  check_specs(specs, int64_t(batch.logits_rows.size()), sampled_specs_);
+  start_forward(batch);
+  start_sampling(specs);
+}
+
+void BackendModelRunner::start_forward(const Batch& batch) {
   SERVAL_CHECK(backend_->started_samples() < Backend::kMaxStartedSamples, "start_sample: ",
                Backend::kMaxStartedSamples, " steps are already started and unfinished");
-  for (const SampleSpec& s : specs) {
-    SERVAL_CHECK(s.params != nullptr && s.row >= 0 && s.row < int64_t(batch.logits_rows.size()),
-                 "forward_sample: spec row ", s.row, " is outside the step's ", batch.logits_rows.size(),
-                 " logits rows");
-    SERVAL_CHECK(s.fed_source < sampled_specs_, "sample spec: fed_source ", s.fed_source,
-                 " names no spec of the sample before, which had ", sampled_specs_);
-  }
-  const Tensor logits = run(batch);
+  forwarded_rows_ = -1;
+  forwarded_logits_ = run(batch);
+  forwarded_rows_ = int64_t(batch.logits_rows.size());
+  forwarded_fed_specs_ = sampled_specs_;
   sampled_specs_ = 0;  // a chained step after a failed start would read stale tokens
-  backend_->start_sample(logits, specs);
+}
+
+void BackendModelRunner::start_sampling(std::span<const SampleSpec> specs) {
+  SERVAL_CHECK(forwarded_rows_ >= 0, "start_sampling without a step forwarded (start_forward)");
+  const int64_t rows = forwarded_rows_;
+  forwarded_rows_ = -1;
+  check_specs(specs, rows, forwarded_fed_specs_);
+  backend_->start_sample(forwarded_logits_, specs);
   sampled_specs_ = int64_t(specs.size());
 }
 

@@ -8,6 +8,7 @@
 namespace serval {
 
 void ModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> specs) {
+  forwarded_.reset();
   SERVAL_CHECK(started_.size() < kMaxStartedSteps, "start_sample: ", kMaxStartedSteps,
                " steps are already started and unfinished");
   std::vector<SampleResult> out;
@@ -27,6 +28,21 @@ void ModelRunner::start_sample(const Batch& batch, std::span<const SampleSpec> s
     forward_sample(resolved, fed.specs(), out);
   }
   started_.push(std::move(out));
+}
+
+void ModelRunner::start_forward(const Batch& batch) {
+  SERVAL_CHECK(started_.size() < kMaxStartedSteps, "start_forward: ", kMaxStartedSteps,
+               " steps are already started and unfinished");
+  // Computed at start_sampling: the tokens it feeds from stay the latest
+  // start's until then (no start comes between).
+  forwarded_ = batch;
+}
+
+void ModelRunner::start_sampling(std::span<const SampleSpec> specs) {
+  SERVAL_CHECK(forwarded_.has_value(), "start_sampling without a step forwarded (start_forward)");
+  const Batch batch = std::move(*forwarded_);
+  forwarded_.reset();
+  start_sample(batch, specs);
 }
 
 void ModelRunner::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) {

@@ -4,6 +4,7 @@
 // Backend interface (runtime/backend.h); backends supply the kernels.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +100,17 @@ class ModelRunner {
   // Whether finish_sample would return without waiting for the device (the
   // oldest unfinished start has finished there, or none is unfinished).
   virtual bool sample_ready() const { return true; }
+  // start_sample in two calls, for a caller that can make the specs only
+  // later (a constrained row's allowed tokens depend on the token the step
+  // before draws): start_forward queues the step's forward pass, and
+  // start_sampling(specs) its sampling after it. The step counts as started
+  // (finish_sample finishes it) only once start_sampling is called; the
+  // caller may finish the step before in between. start_forward throws what
+  // start_sample throws for a bad batch; a step forwarded but never sampled
+  // is dropped by the next start_forward or start_sample, and no later step
+  // may feed from it.
+  virtual void start_forward(const Batch& batch);
+  virtual void start_sampling(std::span<const SampleSpec> specs);
 
   // Copies whole KV blocks (every layer, K and V): for each pair, block
   // `first` to block `second`. For copy-on-write of a shared partial block
@@ -143,6 +155,7 @@ class ModelRunner {
  private:
   Sampler host_sampler_;    // forward_sample's default
   StartedSamples started_;  // start_sample's default
+  std::optional<Batch> forwarded_;  // start_forward's default: run at start_sampling
 };
 
 }  // namespace serval

@@ -536,6 +536,11 @@ const Sequence* Scheduler::find(int64_t id, int32_t sample_index) const {
   return it == entries_.end() ? nullptr : &it->second->seq;
 }
 
+Sequence* Scheduler::find(int64_t id, int32_t sample_index) {
+  auto it = entries_.find(Key{id, sample_index});
+  return it == entries_.end() ? nullptr : &it->second->seq;
+}
+
 SchedulerCounts Scheduler::stats() const {
   SchedulerCounts s;
   s.num_running = int64_t(running_.size());

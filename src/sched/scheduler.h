@@ -232,6 +232,7 @@ class Scheduler {
   KvFitLimits fit_limits() const;
   // A request's sample still in the scheduler (waiting or running), or nullptr.
   const Sequence* find(int64_t id, int32_t sample_index = 0) const;
+  Sequence* find(int64_t id, int32_t sample_index = 0);
 
  private:
   struct Entry;

@@ -1,8 +1,10 @@
 // Structured output through the Engine on stories260K (EngineRequest::grammar):
 // every sample's text follows its grammar (a choice, a regex, a JSON schema)
 // whatever the model would rather say, greedy and sampled, with n > 1, a KV
-// pool small enough to preempt, and async scheduling on (constrained steps
-// are not continued); unconstrained requests beside them are unchanged.
+// pool small enough to preempt, and async scheduling on (a continuation's
+// constrained rows are sampled after the step before is committed: the same
+// text as without async scheduling); unconstrained requests beside them are
+// unchanged.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -100,6 +102,63 @@ TEST(EngineConstraints, EveryTextFollowsItsGrammar) {
     EXPECT_EQ(collect(hs[5]).tokens, collect(alone_h).tokens);
     EXPECT_EQ(engine.kv_usage().used_blocks, 0);
   }
+}
+
+// Counts the steps forwarded before their specs were made (deferred sampling).
+class DeferCountingRunner : public testing::WrappedRunner {
+ public:
+  using WrappedRunner::WrappedRunner;
+  void start_forward(const Batch& batch) override {
+    ++deferred;
+    WrappedRunner::start_forward(batch);
+  }
+  int64_t deferred = 0;  // read after the engine is gone
+};
+
+TEST(EngineConstraints, AsyncSchedulingDefersTheMasksAndChangesNoText) {
+  auto inner = testing::stories_runner(/*kv_cache_tokens=*/4096);
+  const auto digits = masker(grammar::regex_to_grammar("[0-9]{3}-[a-z]{2,5}( [a-z]{1,6}){0,6}"));
+  const auto json = masker(grammar::json_schema_to_grammar(nlohmann::ordered_json::parse(
+      R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+          "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}, "maxItems": 4}},
+          "required": ["name", "tags"], "additionalProperties": false})")));
+  std::vector<std::vector<std::string>> by_mode;
+  int64_t deferred_async = 0, deferred_sync = 0;
+  for (bool async : {false, true}) {
+    DeferCountingRunner runner(*inner);
+    {
+      EngineOptions o;
+      o.async_scheduling = async ? EngineOptions::AsyncScheduling::kOn : EngineOptions::AsyncScheduling::kOff;
+      o.check_invariants = true;
+      o.scheduler.max_num_batched_tokens = 16;  // prompts in chunks, some scored, beside constrained decodes
+      Engine engine(runner, *testing::stories_model().tok, o);
+      std::vector<RequestHandle> hs;
+      hs.push_back(engine.submit(constrained(digits, 1.0f, 30, 2, 11)));
+      hs.push_back(engine.submit(constrained(json, 0.9f, 50, 3, 12)));
+      hs.push_back(engine.submit(constrained(json, 0.0f, 50)));
+      EngineRequest plain = testing::greedy_request(testing::story_tokens(9), 30);
+      plain.params.temperature = 1.0f;
+      plain.params.seed = 4;
+      hs.push_back(engine.submit(plain));
+      EngineRequest scored = constrained(digits, 0.0f, 12);
+      scored.prompt_ids = testing::story_tokens(40);
+      scored.params.prompt_logprobs = 2;
+      hs.push_back(engine.submit(scored));
+      const std::vector<int32_t> ns = {2, 3, 1, 1, 1};
+      std::vector<std::string> all;
+      for (size_t i = 0; i < hs.size(); ++i)
+        for (const std::string& t : texts(hs[i], ns[i])) all.push_back(t);
+      by_mode.push_back(all);
+    }
+    (async ? deferred_async : deferred_sync) = runner.deferred;
+  }
+  EXPECT_EQ(deferred_sync, 0);
+  EXPECT_GT(deferred_async, 10);  // the constrained decode steps were continued
+  ASSERT_EQ(by_mode.size(), 2u);
+  EXPECT_EQ(by_mode[0], by_mode[1]);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_TRUE(std::regex_match(by_mode[1][i], std::regex("[0-9]{3}-[a-z]{2,5}( [a-z]{1,6}){0,6}"))) << by_mode[1][i];
+  for (size_t i = 2; i < 6; ++i) EXPECT_FALSE(nlohmann::json::parse(by_mode[1][i], nullptr, false).is_discarded());
 }
 
 }  // namespace

@@ -121,3 +121,21 @@ def test_metrics_compat_takes_only_known_values(serval, models):
     proc = run_serval(serval, "serve", "--model", models.joinpath(*MODEL), "--metrics-compat", "prometheus",
                       check=False, timeout=60)
     assert proc.returncode != 0 and "metrics-compat" in proc.stderr
+
+
+def test_structured_output_masks_are_counted_with_their_time(serval, models):
+    s = ServalServer(serval, models.joinpath(*MODEL))
+    try:
+        m = scrape(s)
+        assert value(m, "serval:structured_output_masks_total") == 0
+        body = {"prompt": "Once upon a time", "max_tokens": 8, "guided_choice": ["yes", "no"], "n": 2}
+        status, _, reply = s.post("/v1/completions", body)
+        assert status == 200, reply
+        m = scrape(s)
+        # One mask per constrained token drawn: each sample draws at least one, then EOS.
+        masks = value(m, "serval:structured_output_masks_total")
+        assert masks >= 4
+        assert value(m, "serval:structured_output_mask_seconds_total") > 0
+        assert "vllm:structured_output_masks_total" not in m
+    finally:
+        s.stop()
