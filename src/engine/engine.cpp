@@ -56,8 +56,8 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       kv_(runner.num_blocks(), runner.block_size(), options_.enable_prefix_cache),
       sched_(unbounded_queue(options_.scheduler), kv_),
       batch_builder_(runner.block_size()),
-      outputs_(tokenizer, metrics_),
-      constraints_(runner.config().vocab_size) {
+      constraints_(runner.config().vocab_size),
+      outputs_(tokenizer, metrics_) {
   using A = EngineOptions::AsyncScheduling;
   async_scheduling_ = options_.async_scheduling == A::kOn ||
                       (options_.async_scheduling == A::kAuto && runner.queues_steps_async());
