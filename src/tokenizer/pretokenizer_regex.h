@@ -13,6 +13,11 @@ namespace serval {
 extern const char* const kGpt2Pattern;
 extern const char* const kLlama3Pattern;
 extern const char* const kQwen2Pattern;
+// SmolLM's (and StarCoder's): HF Sequence[Digits(individual_digits), ByteLevel(use_regex)],
+// llama.cpp's pre "smollm": every digit alone, the GPT-2 regex on each stretch between
+// digits. As one regex: \p{N} first, no " ?\p{N}+", and a whitespace run also ends
+// before a digit (the end of its stretch).
+extern const char* const kSmolLMPattern;
 
 class PretokenizerRegex {
  public:

@@ -38,6 +38,9 @@ std::vector<AddedToken> added_from_types(const std::vector<std::string>& pieces,
 std::string pattern_for_pre(const std::string& pre) {
   if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "smaug-bpe") return kLlama3Pattern;
   if (pre == "qwen2" || pre == "qwen35") return kQwen2Pattern;
+  // llama.cpp's group that splits every digit off before the GPT-2 regex.
+  for (const char* name : {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"})
+    if (pre == name) return kSmolLMPattern;
   return kGpt2Pattern;
 }
 

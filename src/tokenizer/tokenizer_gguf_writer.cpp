@@ -18,7 +18,8 @@ std::string pre_name(const BpeVocab& v) {
   if (v.pattern == kLlama3Pattern) return "llama-bpe";
   if (v.pattern == kQwen2Pattern) return "qwen2";
   if (v.pattern == kGpt2Pattern) return "gpt2";
-  fail("pre-tokenizer regex has no GGUF name (Serval knows the GPT-2, Llama 3 and Qwen2 ones): ", v.pattern);
+  if (v.pattern == kSmolLMPattern) return "smollm";
+  fail("pre-tokenizer regex has no GGUF name (Serval knows the GPT-2, Llama 3, Qwen2 and SmolLM ones): ", v.pattern);
 }
 
 void write_spm(const SpmVocab& v, GgufWriter& w) {

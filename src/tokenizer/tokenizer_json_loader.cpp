@@ -207,13 +207,28 @@ BpeVocab make_byte_level(const json& tj, JsonVocab v, const std::string& path) {
   b.ignore_merges = tj["model"].value("ignore_merges", false);
   b.pattern = kGpt2Pattern;
   const json normalizer = tj.value("normalizer", json()), pre_tokenizer = tj.value("pre_tokenizer", json());
+  bool split = false, digits = false, byte_level_regex = false;
   for (const json* pre : flatten(pre_tokenizer, "pretokenizers")) {
     std::string type = pre->value("type", "");
     if (type == "Split" && pre->contains("pattern")) {
       const json& pat = (*pre)["pattern"];
       SERVAL_CHECK(pat.contains("Regex"), "\"", path, "\": Split pre-tokenizer without a Regex pattern");
       b.pattern = pat["Regex"].get<std::string>();
+      split = true;
+    } else if (type == "Digits") {
+      // SmolLM's and StarCoder's Sequence[Digits(individual_digits), ByteLevel(use_regex)]
+      // is one regex (kSmolLMPattern); other uses of Digits are not.
+      SERVAL_CHECK(pre->value("individual_digits", false) && !digits && !byte_level_regex, "\"", path,
+                   "\": a Digits pre-tokenizer is only supported with individual_digits, once, before ByteLevel");
+      digits = true;
+    } else if (type == "ByteLevel" && pre->value("use_regex", true)) {
+      byte_level_regex = true;
     }
+  }
+  if (digits) {
+    SERVAL_CHECK(!split && byte_level_regex, "\"", path,
+                 "\": a Digits pre-tokenizer is only supported followed by ByteLevel with use_regex, without Split");
+    b.pattern = kSmolLMPattern;
   }
   for (const json* nrm : flatten(normalizer, "normalizers")) {
     std::string type = nrm->value("type", "");

@@ -32,6 +32,24 @@ def models():
     return d
 
 
+def smollm2_path() -> pathlib.Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF), where scripts/fetch-smollm2.py puts it."""
+    if os.environ.get("SERVAL_SMOLLM2"):
+        return pathlib.Path(os.environ["SERVAL_SMOLLM2"])
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    return cache / "serval" / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """A real trained model (docs/MODELS.md): fetched by the test setup, never by a test."""
+    path = smollm2_path()
+    if not path.is_file():
+        pytest.fail(f"SmolLM2 not found at {path}: run scripts/fetch-smollm2.py (scripts/install-deps.sh "
+                    "runs it) or set SERVAL_SMOLLM2 to the .gguf")
+    return path
+
+
 def run_serval(binary, *args, check=True, timeout=300, input=None):
     """Runs serval with args; returns CompletedProcess with text stdout/stderr."""
     proc = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True,

@@ -1,12 +1,14 @@
 """Structured output through `serval serve` (issue 51, part 3): response_format json_schema
 and json_object, vLLM's guided_json / guided_regex / guided_choice / guided_grammar and
-structured_outputs, on stories260K and a tiny random Qwen3 (completions) over the corpus of JSON schemas in
-tests/data/json_schemas: every output ends (finish_reason "stop": near max_tokens
-only tokens that leave room to finish are drawn), parses and validates (jsonschema, formats
-checked), streamed or not, sampled or greedy, with n > 1.
+structured_outputs, on stories260K, a tiny random Qwen3 (completions) and the real
+SmolLM2-135M-Instruct (chat, all 56 requests at once so that the server batches them) over the
+corpus of JSON schemas in tests/data/json_schemas: every output ends (finish_reason "stop": near
+max_tokens only tokens that leave room to finish are drawn), parses and validates (jsonschema,
+formats checked), streamed or not, sampled or greedy, with n > 1.
 Malformed or unsupported constraints are a 400 naming the field."""
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
@@ -34,6 +36,29 @@ def hf_server(serval, models, tmp_path_factory):
     s = ServalServer(serval, folder, "--max-model-len", "1024")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def smollm2_answers(serval, smollm2):
+    """SmolLM2's chat answers to the whole corpus, the 56 requests sent at once (one batch)."""
+    s = ServalServer(serval, smollm2, "--max-model-len", "1024", "--kv-cache-tokens", "16384", threads=2)
+
+    def ask(path):
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        what = path.stem.split("_", 1)[1].replace("_", " ")
+        status, _, out = s.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": f"Give an example of {what} as JSON."}],
+            "max_tokens": 300, "temperature": 0.7, "seed": len(path.stem),
+            "response_format": {"type": "json_schema", "json_schema": {"name": path.stem, "schema": schema}}},
+            timeout=600)
+        return status, out
+
+    try:
+        with ThreadPoolExecutor(len(SCHEMAS)) as pool:
+            answers = dict(zip(SCHEMAS, pool.map(ask, SCHEMAS)))
+    finally:
+        s.stop()
+    return answers
 
 
 def complete(server, **body):
@@ -69,6 +94,17 @@ def test_json_schema_outputs_validate_on_a_large_vocabulary(hf_server, path):
     assert c["finish_reason"] == "stop", c
     errors = [e.message for e in validator_of(schema).iter_errors(json.loads(c["text"]))]
     assert not errors, f"{c['text']!r}: {errors}"
+
+
+@pytest.mark.parametrize("path", SCHEMAS, ids=[p.stem for p in SCHEMAS])
+def test_json_schema_outputs_validate_on_smollm2(smollm2_answers, path):
+    status, out = smollm2_answers[path]
+    assert status == 200, out
+    c = out["choices"][0]
+    assert c["finish_reason"] == "stop", c
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    errors = [e.message for e in validator_of(schema).iter_errors(json.loads(c["message"]["content"]))]
+    assert not errors, f"{c['message']['content']!r}: {errors}"
 
 
 @pytest.mark.parametrize("max_tokens", [16, 40])

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "model/gguf.h"
 #include "tokenizer_test_util.h"
@@ -56,6 +57,26 @@ TEST(TokenizerGguf, Llama3JsonToGgufKeepsTokenization) {
 
 TEST(TokenizerGguf, Qwen3JsonToGgufKeepsTokenization) {
   check_round_trip(kQwen3Dir, "ggml-vocab-qwen2.gguf", "qwen2");
+}
+
+TEST(TokenizerGguf, DigitsThenByteLevelIsWrittenAsSmolLM) {
+  // SmolLM2's pre-tokenizer as llama.cpp names it ("smollm"); read back, it splits the same.
+  std::string json = (std::filesystem::temp_directory_path() /
+                      ("serval_tok_digits_" + std::to_string(::getpid()) + ".json")).string();
+  {
+    std::ofstream f(json);
+    f << R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true},
+              {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]},
+            "model": {"type": "BPE", "vocab": {"a": 0, "Ġ": 1, "1": 2, "ĠĠ": 3, "2": 4, "12": 5},
+                      "merges": ["Ġ Ġ", "1 2"]}})";
+  }
+  std::string path = write_gguf(json, "digits");
+  std::filesystem::remove(json);
+  auto g = GgufFile::open(path);
+  EXPECT_EQ(g->get_string("tokenizer.ggml.pre"), "smollm");
+  auto tok = load_tokenizer(*g);
+  std::filesystem::remove(path);
+  EXPECT_EQ(tok->encode("a  12", false), (std::vector<int32_t>{0, 3, 2, 4}));
 }
 
 }  // namespace

@@ -138,5 +138,38 @@ TEST(TokenizerLoader, MinimalByteLevelJson) {
   EXPECT_THROW(tok->token_bytes(6), Error);
 }
 
+// SmolLM's pre-tokenizer: Sequence[Digits(individual_digits), ByteLevel(use_regex)]. A
+// whitespace run ends where a digit starts ("a  1" keeps "ĠĠ" whole, where the GPT-2 regex
+// alone splits it as "Ġ" + " 1"), and digits stand alone.
+const char* kDigitsVocab = R"("model": {"type": "BPE", "vocab": {"a": 0, "Ġ": 1, "1": 2, "ĠĠ": 3, "Ċ": 4,
+                                                                  "ĊĊ": 5, "2": 6, "12": 7},
+                                       "merges": ["Ġ Ġ", "Ċ Ċ", "1 2"]}})";
+
+TEST(TokenizerLoader, DigitsThenByteLevelIsSmolLMsPreTokenizer) {
+  TempDir dir;
+  std::string path = dir.write("tokenizer.json", std::string(R"({"pre_tokenizer": {"type": "Sequence",
+    "pretokenizers": [{"type": "Digits", "individual_digits": true},
+                      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]},
+    )") + kDigitsVocab);
+  auto tok = load_tokenizer(path);
+  EXPECT_EQ(tok->encode("a  1", false), (std::vector<int32_t>{0, 3, 2}));
+  EXPECT_EQ(tok->encode("a\n\n12", false), (std::vector<int32_t>{0, 5, 2, 6}));
+  EXPECT_EQ(tok->encode("a 1 2", false), (std::vector<int32_t>{0, 1, 2, 1, 6}));
+  // The GPT-2 regex alone (ByteLevel without Digits) merges "12" and splits the spaces.
+  std::string gpt2 = dir.write("gpt2.json", std::string(R"({"pre_tokenizer": {"type": "ByteLevel", "use_regex": true},
+    )") + kDigitsVocab);
+  EXPECT_EQ(load_tokenizer(gpt2)->encode("a  12", false), (std::vector<int32_t>{0, 1, 1, 7}));
+  // Other uses of Digits are refused rather than ignored.
+  expect_error(dir.write("d1.json", std::string(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": false}, {"type": "ByteLevel", "use_regex": true}]}, )") + kDigitsVocab),
+               "only supported with individual_digits");
+  expect_error(dir.write("d2.json", std::string(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    {"type": "ByteLevel", "use_regex": true}, {"type": "Digits", "individual_digits": true}]}, )") + kDigitsVocab),
+               "only supported with individual_digits");
+  expect_error(dir.write("d3.json", std::string(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": true}, {"type": "ByteLevel", "use_regex": false}]}, )") + kDigitsVocab),
+               "followed by ByteLevel with use_regex");
+}
+
 }  // namespace
 }  // namespace serval
