@@ -370,7 +370,8 @@ void Engine::make_specs(Started& s) {
   size_t constrained = 0;
   for (size_t i = 0; i < num_specs; ++i) constrained += constraints_.has(s.keys[i].first);
   masks_.resize(constrained * words);
-  size_t mask_at = 0, masks_made = 0;
+  size_t mask_at = 0;
+  mask_jobs_.clear();
   const auto masks_start = EngineClock::now();
   for (size_t i = 0; i < num_specs; ++i) {
     SampleSpec& spec = specs_[i];
@@ -395,12 +396,14 @@ void Engine::make_specs(Started& s) {
     if (constraints_.has(seq->id())) {
       const std::span<uint32_t> mask(masks_.data() + mask_at, words);
       mask_at += words;
-      constraints_.fill(*seq, mask);
+      mask_jobs_.push_back({seq, mask});
       spec.allowed = mask;
-      ++masks_made;
     }
   }
+  const size_t masks_made = mask_jobs_.size();
   if (masks_made > 0) {
+    constraints_.fill_all(mask_jobs_);
+    mask_jobs_.clear();
     metrics_.structured_output_masks_total.inc(double(masks_made));
     metrics_.structured_output_mask_seconds_total.inc(
         std::chrono::duration<double>(EngineClock::now() - masks_start).count());

@@ -248,6 +248,7 @@ class Engine {
   // banned_), and its results. Kept across steps to reuse their memory.
   std::vector<SampleSpec> specs_;
   std::vector<std::vector<int32_t>> banned_;
+  std::vector<Constraints::Job> mask_jobs_;  // make_specs' masks, filled together
   StepRows rows_;                          // which logits rows sample, which score
   Constraints constraints_;                // grammar state of constrained samples
   std::vector<uint32_t> masks_;            // this start's allowed-token masks, a block per constrained spec
