@@ -8,11 +8,13 @@
 #
 # The clients live in a virtualenv outside the repo (default ~/.cache/serval/venv-clients),
 # created on the first run and reused while its pins match. By default it is a light one:
-# it sees the system Python's packages (the torch, transformers' dependencies, numpy and
-# aiohttp that scripts/install-deps.sh installs) and adds the two clients with --no-deps
-# plus the pinned modules they import beyond those (about 1.2 GB, under a minute). --full
-# installs them with all their dependencies instead (~/.cache/serval/venv-clients-full:
-# about 10 GB, CUDA torch and vLLM's GPU kernels included, 4 minutes on a fast link).
+# it sees the system Python's packages (the torch, numpy, aiohttp, pydantic, datasets ...
+# that scripts/install-deps.sh installs) and adds the two clients with --no-deps plus the
+# pinned modules they import beyond those (1.2 GB, about 30 s). The clients' HTTP and
+# tokenizer code runs as released; only torch is not vLLM's pinned one (the bench client
+# computes nothing with it). --full installs them with all their dependencies instead
+# (~/.cache/serval/venv-clients-full: 9.8 GB, CUDA torch, triton and vLLM's GPU kernels
+# included; about 3 minutes on a fast link).
 #
 # The server runs a tiny random Llama 3 (tests/python/hf_models.py, the model of
 # test_lm_eval.py) on a free loopback port; the clients load its Llama 3 tokenizer from the
@@ -66,7 +68,7 @@ while [ $# -gt 0 ]; do
     --full) MODE=full; shift ;;
     --only) ONLY="$2"; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
