@@ -3,20 +3,11 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/fp8.h"
 
 namespace serval {
 
 namespace {
-
-// e4m3 (OCP FP8, as Hopper's tensor cores read it): bias 7, no infinities,
-// S.1111.111 is NaN.
-float fp8_e4m3_to_f32(uint8_t b) {
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  const int exp = (b >> 3) & 0xF, man = b & 0x7;
-  if (exp == 0xF && man == 0x7) return std::nanf("");
-  if (exp == 0) return sign * std::ldexp(float(man) / 8.0f, -6);
-  return sign * std::ldexp(1.0f + float(man) / 8.0f, exp - 7);
-}
 
 void check_tensor(const Linear& w, const TensorView& t, DType dtype, const std::vector<int64_t>& shape,
                   const char* what) {
