@@ -92,6 +92,10 @@ def quantize(w: torch.Tensor, scheme: str, block=(128, 128)):
     return q, scale.float()
 
 
+def hash_name(s: str) -> int:
+    return sum(s.encode())
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor, scheme: str, block=(128, 128)) -> torch.Tensor:
     out, inp = q.shape
     if scheme == "block":
@@ -100,10 +104,19 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, scheme: str, block=(128, 12
     return q.float() * scale.float()
 
 
+def autofp8_config() -> dict:
+    """The older static kind (AutoFP8, read by vLLM): no weight_block_size, one
+    `weight_scale` and one `input_scale` per tensor."""
+    return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+
+
 def build(out_dir: pathlib.Path, models_dir: pathlib.Path, method: str, scheme: str, seed=7,
-          ignore=("lm_head",), scale_dtype=torch.float32, static_acts=False, intermediate_size=320):
-    """Writes an FP8 checkpoint folder; returns the float32 Llama that runs its
-    dequantized weights (the oracle)."""
+          ignore=("lm_head",), scale_dtype=torch.float32, static_acts=False, intermediate_size=320,
+          shards=1):
+    """Writes an FP8 checkpoint folder (method "fp8", "autofp8" or "ct"; with
+    shards > 1, safetensors shards and an index, each scale in another shard than
+    its weight); returns the float32 Llama that runs its dequantized weights (the
+    oracle)."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**{**LLAMA, "intermediate_size": intermediate_size})
     model = transformers.LlamaForCausalLM(config).eval()
@@ -116,8 +129,9 @@ def build(out_dir: pathlib.Path, models_dir: pathlib.Path, method: str, scheme: 
                 p.copy_(torch.randn(p.shape, generator=gen).to(torch.bfloat16).float())
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
-    if method == "fp8":
-        qc = fp8_config(scheme == "block", "static" if static_acts else "dynamic")
+    if method in ("fp8", "autofp8"):
+        qc = fp8_config(scheme == "block", "static" if static_acts else "dynamic") if method == "fp8" \
+            else autofp8_config()
         quantized = lambda name: name != "lm_head"  # transformers leaves the LM head alone
     else:
         qc = ct_config(scheme, ignore)
@@ -139,7 +153,10 @@ def build(out_dir: pathlib.Path, models_dir: pathlib.Path, method: str, scheme: 
         with torch.no_grad():
             ref_params[name].copy_(dequantize(q, scale.to(scale_dtype), scheme))
         tensors[name] = q.contiguous()
-        if method == "fp8":
+        if method == "autofp8":
+            tensors[module + ".weight_scale"] = scale.reshape(()).to(scale_dtype)
+            tensors[module + ".input_scale"] = torch.tensor(0.05, dtype=torch.float32)
+        elif method == "fp8":
             tensors[module + ".weight_scale_inv"] = (scale.reshape(()) if scheme == "tensor" else scale).to(scale_dtype)
             if static_acts:
                 tensors[module + ".activation_scale"] = torch.tensor(0.05, dtype=torch.float32)
@@ -148,7 +165,21 @@ def build(out_dir: pathlib.Path, models_dir: pathlib.Path, method: str, scheme: 
             if scheme == "tensor":
                 tensors[module + ".input_scale"] = torch.tensor([0.05], dtype=scale_dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    if shards == 1:
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        names = sorted(tensors)
+        files = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        where = {}
+        for n in names:
+            base = n.rsplit(".", 1)[0]
+            scale = n.endswith("_scale") or n.endswith("_scale_inv")
+            where[n] = files[(hash_name(base) + (1 if scale else 0)) % shards]
+        for f in files:
+            save_file({n: tensors[n] for n in names if where[n] == f}, str(out_dir / f), metadata={"format": "pt"})
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": where}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     cfg = config.to_dict()
     cfg["architectures"] = ["LlamaForCausalLM"]
     cfg["torch_dtype"] = "float32"

@@ -28,8 +28,11 @@ CASES = {
     "fp8-block-partial": dict(method="fp8", scheme="block"),
     # Per-tensor scales with static activation scales (weight_block_size null).
     "fp8-tensor-static": dict(method="fp8", scheme="tensor", static_acts=True, hf_loads=True),
-    # llm-compressor's FP8 preset: per-tensor weights, static input_scale; lm_head ignored.
-    "ct-tensor": dict(method="ct", scheme="tensor"),
+    # AutoFP8's static kind (vLLM reads it): no weight_block_size, `weight_scale` per tensor.
+    "autofp8": dict(method="autofp8", scheme="tensor"),
+    # llm-compressor's FP8 preset: per-tensor weights, static input_scale; lm_head ignored;
+    # two shards, each scale in the other shard than its weight.
+    "ct-tensor": dict(method="ct", scheme="tensor", shards=2),
     # FP8_DYNAMIC: per-channel bf16 scales; one more module ignored by a regex.
     "ct-channel": dict(method="ct", scheme="channel", scale_dtype=torch.bfloat16,
                        ignore=("lm_head", "re:.*layers\\.1\\.mlp\\.down_proj$")),
