@@ -80,6 +80,8 @@ void block_shape(const json& v, const std::string& name, int64_t& rows, int64_t&
 }
 
 std::regex make_regex(const std::string& pattern, const std::string& what) {
+  // std::regex compiles and matches recursively: a long pattern could take the stack.
+  if (pattern.size() > 256) fail(field(what), ": pattern of ", pattern.size(), " characters (at most 256)");
   try {
     return std::regex(pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {

@@ -85,6 +85,9 @@ TEST(HfQuant, RefusesWhatItDoesNotLoad) {
                {"quantization_config.kv_cache_scheme"});
   expect_error([&] { parse(ct_config(fp8w, "[]", R"(, "sparsity_config": {"format": "sparse-24-bitmask"})")); },
                {"quantization_config.sparsity_config"});
+  expect_error([&] { parse(ct_config(fp8w, R"(["re:)" + std::string(300, 'a') + R"("])")); },
+               {"quantization_config.ignore", "at most 256"});
+  expect_error([&] { parse(ct_config(fp8w, R"(["re:(unclosed"])")); }, {"\"(unclosed\" is not a regular expression"});
   expect_error([] { parse(R"({"quant_method": "fp8", "scale_fmt": "ue8m0"})"); },
                {"quantization_config.scale_fmt = \"ue8m0\""});
   expect_error([] { parse(R"({"quant_method": "fp8", "weight_block_size": [128]})"); },
