@@ -2,6 +2,7 @@
 // transformers' "fp8" and of compressed-tensors (see hf_quant.h).
 #include "model/hf_quant.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <regex>
@@ -114,7 +115,8 @@ bool fp8_skips(const std::string& module, const std::string& key) {
 HfQuantization parse_fp8(const json& qc) {
   HfQuantization q;
   q.method = HfQuantization::Method::Fp8;
-  const std::string act = get_string(qc, "activation_scheme", "", "dynamic");
+  std::string act = get_string(qc, "activation_scheme", "", "dynamic");
+  for (char& ch : act) ch = char(std::tolower(static_cast<unsigned char>(ch)));  // as transformers reads it
   if (act == "dynamic") q.activations = "dynamic per token-group";
   else if (act == "static") q.activations = "static per tensor (activation_scale / input_scale)";
   else fail(field("activation_scheme"), " = \"", act, "\" is not supported (supported: dynamic, static)");
