@@ -1,4 +1,5 @@
 #include "core/dtype.h"
+#include "core/fp8.h"
 
 #include <algorithm>
 #include <cctype>
@@ -182,7 +183,11 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q4_K: k_quants::dequantize_q4_k(src, dst, blocks); return;
     case DType::Q5_K: k_quants::dequantize_q5_k(src, dst, blocks); return;
     case DType::Q6_K: k_quants::dequantize_q6_k(src, dst, blocks); return;
-    case DType::FP8_E4M3: break;
+    case DType::FP8_E4M3: {
+      auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp8_e4m3_to_f32(s[i]);
+      return;
+    }
   }
   fail("cannot convert ", dtype_name(t), " to f32");
 }

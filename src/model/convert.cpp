@@ -147,6 +147,8 @@ void convert_llama2c_to_gguf(const std::string& bin_path, const std::string& tok
 
 void convert_hf_to_gguf(const std::string& dir, const std::string& out_path) {
   LoadedModel m = load_hf_model(dir);
+  SERVAL_CHECK(m.config.quant_method.empty(), "convert: \"", dir, "\" is a quantized checkpoint (quantization_config ",
+               "quant_method \"", m.config.quant_method, "\"), which GGUF has no types for; serve the folder as it is");
   // Mistral is llama.cpp's "llama", its window in the sliding_window key
   // (which llama.cpp reads for other families; our reader makes it mistral again).
   ModelConfig c = m.config;

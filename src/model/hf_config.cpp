@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "model/hf_model.h"
+#include "model/hf_quant.h"
 #include "model/mapped_file.h"
 
 namespace serval {
@@ -154,6 +155,12 @@ ModelConfig config_from_hf_json(const std::string& text, const std::string& labe
     c.attention_bias = get_bool(j, "attention_bias", c.architecture == "qwen2");
     c.qk_norm = c.architecture == "qwen3";
     read_sliding_window(j, c);
+    const HfQuantization q = hf_quantization_from_json(j);
+    if (q.method != HfQuantization::Method::None) {
+      c.quant_method = q.method == HfQuantization::Method::Fp8 ? "fp8" : "compressed-tensors";
+      c.fp8_block_rows = q.block_rows;
+      c.fp8_block_cols = q.block_cols;
+    }
     c.validate();
     return c;
   } catch (const nlohmann::json::exception& e) {

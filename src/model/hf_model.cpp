@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/hf_model.h"
+#include "model/hf_quant.h"
 #include "model/mapped_file.h"
 #include "model/model_def.h"
 #include "model/rope_factors.h"
@@ -108,14 +109,27 @@ void add_safetensors_weights(const SafetensorsFile& st, const ModelConfig& confi
 
 LoadedModel load_hf_model(const std::string& dir) {
   LoadedModel m;
-  m.config = config_from_hf_folder(dir);
+  const std::string config_path = dir + "/config.json";
+  const std::string config_text = read_text_file(config_path);
+  m.config = config_from_hf_json(config_text, config_path);  // checks quantization_config too
+  const HfQuantization quant = hf_quantization_from_json(nlohmann::json::parse(config_text));
   m.path = dir;
   m.format = "hf";
   std::map<std::string, std::string> weight_map;
+  std::map<std::string, const SafetensorsTensor*> by_name;  // every tensor of the folder (scales included)
   for (const std::string& file : weight_files(dir, weight_map)) {
     auto st = SafetensorsFile::open((fs::path(dir) / file).string());
     add_safetensors_weights(*st, m.config, m.weights, weight_map.empty() ? nullptr : &weight_map, file);
+    for (const SafetensorsTensor& t : st->tensors()) {
+      auto it = weight_map.find(t.name);
+      if (weight_map.empty() || (it != weight_map.end() && it->second == file)) by_name[t.name] = &t;
+    }
     m.weights.keep_alive(st);
+  }
+  try {
+    add_hf_quantized_scales(quant, by_name, m.config, m.weights);
+  } catch (const Error& e) {
+    fail("model folder \"", dir, "\": ", e.what());
   }
   for (const auto& [hf_name, file] : weight_map) {
     const std::string name = gguf_name_from_hf(hf_name);

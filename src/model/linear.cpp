@@ -3,20 +3,11 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/fp8.h"
 
 namespace serval {
 
 namespace {
-
-// e4m3 (OCP FP8, as Hopper's tensor cores read it): bias 7, no infinities,
-// S.1111.111 is NaN.
-float fp8_e4m3_to_f32(uint8_t b) {
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  const int exp = (b >> 3) & 0xF, man = b & 0x7;
-  if (exp == 0xF && man == 0x7) return std::nanf("");
-  if (exp == 0) return sign * std::ldexp(float(man) / 8.0f, -6);
-  return sign * std::ldexp(1.0f + float(man) / 8.0f, exp - 7);
-}
 
 void check_tensor(const Linear& w, const TensorView& t, DType dtype, const std::vector<int64_t>& shape,
                   const char* what) {
@@ -38,7 +29,8 @@ std::string LinearFormat::describe() const {
     case Kind::GgufBlock: return std::string(dtype_name(dtype));
     case Kind::Int8PerChannel: return "int8 per channel";
     case Kind::Int4Grouped: return str_cat("int4 g", group_size, symmetric ? " sym" : " asym");
-    case Kind::Fp8: return "fp8 e4m3";
+    case Kind::Fp8:
+      return block_rows > 0 ? str_cat("fp8 e4m3 block ", block_rows, "x", block_cols) : std::string("fp8 e4m3");
   }
   return "unknown";
 }
@@ -73,9 +65,16 @@ void Linear::validate() const {
     case K::Fp8:
       check_tensor(*this, weight, DType::FP8_E4M3, {out, in}, "weight");
       SERVAL_CHECK(scales.has_value() && !zeros, "linear \"", name, "\": fp8 needs scales, no zeros");
-      check_tensor(*this, *scales, DType::F32, scales->shape == std::vector<int64_t>{1} ? std::vector<int64_t>{1}
-                                                                                         : std::vector<int64_t>{out},
-                   "scales");
+      SERVAL_CHECK((format.block_rows > 0) == (format.block_cols > 0), "linear \"", name, "\": fp8 block ",
+                   format.block_rows, "x", format.block_cols, " needs both sizes");
+      if (format.block_rows > 0) {
+        const int64_t br = format.block_rows, bc = format.block_cols;
+        check_tensor(*this, *scales, DType::F32, {(out + br - 1) / br, (in + bc - 1) / bc}, "block scales");
+      } else {
+        check_tensor(*this, *scales, DType::F32,
+                     scales->shape == std::vector<int64_t>{1} ? std::vector<int64_t>{1} : std::vector<int64_t>{out},
+                     "scales");
+      }
       return;
     case K::Int4Grouped: {
       SERVAL_CHECK(format.group_size > 0 && format.group_size % 2 == 0 && in % format.group_size == 0, "linear \"",
@@ -122,6 +121,13 @@ std::vector<float> dequantize_linear(const Linear& w) {
     }
     case K::Fp8: {
       const auto* scale = static_cast<const float*>(w.scales->data);
+      if (w.format.block_rows > 0) {
+        const int64_t br = w.format.block_rows, bc = w.format.block_cols, cols = (w.in + bc - 1) / bc;
+        for (int64_t r = 0; r < w.out; ++r)
+          for (int64_t c = 0; c < w.in; ++c)
+            dst[r * w.in + c] = fp8_e4m3_to_f32(bytes[r * w.in + c]) * scale[(r / br) * cols + c / bc];
+        break;
+      }
       const bool per_row = w.scales->numel() == w.out && w.out > 1;
       for (int64_t r = 0; r < w.out; ++r)
         for (int64_t c = 0; c < w.in; ++c)

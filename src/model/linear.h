@@ -22,12 +22,16 @@ struct LinearFormat {
     Int8PerChannel,  // int8 weights, one f32 scale per output row: w = q * scale[row]
     Int4Grouped,     // int4 weights, two per byte (low nibble first), a scale (and a zero point
                      // when asymmetric) per `group_size` inputs of a row: w = (q - zero) * scale
-    Fp8,             // e4m3 weights with a per-tensor or per-row f32 scale: w = q * scale
+    Fp8,             // e4m3 weights with a per-tensor, per-row or per-block f32 scale: w = q * scale
   };
   Kind kind = Kind::Dense;
   DType dtype = DType::F32;  // Dense and GgufBlock: the element type
   int32_t group_size = 0;    // Int4Grouped
   bool symmetric = true;     // Int4Grouped: no zero points (zero 8)
+  // Fp8 with block scales: one scale per block of block_rows x block_cols
+  // weights (the last blocks of a row or column may be partial); 0: a
+  // per-tensor or per-row scale.
+  int32_t block_rows = 0, block_cols = 0;
 
   static LinearFormat dense(DType t) { return {Kind::Dense, t, 0, true}; }
   // The format of a plain tensor: Dense, or GgufBlock for a block-quantized dtype.
@@ -57,6 +61,7 @@ struct Linear {
   LinearFormat format;
   TensorView weight;                 // [out, in] elements (Int4Grouped: [out, in / 2] bytes)
   std::optional<TensorView> scales;  // Int8PerChannel / Fp8 per row: [out] f32; Fp8 per tensor: [1];
+                                     // Fp8 per block: [ceil(out / block_rows), ceil(in / block_cols)] f32;
                                      // Int4Grouped: [out, in / group_size] f32
   std::optional<TensorView> zeros;   // Int4Grouped asymmetric: [out, in / group_size] f32
   ShardSpec shard;

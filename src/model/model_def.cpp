@@ -6,6 +6,7 @@
 #include "model/model_def.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "model/qk_permute.h"
@@ -24,11 +25,25 @@ bool is_sliding(const ModelConfig& c, int64_t l) {
   return false;
 }
 
-Linear linear(const WeightStore& store, const std::string& name, int64_t out, int64_t in) {
-  return linear_of(store.get(name, {out, in}));
-}
-
 }  // namespace
+
+std::string fp8_scale_name(const std::string& weight_name) { return weight_name + "_scale"; }
+
+Linear load_linear(const WeightStore& store, const ModelConfig& config, const std::string& name, int64_t out,
+                   int64_t in) {
+  Linear w = linear_of(store.get(name, {out, in}));
+  if (w.weight.dtype != DType::FP8_E4M3) return w;
+  const TensorView* scales = store.find(fp8_scale_name(name));
+  SERVAL_CHECK(scales != nullptr, "fp8 weight \"", name, "\" has no scales (\"", fp8_scale_name(name), "\")");
+  w.format = {LinearFormat::Kind::Fp8, DType::FP8_E4M3, 0, true};
+  if (scales->shape.size() == 2) {
+    w.format.block_rows = int32_t(config.fp8_block_rows);
+    w.format.block_cols = int32_t(config.fp8_block_cols);
+  }
+  w.scales = *scales;
+  w.validate();
+  return w;
+}
 
 ModelDef ModelDef::of(const ModelConfig& config) {
   check_architecture_supported(config.architecture);
@@ -88,7 +103,14 @@ std::vector<TensorSpec> ModelDef::tensors() const {
 }
 
 void ModelDef::check_weights(const WeightStore& weights) const {
-  for_each_tensor([&](const TensorSpec& t) { weights.get(t.name, t.shape); });
+  for_each_tensor([&](const TensorSpec& t) {
+    const TensorView& v = weights.get(t.name, t.shape);
+    if (v.dtype == DType::FP8_E4M3) {
+      SERVAL_CHECK(t.shape.size() == 2 && t.name != "token_embd.weight", "tensor \"", t.name,
+                   "\" is fp8, which Serval takes only for the matrices of linear layers");
+      load_linear(weights, cfg_, t.name, t.shape[0], t.shape[1]);  // its scales
+    }
+  });
   if (const TensorView* f = weights.find(kRopeFreqsTensor)) {
     if (f->numel() != cfg_.rope_dim / 2)
       fail("tensor \"", kRopeFreqsTensor, "\" has shape ", f->shape_str(), ", expected [", cfg_.rope_dim / 2,
@@ -118,6 +140,9 @@ int64_t ModelDef::widest_window() const {
 }
 
 LayerWeights ModelDef::load_layer(const WeightStore& store, int64_t l, const WeightTransforms& tf) const {
+  auto linear = [&](const WeightStore& st, const std::string& name, int64_t out, int64_t in) {
+    return load_linear(st, cfg_, name, out, in);
+  };
   const LayerDef d = layer(l);
   const AttentionDef& a = d.attention;
   const int64_t h = cfg_.hidden_size, q = a.num_heads * a.head_dim, kv = a.num_kv_heads * a.head_dim;
@@ -137,10 +162,23 @@ LayerWeights ModelDef::load_layer(const WeightStore& store, int64_t l, const Wei
     return view;
   };
   w.attn_norm = store.get(p + "attn_norm.weight", {h});
-  w.q = linear(store, p + "attn_q.weight", q, h);
-  w.k = linear(store, p + "attn_k.weight", kv, h);
-  w.q.weight = qk_rows(w.q.weight);
-  w.k.weight = qk_rows(w.k.weight);
+  // A format with scales per row or block is permuted dequantized (its
+  // scales would have to move with its rows).
+  auto qk_linear = [&](Linear lin) {
+    if (permute && lin.format.kind != LinearFormat::Kind::Dense && lin.format.kind != LinearFormat::Kind::GgufBlock) {
+      const std::vector<float> f = dequantize_linear(lin);
+      std::vector<uint8_t>& bytes = w.owned.emplace_back(f.size() * sizeof(float));
+      std::memcpy(bytes.data(), f.data(), bytes.size());
+      lin.format = LinearFormat::dense(DType::F32);
+      lin.weight = TensorView{lin.name, DType::F32, {lin.out, lin.in}, bytes.data(), int64_t(bytes.size())};
+      lin.scales.reset();
+      lin.zeros.reset();
+    }
+    lin.weight = qk_rows(lin.weight);
+    return lin;
+  };
+  w.q = qk_linear(linear(store, p + "attn_q.weight", q, h));
+  w.k = qk_linear(linear(store, p + "attn_k.weight", kv, h));
   w.v = linear(store, p + "attn_v.weight", kv, h);
   w.o = linear(store, p + "attn_output.weight", h, q);
   if (a.qkv_bias) {
@@ -169,7 +207,7 @@ TensorView ModelDef::final_norm(const WeightStore& store) const {
 
 std::optional<Linear> ModelDef::lm_head(const WeightStore& store) const {
   if (cfg_.tie_word_embeddings) return std::nullopt;
-  return linear(store, "output.weight", cfg_.vocab_size, cfg_.hidden_size);
+  return load_linear(store, cfg_, "output.weight", cfg_.vocab_size, cfg_.hidden_size);
 }
 
 }  // namespace serval

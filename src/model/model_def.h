@@ -61,6 +61,16 @@ struct LayerWeights {
   std::vector<std::vector<uint8_t>> owned;
 };
 
+// The name under which a loader stores the f32 scales of an FP8 weight
+// ("blk.0.attn_q.weight" -> "blk.0.attn_q.weight_scale"): [1] per tensor,
+// [out] per output row, or one per block of ModelConfig::fp8_block_rows x
+// fp8_block_cols.
+std::string fp8_scale_name(const std::string& weight_name);
+// The Linear of the [out, in] matrix `name` in `store`: its tensor's own
+// format, or Fp8 with its scales where the tensor is FP8 e4m3.
+Linear load_linear(const WeightStore& store, const ModelConfig& config, const std::string& name, int64_t out,
+                   int64_t in);
+
 // Whether to load a Neox model's q/k rows permuted to adjacent pairs
 // (WeightTransforms::permute_rope). Auto: where the backend prefers them.
 enum class RopePermute : uint8_t { Auto, On, Off };

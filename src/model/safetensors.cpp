@@ -47,8 +47,9 @@ DType dtype_from_safetensors(const std::string& dtype, const std::string& tensor
   if (dtype == "F32") return DType::F32;
   if (dtype == "F16") return DType::F16;
   if (dtype == "BF16") return DType::BF16;
+  if (dtype == "F8_E4M3") return DType::FP8_E4M3;  // the weights of FP8 checkpoints (model/hf_quant.h)
   fail("tensor \"", tensor_name, "\" has dtype ", dtype,
-       ", which Serval does not support (supported: F32, F16, BF16)");
+       ", which Serval does not support (supported: F32, F16, BF16, F8_E4M3)");
 }
 
 std::string safetensors_dtype_name(DType t) {
@@ -56,6 +57,7 @@ std::string safetensors_dtype_name(DType t) {
     case DType::F32: return "F32";
     case DType::F16: return "F16";
     case DType::BF16: return "BF16";
+    case DType::FP8_E4M3: return "F8_E4M3";
     default: fail("dtype ", dtype_name(t), " cannot be stored in safetensors by Serval");
   }
 }

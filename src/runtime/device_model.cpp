@@ -136,7 +136,7 @@ int64_t planned_weight_bytes(const ModelDef& def, const WeightStore& weights, co
     const TensorView& view = weights.get(t.name, t.shape);
     const bool linear = t.shape.size() == 2 && t.name != "token_embd.weight";
     if (linear)
-      bytes += backend.linear_device_bytes(linear_of(view));
+      bytes += backend.linear_device_bytes(load_linear(weights, def.config(), t.name, t.shape[0], t.shape[1]));
     else
       bytes += dtype_bytes(t.shape.size() == 2 ? backend.act_dtype() : DType::F32, view.numel());
   });

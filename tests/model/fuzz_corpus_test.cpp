@@ -3,6 +3,8 @@
 //   SERVAL_FUZZ_CORPUS_OUT=tests/fuzz/corpus ./build/serval_tests
 //     --gtest_also_run_disabled_tests --gtest_filter='FuzzCorpus.*'
 #include <cstdlib>
+#include <cstring>
+#include <tuple>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -106,6 +108,45 @@ TEST(FuzzCorpus, DISABLED_WriteSeedCorpus) {
     const std::string p = st + arch + ".safetensors";
     testing::write_hf_safetensors(p, c, testing::hf_config_json(cls, c, extra), std::string(arch) == "llama" ? "F32" : "BF16");
     add_variants(p);
+  }
+  {
+    // FP8 checkpoints: compressed-tensors with block scales (partial blocks), and
+    // transformers' fp8 per tensor; F8_E4M3 weights beside their scales.
+    ModelConfig c = micro_config("llama");
+    c.intermediate_size = 12;
+    const std::string ct = R"({"quantization_config": {"quant_method": "compressed-tensors",
+        "format": "float-quantized", "quantization_status": "compressed", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+        "strategy": "block", "block_structure": [4, 8]}}}}})";
+    const std::string fp8 = R"({"quantization_config": {"quant_method": "fp8", "activation_scheme": "static",
+        "weight_block_size": null}})";
+    for (const auto& [name, extra, block] : {std::tuple{"fp8_ct_block", ct, true}, std::tuple{"fp8_tensor", fp8, false}}) {
+      std::vector<SafetensorsWriteTensor> ts;
+      uint32_t seed = 1;
+      for (const TensorSpec& e : ModelDef::of(c).tensors()) {
+        const std::string hf = testing::hf_name_from_gguf(e.name);
+        const bool quantized = e.shape.size() == 2 && hf.rfind("model.layers.", 0) == 0;
+        if (!quantized) {
+          ts.push_back({hf, "F32", e.shape, testing::random_tensor_bytes(DType::F32, e.shape, seed++)});
+          continue;
+        }
+        std::vector<uint8_t> q(size_t(e.shape[0] * e.shape[1]));
+        for (size_t i = 0; i < q.size(); ++i) q[i] = uint8_t((i * 37 + seed) % 0x7e);
+        ts.push_back({hf, "F8_E4M3", e.shape, q});
+        const std::vector<int64_t> s = block ? std::vector<int64_t>{(e.shape[0] + 3) / 4, (e.shape[1] + 7) / 8}
+                                             : std::vector<int64_t>{};
+        int64_t n = 1;
+        for (int64_t d : s) n *= d;
+        std::vector<float> f(size_t(n), 0.125f);
+        std::vector<uint8_t> b(f.size() * 4);
+        std::memcpy(b.data(), f.data(), b.size());
+        ts.push_back({hf.substr(0, hf.size() - 6) + (block ? "weight_scale" : "weight_scale_inv"), "F32", s, b});
+        ++seed;
+      }
+      const std::string p = st + name + ".safetensors";
+      write_safetensors(p, ts, {{"format", "pt"}, {"config", testing::hf_config_json("LlamaForCausalLM", c, extra)}});
+      add_variants(p);
+    }
   }
   {
     // A header with an unsupported dtype and an empty tensor.

@@ -99,5 +99,25 @@ TEST(Linear, Fp8E4M3PerTensorAndPerRow) {
   EXPECT_EQ(dequantize_linear(w), (std::vector<float>{1.0f, -2.0f, std::ldexp(2.0f, -9), 896.0f}));
 }
 
+TEST(Linear, Fp8E4M3BlockScalesWithPartialBlocks) {
+  // [3, 5] of 1.0 (0x38) in blocks of 2 x 2: scales [2, 3], the last row and
+  // column of blocks partial.
+  const std::vector<uint8_t> q(15, 0x38);
+  const std::vector<float> scales = {1, 2, 3, 4, 5, 6};
+  Linear w;
+  w.name = "w8";
+  w.out = 3;
+  w.in = 5;
+  w.format = {LinearFormat::Kind::Fp8, DType::FP8_E4M3, 0, true, 2, 2};
+  w.weight = view("q", DType::FP8_E4M3, {3, 5}, q.data());
+  w.scales = view("s", DType::F32, {2, 3}, scales.data());
+  EXPECT_EQ(w.format.describe(), "fp8 e4m3 block 2x2");
+  EXPECT_EQ(dequantize_linear(w), (std::vector<float>{1, 1, 2, 2, 3,  //
+                                                      1, 1, 2, 2, 3,  //
+                                                      4, 4, 5, 5, 6}));
+  w.scales = view("s", DType::F32, {1, 3}, scales.data());
+  expect_error([&] { w.validate(); }, {"block scales", "[1, 3]", "expected f32 [2, 3]"});
+}
+
 }  // namespace
 }  // namespace serval
