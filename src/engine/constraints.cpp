@@ -22,12 +22,12 @@ Constraints::Sample& Constraints::sample_of(const Sequence& seq) {
   return *s;
 }
 
-void Constraints::fill(const Sequence& seq, std::span<uint32_t> mask) { fill_from(seq, sample_of(seq), mask); }
-
 void Constraints::fill_all(std::span<const Job> jobs) {
-  std::vector<Sample*> samples(jobs.size());
+  std::vector<Sample*>& samples = job_samples_;
+  std::vector<std::exception_ptr>& errors = job_errors_;
+  samples.resize(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) samples[i] = &sample_of(*jobs[i].seq);
-  std::vector<std::exception_ptr> errors(jobs.size());
+  errors.assign(jobs.size(), nullptr);
   const int n = int(jobs.size());
   // A few threads: a mask is tens of microseconds; more threads than rows or
   // than 8 only add wake-ups.

@@ -10,6 +10,7 @@
 // continuation's forward pass and makes its masks once the step before is
 // committed (Engine::start_deferred_sampling). Loop thread only.
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <span>
@@ -31,18 +32,16 @@ class Constraints {
   void remove(int64_t id) { requests_.erase(id); }
   // Words of a mask: (vocab_size + 31) / 32.
   size_t mask_words() const { return size_t((vocab_size_ + 31) / 32); }
-  // The tokens `seq` (a sample of a constrained request) may draw next,
-  // after its output so far, into `mask` (mask_words() words). Throws
-  // serval::Error naming the request when an output token was not one the
-  // grammar allowed.
-  void fill(const Sequence& seq, std::span<uint32_t> mask);
-  // fill() for many samples at once, in parallel (a step's masks take
-  // milliseconds on one thread at 64 constrained rows of a 128k vocabulary).
-  // Each sample at most once. Throws the error of the first job that fails.
+  // A sample of a constrained request, and where its mask goes (mask_words() words).
   struct Job {
     const Sequence* seq = nullptr;
     std::span<uint32_t> mask;
   };
+  // The tokens each job's sample may draw next, after its output so far, in
+  // parallel (a step's masks take milliseconds on one thread at 64
+  // constrained rows of a 128k vocabulary). Each sample at most once. Throws
+  // serval::Error naming the request when an output token was not one the
+  // grammar allowed (the first failing job's error).
   void fill_all(std::span<const Job> jobs);
 
  private:
@@ -63,6 +62,9 @@ class Constraints {
   void fill_from(const Sequence& seq, Sample& s, std::span<uint32_t> mask) const;
 
   int64_t vocab_size_;
+  // fill_all's scratch, kept across steps.
+  std::vector<Sample*> job_samples_;
+  std::vector<std::exception_ptr> job_errors_;
   std::unordered_map<int64_t, Request> requests_;
 };
 

@@ -319,10 +319,7 @@ void Engine::start(Started& s, EngineClock::time_point start_time, bool continua
     // A continuation's constrained rows are masked after the tokens of the
     // step before are known (its commit): their forward pass is queued now,
     // their sampling then (start_deferred_sampling).
-    bool constrained = false;
-    for (const Sequence* seq : plan.sample_rows) constrained |= constraints_.has(seq->id());
-    for (const StepPlan::Fork& f : plan.forks) constrained |= constraints_.has(f.seq->id());
-    if (continuation && constrained) {
+    if (continuation && num_constrained(s) > 0) {
       runner_.start_forward(batch_);
       s.sampling_deferred = true;
     } else {
@@ -333,6 +330,10 @@ void Engine::start(Started& s, EngineClock::time_point start_time, bool continua
   } catch (const std::exception& e) {
     s.error = e.what();
   }
+}
+
+size_t Engine::num_constrained(const Started& s) const {
+  return size_t(std::count_if(s.keys.begin(), s.keys.end(), [&](const SampleKey& k) { return constraints_.has(k.first); }));
 }
 
 void Engine::start_deferred_sampling(Started& s) {
@@ -367,9 +368,7 @@ void Engine::make_specs(Started& s) {
   banned_.resize(num_specs);
   // The masks first (the specs point into them), a block per constrained spec.
   const size_t words = constraints_.mask_words();
-  size_t constrained = 0;
-  for (size_t i = 0; i < num_specs; ++i) constrained += constraints_.has(s.keys[i].first);
-  masks_.resize(constrained * words);
+  masks_.resize(num_constrained(s) * words);
   size_t mask_at = 0;
   mask_jobs_.clear();
   const auto masks_start = EngineClock::now();

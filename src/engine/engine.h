@@ -196,6 +196,8 @@ class Engine {
   void start(Started& s, EngineClock::time_point start_time, bool continuation);
   // Samples a forwarded continuation, once the step before it is committed.
   void start_deferred_sampling(Started& s);
+  // The samples (keys) of `s` that draw under a grammar.
+  size_t num_constrained(const Started& s) const;
   // specs_ (with masks_ and banned_) for `s`: its samples, then its scored prompt tokens.
   void make_specs(Started& s);
   // Appends to specs_ the specs scoring the prompt tokens of rows_.scored

@@ -28,6 +28,8 @@ class BackendModelRunner : public ModelRunner {
   void start_sample(const Batch& batch, std::span<const SampleSpec> specs) override;
   void start_forward(const Batch& batch) override;
   void start_sampling(std::span<const SampleSpec> specs) override;
+  // start_sampling after the specs were checked.
+  void sample_forwarded(std::span<const SampleSpec> specs);
   void finish_sample(std::vector<SampleResult>& out) override { backend_->finish_sample(out); }
   bool sample_ready() const override { return backend_->sample_ready(); }
   void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
@@ -300,7 +302,7 @@ void BackendModelRunner::start_sample(const Batch& batch, std::span<const Sample
   // Before anything is queued: a bad spec touches nothing.
   check_specs(specs, int64_t(batch.logits_rows.size()), sampled_specs_);
   start_forward(batch);
-  start_sampling(specs);
+  sample_forwarded(specs);
 }
 
 void BackendModelRunner::start_forward(const Batch& batch) {
@@ -315,9 +317,12 @@ void BackendModelRunner::start_forward(const Batch& batch) {
 
 void BackendModelRunner::start_sampling(std::span<const SampleSpec> specs) {
   SERVAL_CHECK(forwarded_rows_ >= 0, "start_sampling without a step forwarded (start_forward)");
-  const int64_t rows = forwarded_rows_;
+  check_specs(specs, forwarded_rows_, forwarded_fed_specs_);
+  sample_forwarded(specs);
+}
+
+void BackendModelRunner::sample_forwarded(std::span<const SampleSpec> specs) {
   forwarded_rows_ = -1;
-  check_specs(specs, rows, forwarded_fed_specs_);
   backend_->start_sample(forwarded_logits_, specs);
   sampled_specs_ = int64_t(specs.size());
 }
