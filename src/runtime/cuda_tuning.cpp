@@ -41,6 +41,7 @@ const Key kKeys[] = {
     {"norm_fold", &CudaTuning::norm_fold},
     {"norm_elision", &CudaTuning::norm_elision},
     {"packed_blocks", &CudaTuning::packed_blocks},
+    {"packed_int8_x", &CudaTuning::packed_int8_x},
     {"gemv_sms", IntRange{&CudaTuning::gemv_sms, 0, 1024}},
     {"attn_stream", &CudaTuning::attn_stream},
     {"rope_in_attn", &CudaTuning::rope_in_attn},

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_gemv_packed.h"
+#include "backend/cuda/cuda_gemv_packed_params.cuh"
 #include "backend/cuda/cuda_gemv_unit.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
@@ -26,29 +27,6 @@ namespace serval::cuda {
 namespace {
 
 using namespace gemv_unit;
-
-// The operands: x, outputs and units as the bf16 GEMV's (MatmulSegments,
-// whose w it leaves unused), the packed weights per segment (gated: gate and
-// up, one segment), all of one format and width.
-struct PackedGemvParams {
-  MatmulSegments seg;
-  const uint8_t* quants[3];
-  const uint16_t* scales[3];
-  int64_t row_bytes;
-  int steps;  // k-steps per row
-};
-
-// 8 bytes of Q8_0 scales, streamed as load_weight streams W (cuda_gemv_unit.cuh).
-__device__ __forceinline__ uint2 load_stream8(const void* p, bool ok, uint64_t policy) {
-  uint2 v;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\t"
-      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\t"
-      "@p ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%3], %4;\n\t}"
-      : "=r"(v.x), "=r"(v.y)
-      : "r"(int(ok)), "l"(p), "l"(policy));
-  return v;
-}
 
 // 8 columns of x from `col` (zeros where the token or the columns do not
 // exist). A plain load: x is the previous kernel's output (see load_act).
@@ -69,13 +47,6 @@ __device__ __forceinline__ uint32_t q8_pair(uint32_t v, int k) {
   const float hi = __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7650u | unsigned(k + 1))) - 8388736.f;
   return ptx::pack_bf16x2(lo, hi);
 }
-
-template <int kBits>
-struct PackedStep {
-  static constexpr int kGroups = kBits == 4 ? 4 : 2;  // groups (of 32 columns) per k-step
-  static constexpr int kCols = 32 * kGroups;
-  using Scales = std::conditional_t<kBits == 4, uint4, uint2>;
-};
 
 // kGated: segment 0 is gate and up (quants[0], quants[1]), y = silu(g) * u.
 // kRope: q/k/v in three segments, rotated and written to the KV pools as the
@@ -128,10 +99,7 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
     for (int k = 0; k < kW; ++k) {
       wv[k][s] = load_weight(w_row[k] + int64_t(c) * 16, ok, policy);
       const uint16_t* sp = s_unit[k] + int64_t(c) * Step::kGroups * 2;
-      if constexpr (kBits == 4)
-        sv[k][s] = load_weight(sp, ok, policy);
-      else
-        sv[k][s] = load_stream8(sp, ok, policy);
+      sv[k][s] = load_scales<kBits>(sp, ok, policy);
     }
   };
   // Slot s of batch cb: per group, two mmas into fresh accumulators, scaled into acc.
@@ -207,21 +175,32 @@ void launch_packed(const PackedGemvParams& P, const GemvRopeKv& r, const Launch&
   launch_pdl(kKernel, dim3(unsigned(ceil_div(P.seg.tiles, per_block))), dim3(kThreads), 0, on, P, r);
 }
 
+// int8_x: up to kDp4aMaxTokens rows go to the dp4a kernel (x quantized to
+// int8; cuda_gemv_packed.h), when its shared memory holds x.
+struct PackedPath {
+  bool int8_x = false;
+  int64_t padded_cols = 0;
+};
+
 template <int kBits, typename Out, bool kGated, bool kRope>
-void launch_bits(const PackedGemvParams& P, const GemvRopeKv& r, const Launch& on) {
+void launch_bits(const PackedGemvParams& P, const PackedPath& path, const GemvRopeKv& r, const Launch& on) {
+  if (path.int8_x && P.seg.tokens <= kDp4aMaxTokens && dp4a_x_bytes(P.seg.tokens, path.padded_cols) <= kDp4aMaxSmem)
+    return launch_packed_dp4a<kBits, Out, kGated, kRope>(P, path.padded_cols, r, on);
   if (P.seg.tokens > 8) return launch_packed<gemv_packed_kernel<kBits, Out, true, kGated, kRope>>(P, r, on);
   launch_packed<gemv_packed_kernel<kBits, Out, false, kGated, kRope>>(P, r, on);
 }
 
 template <bool kGated, bool kRope>
-void launch_any(const PackedGemvParams& P, int bits, bool f32, const GemvRopeKv& r, const Launch& on) {
+void launch_any(const PackedGemvParams& P, int bits, bool f32, const PackedPath& path, const GemvRopeKv& r,
+                const Launch& on) {
   if constexpr (kGated || kRope) {
     SERVAL_CHECK(!f32, "gemv_packed: gated and rope outputs are bf16");
-    bits == 4 ? launch_bits<4, bf16, kGated, kRope>(P, r, on) : launch_bits<8, bf16, kGated, kRope>(P, r, on);
+    bits == 4 ? launch_bits<4, bf16, kGated, kRope>(P, path, r, on)
+              : launch_bits<8, bf16, kGated, kRope>(P, path, r, on);
   } else if (bits == 4) {
-    f32 ? launch_bits<4, float, false, false>(P, r, on) : launch_bits<4, bf16, false, false>(P, r, on);
+    f32 ? launch_bits<4, float, false, false>(P, path, r, on) : launch_bits<4, bf16, false, false>(P, path, r, on);
   } else {
-    f32 ? launch_bits<8, float, false, false>(P, r, on) : launch_bits<8, bf16, false, false>(P, r, on);
+    f32 ? launch_bits<8, float, false, false>(P, path, r, on) : launch_bits<8, bf16, false, false>(P, path, r, on);
   }
   SERVAL_CUDA_LAUNCH_CHECK();
 }
@@ -290,7 +269,7 @@ bool gemv_packed_fits(const Tensor& x, const PackedWeight& w) {
 }
 
 void gemv_packed(const Tensor& x, const PackedWeight* ws, const Tensor* ys, int n, const Launch& on,
-                 const GemvRopeKv& rope) {
+                 const GemvRopeKv& rope, bool int8_x) {
   SERVAL_CHECK(n >= 1 && n <= 3, "gemv_packed: ", n, " weights in one launch (1..3)");
   PackedGemvParams P = packed_params(x, ws, n);
   P.seg.segments = n;
@@ -305,19 +284,20 @@ void gemv_packed(const Tensor& x, const PackedWeight* ws, const Tensor* ys, int 
     P.seg.tile_end[i] = P.seg.tiles;
   }
   const bool f32 = ys[0].dtype == DType::F32;
+  const PackedPath path{int8_x, ws[0].pack.padded_cols};
   if (rope.positions != nullptr) {
     const int hd = rope.kv.head_dim;
     SERVAL_CHECK(n == 3 && !f32 && hd > 0 && hd % kUnitRows == 0 && rope.rope_dim % 2 == 0 && rope.rope_dim <= hd &&
                      P.seg.rows[0] % hd == 0 && P.seg.rows[1] == P.seg.rows[2] && P.seg.rows[1] == rope.kv.row(),
                  "gemv_packed: rope in the epilogue needs q/k/v outputs of whole heads (head_dim a multiple of 8), k ",
                  "and v rows of the KV pools' rows");
-    return launch_any<false, true>(P, ws[0].pack.bits, false, rope, on);
+    return launch_any<false, true>(P, ws[0].pack.bits, false, path, rope, on);
   }
-  launch_any<false, false>(P, ws[0].pack.bits, f32, rope, on);
+  launch_any<false, false>(P, ws[0].pack.bits, f32, path, rope, on);
 }
 
 void gemv_packed_gated(const Tensor& x, const PackedWeight& gate, const PackedWeight& up, const Tensor& out,
-                       const Launch& on) {
+                       const Launch& on, bool int8_x) {
   const PackedWeight ws[2] = {gate, up};
   PackedGemvParams P = packed_params(x, ws, 2);
   SERVAL_CHECK(gate.pack.rows == up.pack.rows && out.dtype == DType::BF16 && out.rows == x.rows &&
@@ -328,7 +308,7 @@ void gemv_packed_gated(const Tensor& x, const PackedWeight& gate, const PackedWe
   P.seg.y[0] = out.data;
   P.seg.rows[0] = int(gate.pack.rows);
   P.seg.tiles = P.seg.tile_end[0] = int(gate.pack.padded_rows / GpuBlockPack::kUnitRows);
-  launch_any<true, false>(P, gate.pack.bits, false, {}, on);
+  launch_any<true, false>(P, gate.pack.bits, false, PackedPath{int8_x, gate.pack.padded_cols}, {}, on);
 }
 
 void dequantize_packed(const PackedWeight& w, bf16* out, const Launch& on) {

@@ -28,11 +28,17 @@ bool gemv_packed_fits(const Tensor& x, const PackedWeight& w);
 // then scaled in f32: no rounding of the weights beyond the format's own.
 // With rope.positions: q/k/v, rotated and k/v written to the pools in the
 // epilogue, as the bf16 GEMV does (cuda_decode_matmul.h, GemvRopeKv).
+// int8_x: 1 or 2 rows of x are quantized to int8 per group of 32 columns
+// (scale max|x| / 127, round to nearest even, as llama.cpp's q8_1) and
+// multiplied by dp4a in integers, about half the instructions a weight of
+// the mma path (cuda_gemv_packed_dp4a.cu); the result then differs from the
+// exact product by x's rounding (about 1e-2 relative), and a row's bits
+// depend on how many rows came with it (not for batch-invariant mode).
 void gemv_packed(const Tensor& x, const PackedWeight* ws, const Tensor* ys, int n, const Launch& on,
-                 const GemvRopeKv& rope = {});
+                 const GemvRopeKv& rope = {}, bool int8_x = false);
 // out = silu(x @ gate^T) * (x @ up^T), bf16, in one launch.
 void gemv_packed_gated(const Tensor& x, const PackedWeight& gate, const PackedWeight& up, const Tensor& out,
-                       const Launch& on);
+                       const Launch& on, bool int8_x = false);
 // out [w.rows, w.cols] = the matrix, each weight scale * quant rounded to bf16.
 void dequantize_packed(const PackedWeight& w, bf16* out, const Launch& on);
 

@@ -100,6 +100,8 @@ class CudaMatmul {
   // with silu * up, in one launch per 16 rows; false where they do not fit
   // (then the backend composes the op).
   bool packed_gemv_rows(const Tensor& x) const;
+  // The packed GEMV may quantize 1-2 rows of x to int8 (CudaTuning::packed_int8_x).
+  bool int8_x() const;
   bool packed_together(const Tensor& x, std::span<const CudaWeight* const> ws) const;
   void packed_matmul(const Tensor& x, const CudaWeight& w, Tensor y);
   bool packed_multi(const Tensor& x, const std::vector<const DeviceWeight*>& ws, const std::vector<Tensor>& ys);

@@ -31,6 +31,8 @@ void for_each_pass(int64_t rows, Fn&& fn) {
 
 }  // namespace
 
+bool CudaMatmul::int8_x() const { return cfg_.tuning.packed_int8_x && !cfg_.batch_invariant; }
+
 bool CudaMatmul::packed_gemv_rows(const Tensor& x) const {
   return x.dtype == DType::BF16 && x.rows > 0 && (x.rows <= kGemvMaxRows || cfg_.batch_invariant) &&
          x.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
@@ -52,7 +54,7 @@ void CudaMatmul::packed_matmul(const Tensor& x, const CudaWeight& cw, Tensor y) 
     return for_each_pass(x.rows, [&](int64_t t0, int64_t n) {
       const Tensor ys = y.rows_view(t0, n);
       ++packed_gemv_calls_;
-      gemv_packed(x.rows_view(t0, n), &w, &ys, 1, on);
+      gemv_packed(x.rows_view(t0, n), &w, &ys, 1, on, {}, int8_x());
     });
   }
   SERVAL_CHECK(!cfg_.batch_invariant, "matmul: x [", x.rows, ", ", x.cols, "] does not fit the packed GEMV of \"",
@@ -78,7 +80,7 @@ bool CudaMatmul::packed_multi(const Tensor& x, const std::vector<const DeviceWei
     Tensor part[3];
     for (size_t i = 0; i < ws.size(); ++i) part[i] = ys[i].rows_view(t0, n);
     ++packed_gemv_calls_;
-    gemv_packed(x.rows_view(t0, n), pw, part, int(ws.size()), launch_on(dev_, cfg_));
+    gemv_packed(x.rows_view(t0, n), pw, part, int(ws.size()), launch_on(dev_, cfg_), {}, int8_x());
   });
   return true;
 }
@@ -108,7 +110,7 @@ bool CudaMatmul::packed_qkv_rope_kv_write(const NormedRows& xn, const CudaWeight
     r.kv = kv_layout<bf16>(kv, geom);
     r.rope_dim = rope.rope_dim;
     ++packed_gemv_calls_;
-    gemv_packed(x.rows_view(t0, n), pw, ys, 3, launch_on(dev_, cfg_), r);
+    gemv_packed(x.rows_view(t0, n), pw, ys, 3, launch_on(dev_, cfg_), r, int8_x());
   });
   return true;
 }
@@ -122,7 +124,7 @@ bool CudaMatmul::packed_gated_mlp_up(const NormedRows& xn, const CudaWeight& g, 
   const PackedWeight gate = packed_of(g), up = packed_of(u);
   for_each_pass(x.rows, [&](int64_t t0, int64_t n) {
     ++packed_gemv_calls_;
-    gemv_packed_gated(x.rows_view(t0, n), gate, up, out.rows_view(t0, n), launch_on(dev_, cfg_));
+    gemv_packed_gated(x.rows_view(t0, n), gate, up, out.rows_view(t0, n), launch_on(dev_, cfg_), int8_x());
   });
   return true;
 }
