@@ -163,6 +163,40 @@ def perplexity(a, model, text, kl_flag, kl_file):
     return json.loads(run(cmd).strip().splitlines()[-1])
 
 
+def cached(path, model, compute):
+    """compute()'s result, kept in path (JSON) for a later run while model is not newer:
+    an interrupted run goes on where it stopped."""
+    if path.exists() and path.stat().st_mtime >= model.stat().st_mtime:
+        return json.loads(path.read_text())
+    value = compute()
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(value, indent=1) + "\n")
+    return value
+
+
+def text_quality(a, work, base, qt, model, label, name, text):
+    """Perplexity, and KL / same-top-1 against the base's log-probs (written by the base's row;
+    the base itself is compared with them too, unless --no-self-check)."""
+    logprobs = work / f"{base.stem}-{name}-ctx{a.ctx}-chunks{a.chunks}.logprobs"
+    tag = f"{name}-ctx{a.ctx}-chunks{a.chunks}"
+    if qt is None:
+        first = work / "results" / f"{model.stem}-{tag}-base.json"
+        if not logprobs.exists():
+            first.unlink(missing_ok=True)
+        p = cached(first, model, lambda: (log(f"{label}: perplexity on {name}, writing its log-probs"),
+                                          perplexity(a, model, text, "--kl-divergence-base", logprobs))[1])
+        if not a.self_check:
+            return {"perplexity": p["perplexity"], "mean_nll": p["mean_nll"], "scored": p["scored"],
+                    "chunks": p["chunks"]}
+    p = cached(work / "results" / f"{model.stem}-{tag}.json", model, lambda: (
+        log(f"{label}: perplexity and KL on {name}"),
+        perplexity(a, model, text, "--kl-divergence", logprobs))[1])
+    return {"perplexity": p["perplexity"], "mean_nll": p["mean_nll"], "scored": p["scored"],
+            "chunks": p["chunks"], "kl_mean": p["kl_divergence"]["mean"],
+            "kl_stderr": p["kl_divergence"]["stderr"], "kl_p99": p["kl_divergence"]["p99"],
+            "same_top1_pct": 100 * p["kl_divergence"]["same_top1"]}
+
+
 # ---- story choice -------------------------------------------------------------------------
 
 def write_story_task(a, work):
@@ -264,8 +298,9 @@ def table(report):
         cells = [row["type"], f"{row['info']['bits_per_weight']:.2f}"]
         for t in texts:
             p = row["perplexity"][t]
-            cells += [f"{p['perplexity']:.4f} ({p['ppl_delta_pct']:+.2f}%)", f"{p['kl_mean']:.5f}",
-                      f"{p['same_top1_pct']:.2f}"]
+            cells += [f"{p['perplexity']:.4f} ({p['ppl_delta_pct']:+.2f}%)",
+                      f"{p['kl_mean']:.5f}" if "kl_mean" in p else "-",
+                      f"{p['same_top1_pct']:.2f}" if "same_top1_pct" in p else "-"]
         if report["items"]:
             s = row["story"]
             cells += [f"{100 * s['acc']:.1f} ± {100 * s['acc_stderr']:.1f} ({row['story_delta_points']:+.1f})",
@@ -302,6 +337,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=8, help="lm-eval prompts per request")
     ap.add_argument("--concurrent", type=int, default=2, help="lm-eval requests in flight")
+    ap.add_argument("--no-self-check", dest="self_check", action="store_false",
+                    help="skip comparing the base with its own saved log-probs (KL 0, top-1 100%%)")
     ap.add_argument("--json", help="write the whole report here")
     a = ap.parse_args()
     if not (a.wikitext or a.stories):
@@ -335,28 +372,22 @@ def main():
 
     report = {"commit": git_commit(), "command": sys.argv, "serval": a.serval, "base": str(base),
               "ctx": a.ctx, "chunks": a.chunks or None, "items": a.items, "texts": texts, "rows": []}
+    rows = []
     for qt, model in models:
         info = model_info(model)
         label = qt.spec if qt else "base " + max(info["formats"], key=info["formats"].get)
-        row = {"type": label, "model": str(model), "quantize_args": qt.quantize_args() if qt else [],
-               "info": info, "perplexity": {}}
+        rows.append({"type": label, "model": str(model), "quantize_args": qt.quantize_args() if qt else [],
+                     "info": info, "perplexity": {}})
+    # Perplexity of every model first, then the story task: the slower part comes last.
+    for (qt, model), row in zip(models, rows):
         for name, text in texts.items():
-            logprobs = work / f"{base.stem}-{name}-ctx{a.ctx}-chunks{a.chunks}.logprobs"
-            if qt is None:
-                log(f"base perplexity on {name}")
-                perplexity(a, model, text, "--kl-divergence-base", logprobs)
-            log(f"{label}: perplexity and KL on {name}")
-            p = perplexity(a, model, text, "--kl-divergence", logprobs)
-            row["perplexity"][name] = {"perplexity": p["perplexity"], "mean_nll": p["mean_nll"],
-                                       "scored": p["scored"], "chunks": p["chunks"],
-                                       "kl_mean": p["kl_divergence"]["mean"],
-                                       "kl_stderr": p["kl_divergence"]["stderr"],
-                                       "kl_p99": p["kl_divergence"]["p99"],
-                                       "same_top1_pct": 100 * p["kl_divergence"]["same_top1"]}
-        if items:
-            log(f"{label}: story choice, {len(items)} items")
-            row["story"] = story_choice(a, model, tok_dir, task_folder, items, check_tokenizer=qt is None)
-        report["rows"].append(row)
+            row["perplexity"][name] = text_quality(a, work, base, qt, model, row["type"], name, text)
+    if items:
+        for (qt, model), row in zip(models, rows):
+            row["story"] = cached(work / "results" / f"{model.stem}-story{a.items}.json", model, lambda: (
+                log(f"{row['type']}: story choice, {len(items)} items"),
+                story_choice(a, model, tok_dir, task_folder, items, check_tokenizer=qt is None))[1])
+    report["rows"] = rows
 
     base_row = report["rows"][0]
     for (qt, _), row in zip(models, report["rows"]):
