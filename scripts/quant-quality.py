@@ -301,7 +301,9 @@ def table(report):
             cells += [f"{p['perplexity']:.4f} ({p['ppl_delta_pct']:+.2f}%)",
                       f"{p['kl_mean']:.5f}" if "kl_mean" in p else "-",
                       f"{p['same_top1_pct']:.2f}" if "same_top1_pct" in p else "-"]
-        if report["items"]:
+        if report["items"] and "story" not in row:
+            cells += ["-", "-"]
+        elif report["items"]:
             s = row["story"]
             cells += [f"{100 * s['acc']:.1f} ± {100 * s['acc_stderr']:.1f} ({row['story_delta_points']:+.1f})",
                       f"{100 * s['acc_norm']:.1f} ± {100 * s['acc_norm_stderr']:.1f}"]
@@ -334,6 +336,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=0, help="chunks per text (default: all)")
     ap.add_argument("--items", type=int, default=500, help="story-choice items (0: no story task)")
+    ap.add_argument("--story-types", help="run the story task on these only (`base` for the base; default: all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=8, help="lm-eval prompts per request")
     ap.add_argument("--concurrent", type=int, default=2, help="lm-eval requests in flight")
@@ -384,17 +387,21 @@ def main():
             row["perplexity"][name] = text_quality(a, work, base, qt, model, row["type"], name, text)
     if items:
         for (qt, model), row in zip(models, rows):
+            if a.story_types is not None and (qt.spec if qt else "base") not in a.story_types.split():
+                continue
             row["story"] = cached(work / "results" / f"{model.stem}-story{a.items}.json", model, lambda: (
                 log(f"{row['type']}: story choice, {len(items)} items"),
                 story_choice(a, model, tok_dir, task_folder, items, check_tokenizer=qt is None))[1])
     report["rows"] = rows
 
     base_row = report["rows"][0]
+    if items and "story" not in base_row:
+        raise SystemExit("the story task needs the base's row: add `base` to --story-types")
     for (qt, _), row in zip(models, report["rows"]):
         for name, p in row["perplexity"].items():
             b = base_row["perplexity"][name]["perplexity"]
             p["ppl_delta_pct"] = 100 * (p["perplexity"] / b - 1)
-        if items:
+        if "story" in row:
             row["story_delta_points"] = 100 * (row["story"]["acc"] - base_row["story"]["acc"])
         row["verdict"] = verdict(qt, row, base_row)
     if items:
