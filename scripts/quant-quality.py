@@ -144,13 +144,16 @@ def model_info(model):
     params = sum(int(t.n_elements) for t in tensors)
     nbytes = sum(int(t.n_bytes) for t in tensors)
     mats = [t for t in tensors if len(t.shape) == 2]
-    formats = {}
+    formats, matrix_formats = {}, {}
     for t in tensors:
-        formats[t.tensor_type.name.lower()] = formats.get(t.tensor_type.name.lower(), 0) + int(t.n_elements)
+        kind = t.tensor_type.name.lower()
+        formats[kind] = formats.get(kind, 0) + int(t.n_elements)
+        if len(t.shape) == 2:
+            matrix_formats[kind] = matrix_formats.get(kind, 0) + int(t.n_elements)
     return {"params": params, "tensor_bytes": nbytes, "file_bytes": os.path.getsize(model),
             "bits_per_weight": 8 * nbytes / params,
             "bits_per_weight_matrices": 8 * sum(int(t.n_bytes) for t in mats) / sum(int(t.n_elements) for t in mats),
-            "formats": formats}
+            "formats": formats, "matrix_formats": matrix_formats}
 
 
 # ---- perplexity and KL --------------------------------------------------------------------
@@ -285,9 +288,19 @@ def verdict(qt, row, base_row):
     return "FAIL: " + "; ".join(fails) if fails else "pass"
 
 
+def held_as(matrix_formats):
+    """The matrices' formats by share of their parameters: quantize keeps a wider format where a
+    type's block does not divide a width (SmolLM2's 576, stories260K's 64 and 172)."""
+    total = sum(matrix_formats.values())
+    parts = sorted(matrix_formats.items(), key=lambda kv: -kv[1])
+    if len(parts) == 1:
+        return parts[0][0]
+    return " ".join(f"{k} {100 * n / total:.0f}%" for k, n in parts)
+
+
 def table(report):
     texts = report["texts"]
-    head = ["type", "bits/weight"]
+    head = ["type", "matrices held as", "bits/weight"]
     for t in texts:
         head += [f"ppl {t} (Δ%)", f"KL {t}", f"top-1 {t} %"]
     if report["items"]:
@@ -295,7 +308,7 @@ def table(report):
     head += ["verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["rows"]:
-        cells = [row["type"], f"{row['info']['bits_per_weight']:.2f}"]
+        cells = [row["type"], held_as(row["info"]["matrix_formats"]), f"{row['info']['bits_per_weight']:.2f}"]
         for t in texts:
             p = row["perplexity"][t]
             cells += [f"{p['perplexity']:.4f} ({p['ppl_delta_pct']:+.2f}%)",
