@@ -85,10 +85,13 @@ def prepare_smollm2(serval, work):
     if not (hf / "config.json").exists():
         log(f"dequantizing {SMOLLM2_DIR / SMOLLM2_GGUF} to f16 with transformers -> {hf}")
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-        # dequantize=True: transformers would otherwise keep the blocks packed (and refuse to save).
-        model = AutoModelForCausalLM.from_pretrained(SMOLLM2_DIR, gguf_file=SMOLLM2_GGUF, dtype=torch.float16,
-                                                     quantization_config=GgufConfig(dequantize=True))
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        # dequantize=True: transformers 5 would otherwise keep the blocks packed (and refuse to
+        # save); 4.x has no GgufConfig and always dequantizes.
+        extra = ({"quantization_config": transformers.GgufConfig(dequantize=True)}
+                 if hasattr(transformers, "GgufConfig") else {})
+        model = AutoModelForCausalLM.from_pretrained(SMOLLM2_DIR, gguf_file=SMOLLM2_GGUF, dtype=torch.float16, **extra)
         tok = AutoTokenizer.from_pretrained(SMOLLM2_DIR, gguf_file=SMOLLM2_GGUF)
         model.save_pretrained(hf)
         tok.save_pretrained(hf)
@@ -120,7 +123,12 @@ def hf_tokenizer_folder(base, gguf, work):
         return out
     from gguf import GGUFReader
     from transformers import AutoTokenizer
-    from transformers.integrations.gguf import gguf_tokenizer_mapping as mapping
+    try:
+        from transformers.integrations.gguf import gguf_tokenizer_mapping as mapping
+    except ImportError:  # transformers before 5: its reader takes the file as it is
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(out)
+        return out
     fields = GGUFReader(str(gguf)).fields
     vocab = len(fields["tokenizer.ggml.tokens"].data)
     special = dict(mapping._SPECIAL_TOKENS)
