@@ -43,6 +43,15 @@ def build(text, items, opening, distractors, seed):
     return out
 
 
+def task_yaml(name, data_file):
+    """lm-eval's task for the items in data_file: acc and acc_norm (the choice's loglikelihood
+    per byte) of the choice joined to the opening by a space."""
+    return (f"task: {name}\ndataset_path: json\ntest_split: test\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {data_file}\noutput_type: multiple_choice\ndoc_to_text: \"{{{{context}}}}\"\n"
+            "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{label}}\"\n"
+            "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stories", required=True)
