@@ -8,8 +8,8 @@
 # transformers, quantized by each tool with a short calibration text from
 # /work/shared/data (../shared/data), and run by transformers in the tool's venv (the
 # reference, activation quantization off) and by `serval generate --dump-logits`.
-# The tools' pins conflict with the system torch (llm-compressor 0.14 asks torch <= 2.14):
-# they are installed with --no-deps beside their other requirements, pinned here.
+# llm-compressor (torch <= 2.14) and AutoAWQ (tested on torch 2.6) pin torches other than the
+# system's: they are installed with --no-deps beside their other requirements, pinned here.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SERVAL="${SERVAL_BINARY:-$ROOT/build-cpu/serval}"
@@ -21,11 +21,11 @@ PY="$ROOT/scripts/real_tool_checkpoints.py"
 TOOLS=("${@:-llmc awq gptq}")
 mkdir -p "$VENVS" "$WORK"
 
-venv() {  # NAME PIP-ARGS...: a venv on the system site-packages with the tool installed --no-deps
+venv() {  # NAME PIP-ARGS...: a venv on the system site-packages with the tool installed
   local name=$1; shift
   if [ ! -x "$VENVS/$name/bin/python" ]; then
     python3 -m venv --system-site-packages "$VENVS/$name"
-    "$VENVS/$name/bin/pip" install -q --no-deps "$@"
+    "$VENVS/$name/bin/pip" install -q "$@"
   fi
 }
 
@@ -37,16 +37,16 @@ fi
 for tool in ${TOOLS[*]}; do
   case $tool in
     llmc)
-      venv llmc "llmcompressor==0.14.0" "transformers==5.17.0" "compressed-tensors==0.19.0" "accelerate==1.15.0" \
+      venv llmc --no-deps "llmcompressor==0.14.0" "transformers==5.17.0" "compressed-tensors==0.19.0" "accelerate==1.15.0" \
         "datasets==5.0.1" "auto-round==0.15.1" "nvidia-ml-py<=13.610.43" "huggingface-hub>=1.5.0,<2.0" \
         "tokenizers>=0.23.1,<0.24" loguru httpx pydantic
       schemes="W4A16 W4A16_ASYM W8A8" ;;
     awq)
-      venv awq "autoawq==0.2.9" "transformers==4.51.3" "tokenizers>=0.21,<0.22" "huggingface-hub<1.0" \
+      venv awq --no-deps "autoawq==0.2.9" "transformers==4.51.3" "tokenizers>=0.21,<0.22" "huggingface-hub<1.0" \
         "accelerate<1.8" "datasets<4" zstandard
       schemes="gemm" ;;
     gptq)
-      venv gptq "gptqmodel==7.7.0"
+      venv gptq "gptqmodel==7.7.0"  # its requirements leave the system torch alone
       export GPTQMODEL_CPU_WORKERS=2
       schemes="sym asym sym-desc" ;;
     *) echo "unknown tool $tool (llmc, awq, gptq)"; exit 2 ;;

@@ -73,11 +73,44 @@ def quantize(tool, scheme, base_dir, out, calib_path):
     tok.save_pretrained(out)
 
 
+def awq_dequantized(folder):
+    """transformers runs AWQ only on GPUs (or IPEX): AutoAWQ's own unpacking
+    (dequantize_gemm, its scales widened to f32) into a float32 Llama."""
+    import glob
+
+    import torch
+    import transformers
+    from awq.utils.packing_utils import dequantize_gemm
+    from safetensors.torch import load_file
+    tensors = {}
+    for f in glob.glob(f"{folder}/*.safetensors"):
+        tensors.update(load_file(f))
+    config = transformers.AutoConfig.from_pretrained(folder)
+    group = config.quantization_config["group_size"]
+    del config.quantization_config
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    state = {}
+    for name, t in tensors.items():
+        if name.endswith(".qweight"):
+            m = name[: -len(".qweight")]
+            w = dequantize_gemm(t, tensors[m + ".qzeros"], tensors[m + ".scales"].float(), 4, group)
+            state[m + ".weight"] = w.T.contiguous().float()
+        elif not name.endswith((".qzeros", ".scales")):
+            state[name] = t.float()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return model
+
+
 def reference(folder, out):
     import torch
     import transformers
     tok = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    qc = json.load(open(f"{folder}/config.json"))["quantization_config"]
+    if qc["quant_method"] == "awq":
+        model = awq_dequantized(folder)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     for m in model.modules():  # compressed-tensors: weights only (Serval does not quantize activations)
         if hasattr(m, "quantization_scheme"):
             m.quantization_enabled = False
