@@ -27,6 +27,7 @@ transformers' AwqConfig / GPTQConfig to_dict() as AutoAWQ and AutoGPTQ save them
 replaced by (q - zero) * scale computed here from the unpacked values (not from the
 packed tensors Serval reads)."""
 import copy
+import functools
 import json
 import pathlib
 import shutil
@@ -125,7 +126,10 @@ def pack_cols(values, bits):
 
 # --- the checkpoint --------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=2)
 def _random_llama(seed, intermediate_size):
+    """The float Llama every case quantizes (made once: its 128k-token tables take most of a
+    build's time); `build` reads it and never writes to it."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**{**LLAMA, "intermediate_size": intermediate_size})
     model = transformers.LlamaForCausalLM(config).eval()
