@@ -46,7 +46,8 @@ for tool in ${TOOLS[*]}; do
         "accelerate<1.8" "datasets<4" zstandard
       schemes="gemm" ;;
     gptq)
-      venv gptq "gptqmodel==7.7.0"  # its requirements leave the system torch alone
+      venv gptq "gptqmodel==7.7.0" "optimum"  # its requirements leave the system torch alone; transformers
+                                               # loads GPTQ through optimum and GPTQModel's CPU kernels
       export GPTQMODEL_CPU_WORKERS=2
       schemes="sym asym sym-desc" ;;
     *) echo "unknown tool $tool (llmc, awq, gptq)"; exit 2 ;;
