@@ -20,6 +20,7 @@ TOK="${SERVAL_MODELS:-$ROOT/../shared/models}/tokenizers/llama3"
 PY="$ROOT/scripts/real_tool_checkpoints.py"
 TOOLS=("${@:-llmc awq gptq}")
 mkdir -p "$VENVS" "$WORK"
+cd "$WORK"  # GPTQModel writes logs/ into the working directory
 
 venv() {  # NAME PIP-ARGS...: a venv on the system site-packages with the tool installed
   local name=$1; shift
