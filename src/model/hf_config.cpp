@@ -157,7 +157,8 @@ ModelConfig config_from_hf_json(const std::string& text, const std::string& labe
     read_sliding_window(j, c);
     const HfQuantization q = hf_quantization_from_json(j);
     if (q.method != HfQuantization::Method::None) {
-      c.quant_method = q.method == HfQuantization::Method::Fp8 ? "fp8" : "compressed-tensors";
+      c.quant_method = q.method_name();
+      c.quant_summary = q.describe();
       c.fp8_block_rows = q.block_rows;
       c.fp8_block_cols = q.block_cols;
     }

@@ -127,7 +127,7 @@ LoadedModel load_hf_model(const std::string& dir) {
     m.weights.keep_alive(st);
   }
   try {
-    add_hf_quantized_scales(quant, by_name, m.config, m.weights);
+    add_hf_quantized_weights(quant, by_name, m.config, m.weights);
   } catch (const Error& e) {
     fail("model folder \"", dir, "\": ", e.what());
   }

@@ -1,7 +1,9 @@
-// quantization_config of Hugging Face folders: FP8 checkpoints of
-// transformers' "fp8" and of compressed-tensors (see hf_quant.h).
+// quantization_config of Hugging Face folders read and checked: fp8,
+// compressed-tensors, awq, gptq (see hf_quant.h); the tensors are
+// hf_quant_weights.cpp's.
 #include "model/hf_quant.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -146,76 +148,133 @@ HfQuantization parse_fp8(const json& qc) {
   return q;
 }
 
-// One config group's scheme; `path` "config_groups.NAME.".
-void parse_ct_group(const json& g, const std::string& path, HfQuantization& q, bool& first) {
+// An integer member, or `dflt` when absent or null; throws when not an integer.
+int64_t get_int(const json& j, const std::string& key, const std::string& path, int64_t dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number_integer()) fail(field(path + key), " must be an integer, got ", j[key].dump());
+  return j[key].get<int64_t>();
+}
+
+// A group size of int weights: a positive even number of at most 2^20.
+int64_t group_size(const json& j, const std::string& key, const std::string& path) {
+  const int64_t g = get_int(j, key, path, 0);
+  if (g <= 0 || g % 2 != 0 || g > (1 << 20))
+    fail(field(path + key), " = ", j[key].dump(), " is not supported (a positive even number of inputs)");
+  return g;
+}
+
+// The activations a compressed-tensors group asks for, for `describe`.
+std::string ct_activations(const json& g, const std::string& path) {
+  if (!g.contains("input_activations") || g["input_activations"].is_null()) return "none (weight-only)";
+  const json& a = g["input_activations"];
+  const std::string ap = path + "input_activations.";
+  if (!a.is_object()) fail(field(ap.substr(0, ap.size() - 1)), " must be an object or null");
+  const std::string at = get_string(a, "type", ap, "int");
+  const int64_t abits = a.contains("num_bits") && a["num_bits"].is_number_integer() ? a["num_bits"].get<int64_t>() : 8;
+  if ((at != "float" && at != "int") || abits != 8)
+    fail(field(ap + "type"), " = \"", at, "\" with num_bits ", abits,
+         " is not supported (supported: 8-bit float or int, or null)");
+  const bool dynamic = a.contains("dynamic") && a["dynamic"].is_boolean() && a["dynamic"].get<bool>();
+  const std::string as = get_string(a, "strategy", ap, "tensor");
+  return str_cat(at == "int" ? "int8" : "fp8", dynamic ? " dynamic per " : " static per ", as,
+                 dynamic ? "" : " (input_scale)");
+}
+
+// One config group's scheme; `path` "config_groups.NAME.", `format` the
+// config's format.
+void parse_ct_group(const json& g, const std::string& path, const std::string& format, HfQuantization& q,
+                    bool& first) {
+  using S = HfQuantization::Scales;
+  using St = HfQuantization::Storage;
   if (g.is_array())
     fail(field(path.substr(0, path.size() - 1)), " is a preset scheme name with targets ", g.dump(),
          "; Serval reads only written-out schemes (targets, weights, input_activations)");
   if (!g.is_object()) fail(field(path.substr(0, path.size() - 1)), " must be an object");
   for (const std::string& t : get_strings(g, "targets", path)) q.targets.push_back(t);
   const std::string fmt = get_string(g, "format", path);
-  if (!fmt.empty() && fmt != "float-quantized" && fmt != "naive-quantized")
-    fail(field(path + "format"), " = \"", fmt, "\" is not supported (supported: float-quantized)");
+  if (!fmt.empty() && fmt != format)
+    fail(field(path + "format"), " = \"", fmt, "\" differs from ", field("format"), " \"", format,
+         "\" (one format per checkpoint is loaded)");
   require_unset(g, "output_activations", path, "output quantization");
   if (!g.contains("weights") || !g["weights"].is_object())
     fail(field(path + "weights"), " must be an object (Serval loads quantized weights only)");
   const json& w = g["weights"];
   const std::string wp = path + "weights.";
-  const int64_t bits = w.contains("num_bits") && w["num_bits"].is_number_integer() ? w["num_bits"].get<int64_t>() : 8;
+  const int64_t bits = get_int(w, "num_bits", wp, 8);
   const std::string type = get_string(w, "type", wp, "int");
-  if (type != "float" || bits != 8)
-    fail(field(wp + "type"), " = \"", type, "\" with ", field(wp + "num_bits"), " = ", bits,
-         " is not supported (supported: float with 8 bits, FP8 e4m3)");
-  if (!get_bool(w, "symmetric", wp, true))
-    fail(field(wp + "symmetric"), " = false is not supported (FP8 weights with zero points)");
+  St storage;
+  if (type == "float" && bits == 8 && (format == "float-quantized" || format == "naive-quantized")) {
+    storage = St::Fp8;
+  } else if (type == "int" && bits == 8 && (format == "int-quantized" || format == "naive-quantized")) {
+    storage = St::Int8;
+  } else if (type == "int" && (bits == 4 || bits == 8) && format == "pack-quantized") {
+    storage = St::CtPacked;
+  } else {
+    fail(field(wp + "type"), " = \"", type, "\" with ", field(wp + "num_bits"), " = ", bits, " is not supported in ",
+         field("format"), " \"", format,
+         "\" (supported: float-quantized with 8-bit float, int-quantized with 8-bit int, pack-quantized with 4- "
+         "or 8-bit int)");
+  }
+  const bool symmetric = get_bool(w, "symmetric", wp, true);
+  if (!symmetric && !(storage == St::CtPacked && bits == 4))
+    fail(field(wp + "symmetric"), " = false is not supported with ", bits, "-bit ", type,
+         " weights (zero points load for 4-bit packed weights only)");
   if (w.contains("dynamic") && !w["dynamic"].is_null() && w["dynamic"] != false)
     fail(field(wp + "dynamic"), " = ", w["dynamic"].dump(), " is not supported (weights quantized at run time)");
-  if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != false)
-    fail(field(wp + "actorder"), " = ", w["actorder"].dump(), " is not supported");
+  bool act_order = false;
+  if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != false) {
+    const std::string ao = w["actorder"].is_string() ? w["actorder"].get<std::string>() : "";
+    if (storage != St::CtPacked || (ao != "group" && ao != "weight" && ao != "static" && ao != "dynamic"))
+      fail(field(wp + "actorder"), " = ", w["actorder"].dump(), " is not supported with ", type, " ", bits,
+           "-bit weights (pack-quantized reads group, weight, static or dynamic)");
+    act_order = ao == "group" || ao == "dynamic";
+  }
   std::string strategy = get_string(w, "strategy", wp);
   const bool has_group = w.contains("group_size") && !w["group_size"].is_null();
   const int64_t group = has_group && w["group_size"].is_number_integer() ? w["group_size"].get<int64_t>() : 0;
   if (strategy.empty()) strategy = !has_group ? "tensor" : group == -1 ? "channel" : "group";
-  HfQuantization::Scales scales;
-  int64_t rows = 0, cols = 0;
-  if (strategy == "tensor") {
-    scales = HfQuantization::Scales::Tensor;
+  S scales;
+  int64_t rows = 0, cols = 0, gsize = 0;
+  const bool int4 = storage == St::CtPacked && bits == 4;
+  if (strategy == "tensor" && storage != St::CtPacked) {
+    scales = S::Tensor;
   } else if (strategy == "channel") {
-    scales = HfQuantization::Scales::Channel;
-  } else if (strategy == "block") {
-    scales = HfQuantization::Scales::Block;
+    scales = S::Channel;
+  } else if (strategy == "block" && storage == St::Fp8) {
+    scales = S::Block;
     if (!w.contains("block_structure")) fail(field(wp + "block_structure"), " is missing (strategy \"block\")");
     block_shape(w["block_structure"], wp + "block_structure", rows, cols);
+  } else if (strategy == "group" && int4) {
+    scales = S::Group;
+    gsize = group_size(w, "group_size", wp);
   } else {
-    fail(field(wp + "strategy"), " = \"", strategy, "\" is not supported (supported: tensor, channel, block)");
+    fail(field(wp + "strategy"), " = \"", strategy, "\" is not supported with ", bits, "-bit ", type,
+         " weights (supported: ",
+         storage == St::Fp8 ? "tensor, channel, block" : int4 ? "group, channel" : storage == St::Int8 ? "tensor, channel"
+                                                                                                       : "channel",
+         ")");
   }
-  if (has_group && !(strategy == "channel" && group == -1))
+  if (has_group && !(strategy == "channel" && group == -1) && scales != S::Group)
     fail(field(wp + "group_size"), " = ", w["group_size"].dump(), " is not supported with strategy \"", strategy,
          "\"");
-  if (g.contains("input_activations") && !g["input_activations"].is_null()) {
-    const json& a = g["input_activations"];
-    const std::string ap = path + "input_activations.";
-    if (!a.is_object()) fail(field(ap.substr(0, ap.size() - 1)), " must be an object or null");
-    const std::string at = get_string(a, "type", ap, "int");
-    const int64_t abits = a.contains("num_bits") && a["num_bits"].is_number_integer() ? a["num_bits"].get<int64_t>() : 8;
-    if (at != "float" || abits != 8)
-      fail(field(ap + "type"), " = \"", at, "\" with num_bits ", abits,
-           " is not supported (supported: float with 8 bits, or null)");
-    const bool dynamic = a.contains("dynamic") && a["dynamic"].is_boolean() && a["dynamic"].get<bool>();
-    const std::string as = get_string(a, "strategy", ap, "tensor");
-    q.activations = str_cat(dynamic ? "dynamic per " : "static per ", as, dynamic ? "" : " (input_scale)");
-  } else if (first) {
-    q.activations = "none (weight-only)";
-  }
+  const std::string acts = ct_activations(g, path);
   if (first) {
+    q.storage = storage;
     q.scales = scales;
     q.block_rows = rows;
     q.block_cols = cols;
-    q.scheme_field = str_cat(field(wp + "strategy"), " \"", strategy, "\"");
+    q.bits = bits;
+    q.group_size = gsize;
+    q.symmetric = symmetric;
+    q.act_order = act_order;
+    q.activations = acts;
+    q.scheme_field = scales == S::Group ? str_cat(field(wp + "group_size"), " ", gsize)
+                                        : str_cat(field(wp + "strategy"), " \"", strategy, "\"");
     first = false;
-  } else if (q.scales != scales || q.block_rows != rows || q.block_cols != cols) {
-    fail(field(wp + "strategy"), " = \"", strategy, "\" differs from the first group's (", q.scheme_field,
-         "); Serval loads one weight scheme per checkpoint");
+  } else if (q.storage != storage || q.scales != scales || q.block_rows != rows || q.block_cols != cols ||
+             q.bits != bits || q.group_size != gsize || q.symmetric != symmetric) {
+    fail(field(wp.substr(0, wp.size() - 1)), " = ", w.dump(), " differs from the first group's (",
+         q.scheme_field, "); Serval loads one weight scheme per checkpoint");
   }
 }
 
@@ -223,10 +282,9 @@ HfQuantization parse_compressed_tensors(const json& qc) {
   HfQuantization q;
   q.method = HfQuantization::Method::CompressedTensors;
   const std::string fmt = get_string(qc, "format", "");
-  if (fmt != "float-quantized" && fmt != "naive-quantized")
+  if (fmt != "float-quantized" && fmt != "naive-quantized" && fmt != "int-quantized" && fmt != "pack-quantized")
     fail(field("format"), " = \"", fmt,
-         "\" is not supported (supported: float-quantized, FP8 e4m3 weights; int-quantized and pack-quantized "
-         "are not loaded yet)");
+         "\" is not supported (supported: float-quantized, int-quantized, pack-quantized, naive-quantized)");
   const std::string status = get_string(qc, "quantization_status", "", "compressed");
   if (status != "compressed")
     fail(field("quantization_status"), " = \"", status, "\" is not supported (supported: compressed)");
@@ -238,7 +296,7 @@ HfQuantization parse_compressed_tensors(const json& qc) {
     fail(field("config_groups"), " must be a non-empty object");
   bool first = true;
   for (auto it = qc["config_groups"].begin(); it != qc["config_groups"].end(); ++it)
-    parse_ct_group(it.value(), "config_groups." + it.key() + ".", q, first);
+    parse_ct_group(it.value(), "config_groups." + it.key() + ".", fmt, q, first);
   q.ignore = get_strings(qc, "ignore", "");
   for (const auto* list : {&q.targets, &q.ignore})
     for (const std::string& t : *list)
@@ -247,58 +305,69 @@ HfQuantization parse_compressed_tensors(const json& qc) {
   return q;
 }
 
-// The shape of a module's scale tensor, checked against its scheme, as
-// stored in the WeightStore.
-std::vector<int64_t> scale_shape(const HfQuantization& q, const SafetensorsTensor& s, int64_t out, int64_t in) {
-  int64_t numel = 1;
-  for (int64_t d : s.shape) numel *= d;
-  const int64_t br = q.block_rows, bc = q.block_cols;
-  const std::vector<int64_t> blocks = br > 0 ? std::vector<int64_t>{(out + br - 1) / br, (in + bc - 1) / bc}
-                                             : std::vector<int64_t>{};
-  std::string expected;
-  switch (q.scales) {
-    case HfQuantization::Scales::Tensor:
-      if (numel == 1 && s.shape.size() <= 2) return {1};
-      expected = "[] or [1]";
-      break;
-    case HfQuantization::Scales::Channel:
-      if (s.shape == std::vector<int64_t>{out, 1} || s.shape == std::vector<int64_t>{out}) return {out};
-      expected = str_cat("[", out, ", 1]");
-      break;
-    case HfQuantization::Scales::Block:
-      if (s.shape == blocks) return blocks;
-      expected = shape_string(blocks);
-      break;
-    case HfQuantization::Scales::BlockOrTensor:
-      if (numel == 1 && s.shape.size() <= 1) return {1};
-      if (s.shape == blocks) return blocks;
-      expected = str_cat("[] or ", shape_string(blocks));
-      break;
+// Bits and group size of AWQ and GPTQ (group_size -1: one group per row).
+void int_scheme(const json& qc, HfQuantization& q, const std::vector<int64_t>& bits_ok, const char* bits_key,
+                const char* group_key) {
+  q.bits = get_int(qc, bits_key, "", 4);
+  if (std::find(bits_ok.begin(), bits_ok.end(), q.bits) == bits_ok.end())
+    fail(field(bits_key), " = ", q.bits, " is not supported (supported: ", bits_ok.size() == 1 ? "4" : "4, 8", ")");
+  if (get_int(qc, group_key, "", 128) == -1) {
+    q.scales = HfQuantization::Scales::Channel;
+  } else {
+    q.scales = HfQuantization::Scales::Group;
+    q.group_size = group_size(qc, group_key, "");
   }
-  fail("tensor \"", s.name, "\" has shape ", shape_string(s.shape), ", expected ", expected, " for the [", out, ", ",
-       in, "] weight (", q.scheme_field, ")");
+  q.scheme_field = str_cat(field(group_key), " ", q.scales == HfQuantization::Scales::Channel ? -1 : q.group_size);
+  q.activations = "none (weight-only)";
 }
 
-struct LinearModule {
-  std::string hf;    // "model.layers.0.self_attn.q_proj"
-  int64_t out, in;
-};
+HfQuantization parse_awq(const json& qc) {
+  HfQuantization q;
+  q.method = HfQuantization::Method::Awq;
+  q.storage = HfQuantization::Storage::Awq;
+  const std::string version = get_string(qc, "version", "", "gemm");
+  std::string v = version;
+  for (char& ch : v) ch = char(std::tolower(static_cast<unsigned char>(ch)));  // AutoAWQ writes "GEMM" too
+  if (v != "gemm")
+    fail(field("version"), " = \"", version, "\" is not supported (supported: gemm; gemv, gemv_fast, exllama, marlin ",
+         "and ipex pack differently)");
+  const std::string backend = get_string(qc, "backend", "", "autoawq");
+  if (backend != "autoawq") fail(field("backend"), " = \"", backend, "\" is not supported (supported: autoawq)");
+  const bool has_bits = qc.contains("bits") && !qc["bits"].is_null();
+  const bool has_group = qc.contains("group_size") && !qc["group_size"].is_null();
+  int_scheme(qc, q, {4}, has_bits || !qc.contains("w_bit") ? "bits" : "w_bit",
+             has_group || !qc.contains("q_group_size") ? "group_size" : "q_group_size");
+  if (q.scales != HfQuantization::Scales::Group)
+    fail(field("group_size"), " = -1 is not supported for awq (one group per row)");
+  if (!get_bool(qc, "zero_point", "", true))
+    fail(field("zero_point"), " = false is not supported (AutoAWQ's GEMM weights have zero points)");
+  q.symmetric = false;
+  require_unset(qc, "modules_to_fuse", "", "fused modules");
+  q.ignore = get_strings(qc, "modules_to_not_convert", "");
+  return q;
+}
 
-std::vector<LinearModule> linear_modules(const ModelConfig& c) {
-  std::vector<LinearModule> mods;
-  const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), i = c.intermediate_size;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = str_cat("model.layers.", l, ".");
-    mods.push_back({p + "self_attn.q_proj", q, h});
-    mods.push_back({p + "self_attn.k_proj", kv, h});
-    mods.push_back({p + "self_attn.v_proj", kv, h});
-    mods.push_back({p + "self_attn.o_proj", h, q});
-    mods.push_back({p + "mlp.gate_proj", i, h});
-    mods.push_back({p + "mlp.up_proj", i, h});
-    mods.push_back({p + "mlp.down_proj", h, i});
-  }
-  if (!c.tie_word_embeddings) mods.push_back({"lm_head", c.vocab_size, h});
-  return mods;
+HfQuantization parse_gptq(const json& qc) {
+  HfQuantization q;
+  q.method = HfQuantization::Method::Gptq;
+  q.storage = HfQuantization::Storage::Gptq;
+  int_scheme(qc, q, {4, 8}, "bits", "group_size");
+  q.symmetric = get_bool(qc, "sym", "", true);
+  q.act_order = get_bool(qc, "desc_act", "", false);
+  if (q.bits == 8 && (q.scales != HfQuantization::Scales::Channel || !q.symmetric))
+    fail(field("bits"), " = 8 is supported with ", field("group_size"), " = -1 and ", field("sym"),
+         " = true only (int8 per channel); got group_size ", q.scales == HfQuantization::Scales::Channel ? -1 : q.group_size,
+         ", sym ", q.symmetric ? "true" : "false");
+  // AutoGPTQ and transformers write checkpoint_format; older configs (and GPTQModel) format.
+  const char* key = qc.contains("checkpoint_format") && !qc["checkpoint_format"].is_null() ? "checkpoint_format" : "format";
+  const std::string fmt = get_string(qc, key, "", "gptq");
+  if (fmt == "gptq") q.zeros_minus_one = true;
+  else if (fmt != "gptq_v2")
+    fail(field(key), " = \"", fmt, "\" is not supported (supported: gptq, gptq_v2)");
+  const std::string pack = get_string(qc, "pack_dtype", "", "int32");
+  if (pack != "int32") fail(field("pack_dtype"), " = \"", pack, "\" is not supported (supported: int32)");
+  require_unset(qc, "dynamic", "", "per-module overrides");
+  return q;
 }
 
 }  // namespace
@@ -318,21 +387,51 @@ bool HfQuantization::quantizes(const std::string& module) const {
         if (i != "Linear" && ct_matches(module, i)) return false;
       return true;
     }
+    case Method::Awq:
+      // AutoAWQ skips a module whose name contains an entry.
+      for (const std::string& k : ignore)
+        if (module.find(k) != std::string::npos) return false;
+      return true;
+    case Method::Gptq: return true;
   }
   return false;
 }
 
+std::string HfQuantization::method_name() const {
+  switch (method) {
+    case Method::None: return "";
+    case Method::Fp8: return "fp8";
+    case Method::CompressedTensors: return "compressed-tensors";
+    case Method::Awq: return "awq";
+    case Method::Gptq: return "gptq";
+  }
+  return "";
+}
+
 std::string HfQuantization::describe() const {
   if (method == Method::None) return "none";
-  std::string s = method == Method::Fp8 ? "fp8" : "compressed-tensors";
-  s += " e4m3 weights, scales ";
+  std::string s = method_name();
+  switch (storage) {
+    case Storage::Fp8: s += ": fp8 e4m3 weights"; break;
+    case Storage::Int8: s += ": int8 weights"; break;
+    case Storage::CtPacked:
+    case Storage::Awq:
+    case Storage::Gptq:
+      s += str_cat(": int", bits, " weights", bits == 4 ? (symmetric ? " (symmetric)" : " with zero points") : "",
+                   zeros_minus_one ? " (v1 zero points, stored minus one)" : "");
+      break;
+  }
+  s += ", scales ";
   switch (scales) {
     case Scales::Tensor: s += "per tensor"; break;
     case Scales::Channel: s += "per output channel"; break;
     case Scales::Block: s += str_cat("per ", block_rows, "x", block_cols, " block"); break;
     case Scales::BlockOrTensor: s += str_cat("per ", block_rows, "x", block_cols, " block or per tensor"); break;
+    case Scales::Group: s += str_cat("per group of ", group_size); break;
   }
-  return s + "; activations " + activations + ", not emulated";
+  if (act_order) s += "; act-order weights whose g_idx reorders groups are dequantized to f32 at load";
+  s += "; activations " + activations;
+  return activations.rfind("none", 0) == 0 ? s : s + ", not emulated";
 }
 
 HfQuantization hf_quantization_from_json(const json& j) {
@@ -343,74 +442,9 @@ HfQuantization hf_quantization_from_json(const json& j) {
   const std::string method = get_string(qc, "quant_method", "");
   if (method == "fp8") return parse_fp8(qc);
   if (method == "compressed-tensors") return parse_compressed_tensors(qc);
-  fail(field("quant_method"), " = \"", method, "\" is not supported (supported: fp8, compressed-tensors)");
-}
-
-void add_hf_quantized_scales(const HfQuantization& q, const std::map<std::string, const SafetensorsTensor*>& tensors,
-                             const ModelConfig& config, WeightStore& store) {
-  std::set<std::string> quantized_weights;
-  for (const LinearModule& m : linear_modules(config)) {
-    const std::string wname = m.hf + ".weight";
-    auto it = tensors.find(wname);
-    if (it == tensors.end()) continue;  // the loader names what is missing
-    const SafetensorsTensor& w = *it->second;
-    const bool fp8 = w.dtype == "F8_E4M3";
-    const bool wanted = q.quantizes(m.hf);
-    if (!fp8) {
-      // transformers leaves the LM head unquantized unless it is listed.
-      if (wanted && !(q.method == HfQuantization::Method::Fp8 && m.hf == "lm_head"))
-        fail("tensor \"", wname, "\" is ", w.dtype, " but ", kQc, " quantizes \"", m.hf,
-             "\" (expected F8_E4M3 weights with scales)");
-      continue;
-    }
-    if (q.method == HfQuantization::Method::None)
-      fail("tensor \"", wname, "\" is F8_E4M3 but config.json has no ", kQc, " to give its scales");
-    if (!wanted)
-      fail("tensor \"", wname, "\" is F8_E4M3 but ", kQc, " leaves \"", m.hf, "\" unquantized (",
-           q.method == HfQuantization::Method::Fp8 ? "modules_to_not_convert" : "ignore / config_groups targets",
-           ")");
-    const SafetensorsTensor* s = nullptr;
-    for (const std::string& n : q.scale_names) {
-      auto si = tensors.find(m.hf + "." + n);
-      if (si != tensors.end()) {
-        s = si->second;
-        break;
-      }
-    }
-    if (!s) {
-      std::string names;
-      for (const std::string& n : q.scale_names) names += (names.empty() ? "\"" : " or \"") + m.hf + "." + n + "\"";
-      fail("fp8 weight \"", wname, "\" has no scale tensor (", names, ")");
-    }
-    if (w.shape != std::vector<int64_t>{m.out, m.in}) continue;  // the loader names the shape mismatch
-    const std::vector<int64_t> shape = scale_shape(q, *s, m.out, m.in);
-    DType sd;
-    try {
-      sd = dtype_from_safetensors(s->dtype, s->name);
-    } catch (const Error& e) {
-      fail(e.what());
-    }
-    if (sd == DType::FP8_E4M3) fail("tensor \"", s->name, "\" is F8_E4M3; scales must be F32, BF16 or F16");
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    std::vector<float> f(static_cast<size_t>(numel));
-    to_f32(sd, s->data, f.data(), numel);
-    for (float v : f)
-      if (!std::isfinite(v)) fail("tensor \"", s->name, "\" holds a scale that is not finite (", v, ")");
-    if (auto zp = tensors.find(m.hf + ".weight_zero_point"); zp != tensors.end()) {
-      const SafetensorsTensor& z = *zp->second;
-      for (int64_t b = 0; b < z.nbytes; ++b)
-        if (z.data[b] != 0) fail("tensor \"", z.name, "\" holds non-zero zero points (asymmetric FP8 is not loaded)");
-    }
-    std::vector<uint8_t> bytes(f.size() * sizeof(float));
-    std::memcpy(bytes.data(), f.data(), bytes.size());
-    store.add_owned(fp8_scale_name(gguf_name_from_hf(wname)), DType::F32, shape, std::move(bytes));
-    quantized_weights.insert(wname);
-  }
-  // An F8 tensor anywhere else has no scheme Serval knows.
-  for (const auto& [name, t] : tensors)
-    if (t->dtype == "F8_E4M3" && !quantized_weights.count(name) && !gguf_name_from_hf(name).empty())
-      fail("tensor \"", name, "\" is F8_E4M3, which Serval loads only for the weights of quantized linear layers");
+  if (method == "awq") return parse_awq(qc);
+  if (method == "gptq") return parse_gptq(qc);
+  fail(field("quant_method"), " = \"", method, "\" is not supported (supported: fp8, compressed-tensors, awq, gptq)");
 }
 
 }  // namespace serval

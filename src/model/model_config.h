@@ -51,10 +51,11 @@ struct ModelConfig {
   int64_t sliding_window_from_layer = 0;
   std::vector<uint8_t> sliding_layers;
   // A quantized Hugging Face checkpoint (model/hf_quant.h): its
-  // quantization_config's quant_method ("fp8", "compressed-tensors"; empty:
-  // none), and the [rows, cols] of its FP8 weights' scale blocks (0: scales
-  // per tensor or per output row).
-  std::string quant_method;
+  // quantization_config's quant_method ("fp8", "compressed-tensors", "awq",
+  // "gptq"; empty: none), what it asks for in words (announced at start-up),
+  // and the [rows, cols] of its FP8 weights' scale blocks (0: scales per
+  // tensor or per output row).
+  std::string quant_method, quant_summary;
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
 
   int64_t q_dim() const { return num_heads * head_dim; }

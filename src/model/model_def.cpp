@@ -27,16 +27,37 @@ bool is_sliding(const ModelConfig& c, int64_t l) {
 
 }  // namespace
 
-std::string fp8_scale_name(const std::string& weight_name) { return weight_name + "_scale"; }
+std::string quant_scale_name(const std::string& weight_name) { return weight_name + "_scale"; }
+std::string int4_weight_name(const std::string& weight_name) { return weight_name + "_int4"; }
+std::string int4_zero_name(const std::string& weight_name) { return weight_name + "_zero"; }
 
 Linear load_linear(const WeightStore& store, const ModelConfig& config, const std::string& name, int64_t out,
                    int64_t in) {
+  if (const TensorView* packed = store.find(int4_weight_name(name))) {
+    const TensorView* scales = store.find(quant_scale_name(name));
+    SERVAL_CHECK(scales != nullptr && scales->shape.size() == 2 && scales->shape[1] > 0, "int4 weight \"", name,
+                 "\" has no [out, groups] scales (\"", quant_scale_name(name), "\")");
+    Linear w;
+    w.name = name;
+    w.out = out;
+    w.in = in;
+    w.weight = *packed;
+    w.scales = *scales;
+    if (const TensorView* zeros = store.find(int4_zero_name(name))) w.zeros = *zeros;
+    w.format = {LinearFormat::Kind::Int4Grouped, DType::I8, int32_t(in / scales->shape[1]), !w.zeros.has_value()};
+    w.shard = ShardSpec::whole(out, in);
+    w.validate();
+    return w;
+  }
   Linear w = linear_of(store.get(name, {out, in}));
-  if (w.weight.dtype != DType::FP8_E4M3) return w;
-  const TensorView* scales = store.find(fp8_scale_name(name));
-  SERVAL_CHECK(scales != nullptr, "fp8 weight \"", name, "\" has no scales (\"", fp8_scale_name(name), "\")");
-  w.format = {LinearFormat::Kind::Fp8, DType::FP8_E4M3, 0, true};
-  if (scales->shape.size() == 2) {
+  if (w.weight.dtype != DType::FP8_E4M3 && w.weight.dtype != DType::I8) return w;
+  const bool fp8 = w.weight.dtype == DType::FP8_E4M3;
+  const TensorView* scales = store.find(quant_scale_name(name));
+  SERVAL_CHECK(scales != nullptr, fp8 ? "fp8" : "int8", " weight \"", name, "\" has no scales (\"",
+               quant_scale_name(name), "\")");
+  w.format = fp8 ? LinearFormat{LinearFormat::Kind::Fp8, DType::FP8_E4M3, 0, true}
+                 : LinearFormat{LinearFormat::Kind::Int8PerChannel, DType::I8, 0, true};
+  if (fp8 && scales->shape.size() == 2) {
     w.format.block_rows = int32_t(config.fp8_block_rows);
     w.format.block_cols = int32_t(config.fp8_block_cols);
   }
@@ -104,10 +125,15 @@ std::vector<TensorSpec> ModelDef::tensors() const {
 
 void ModelDef::check_weights(const WeightStore& weights) const {
   for_each_tensor([&](const TensorSpec& t) {
+    const bool linear = t.shape.size() == 2 && t.name != "token_embd.weight";
+    if (linear && weights.find(int4_weight_name(t.name))) {
+      load_linear(weights, cfg_, t.name, t.shape[0], t.shape[1]);  // its packed tensors
+      return;
+    }
     const TensorView& v = weights.get(t.name, t.shape);
-    if (v.dtype == DType::FP8_E4M3) {
-      SERVAL_CHECK(t.shape.size() == 2 && t.name != "token_embd.weight", "tensor \"", t.name,
-                   "\" is fp8, which Serval takes only for the matrices of linear layers");
+    if (v.dtype == DType::FP8_E4M3 || v.dtype == DType::I8) {
+      SERVAL_CHECK(linear, "tensor \"", t.name, "\" is ", dtype_name(v.dtype),
+                   ", which Serval takes only for the matrices of linear layers");
       load_linear(weights, cfg_, t.name, t.shape[0], t.shape[1]);  // its scales
     }
   });

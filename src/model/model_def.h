@@ -61,13 +61,19 @@ struct LayerWeights {
   std::vector<std::vector<uint8_t>> owned;
 };
 
-// The name under which a loader stores the f32 scales of an FP8 weight
-// ("blk.0.attn_q.weight" -> "blk.0.attn_q.weight_scale"): [1] per tensor,
-// [out] per output row, or one per block of ModelConfig::fp8_block_rows x
-// fp8_block_cols.
-std::string fp8_scale_name(const std::string& weight_name);
+// The names under which a loader stores a quantized weight's tensors beside
+// "blk.0.attn_q.weight": its f32 scales under quant_scale_name ("..._scale"):
+// FP8 [1] per tensor, [out] per output row, or one per block of
+// ModelConfig::fp8_block_rows x fp8_block_cols; int8 [out]; int4 [out, in / g].
+// An int4 weight (Int4Grouped) is not under the weight's own name: its packed
+// nibbles [out, in / 2] (I8) are under int4_weight_name ("..._int4"), its f32
+// zero points [out, in / g], when asymmetric, under int4_zero_name ("..._zero").
+std::string quant_scale_name(const std::string& weight_name);
+std::string int4_weight_name(const std::string& weight_name);
+std::string int4_zero_name(const std::string& weight_name);
 // The Linear of the [out, in] matrix `name` in `store`: its tensor's own
-// format, or Fp8 with its scales where the tensor is FP8 e4m3.
+// format; Fp8 or Int8PerChannel with its scales where the tensor is FP8 e4m3
+// or I8; Int4Grouped where int4_weight_name is present.
 Linear load_linear(const WeightStore& store, const ModelConfig& config, const std::string& name, int64_t out,
                    int64_t in);
 

@@ -48,8 +48,9 @@ DType dtype_from_safetensors(const std::string& dtype, const std::string& tensor
   if (dtype == "F16") return DType::F16;
   if (dtype == "BF16") return DType::BF16;
   if (dtype == "F8_E4M3") return DType::FP8_E4M3;  // the weights of FP8 checkpoints (model/hf_quant.h)
+  if (dtype == "I8") return DType::I8;              // the weights of int8 checkpoints (model/hf_quant.h)
   fail("tensor \"", tensor_name, "\" has dtype ", dtype,
-       ", which Serval does not support (supported: F32, F16, BF16, F8_E4M3)");
+       ", which Serval does not support (supported: F32, F16, BF16, F8_E4M3, I8)");
 }
 
 std::string safetensors_dtype_name(DType t) {

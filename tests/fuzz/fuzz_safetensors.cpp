@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     serval::add_safetensors_weights(*file, config, weights);
     std::map<std::string, const serval::SafetensorsTensor*> by_name;
     for (const auto& t : file->tensors()) by_name[t.name] = &t;
-    serval::add_hf_quantized_scales(serval::hf_quantization_from_json(nlohmann::json::parse(config_text)), by_name,
+    serval::add_hf_quantized_weights(serval::hf_quantization_from_json(nlohmann::json::parse(config_text)), by_name,
                                     config, weights);
     const serval::ModelDef def = serval::ModelDef::of(config);
     def.check_weights(weights);

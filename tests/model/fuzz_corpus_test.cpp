@@ -149,6 +149,72 @@ TEST(FuzzCorpus, DISABLED_WriteSeedCorpus) {
     }
   }
   {
+    // Int checkpoints: GPTQ v1 (groups of 4, asymmetric), compressed-tensors
+    // pack-quantized (groups of 4, zero points packed down the rows) and
+    // int-quantized (int8 per channel); packed int32 words beside their scales.
+    ModelConfig c = micro_config("llama");
+    const std::string gptq = R"({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 4,
+        "sym": false, "desc_act": true, "checkpoint_format": "gptq"}})";
+    const std::string pack = R"({"quantization_config": {"quant_method": "compressed-tensors",
+        "format": "pack-quantized", "quantization_status": "compressed", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
+        "symmetric": false, "strategy": "group", "group_size": 4}}}}})";
+    const std::string int8 = R"({"quantization_config": {"quant_method": "compressed-tensors",
+        "format": "int-quantized", "quantization_status": "compressed", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int",
+        "strategy": "channel"}}}}})";
+    auto words = [](int64_t n, uint32_t seed) {
+      std::vector<uint8_t> b(size_t(n * 4));
+      for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t((i * 131 + seed * 7) & 0xff);
+      return b;
+    };
+    auto floats = [](int64_t n) {
+      std::vector<float> f(size_t(n), 0.125f);
+      std::vector<uint8_t> b(f.size() * 4);
+      std::memcpy(b.data(), f.data(), b.size());
+      return b;
+    };
+    for (const auto& [name, extra] : {std::pair{"int4_gptq", gptq}, std::pair{"int4_ct_pack", pack},
+                                      std::pair{"int8_ct", int8}}) {
+      std::vector<SafetensorsWriteTensor> ts;
+      uint32_t seed = 1;
+      for (const TensorSpec& e : ModelDef::of(c).tensors()) {
+        const std::string hf = testing::hf_name_from_gguf(e.name);
+        if (e.shape.size() != 2 || hf.rfind("model.layers.", 0) != 0) {
+          ts.push_back({hf, "F32", e.shape, testing::random_tensor_bytes(DType::F32, e.shape, seed++)});
+          continue;
+        }
+        const std::string m = hf.substr(0, hf.size() - 7);
+        const int64_t out = e.shape[0], in = e.shape[1], groups = in / 4;
+        if (std::string(name) == "int4_gptq") {
+          std::vector<uint8_t> g(size_t(in * 4), 0);
+          for (int64_t i = 0; i < in; ++i) g[size_t(i * 4)] = uint8_t((i * 3) % groups);
+          ts.push_back({m + ".qweight", "I32", {in / 8, out}, words(in / 8 * out, seed++)});
+          ts.push_back({m + ".qzeros", "I32", {groups, (out + 7) / 8}, words(groups * ((out + 7) / 8), seed++)});
+          ts.push_back({m + ".scales", "F32", {groups, out}, floats(groups * out)});
+          ts.push_back({m + ".g_idx", "I32", {in}, g});
+        } else if (std::string(name) == "int4_ct_pack") {
+          std::vector<uint8_t> shape(16, 0);
+          std::memcpy(shape.data(), &out, 8);
+          std::memcpy(shape.data() + 8, &in, 8);
+          ts.push_back({m + ".weight_packed", "I32", {out, in / 8}, words(out * in / 8, seed++)});
+          ts.push_back({m + ".weight_scale", "F32", {out, groups}, floats(out * groups)});
+          ts.push_back({m + ".weight_zero_point", "I32", {(out + 7) / 8, groups}, words((out + 7) / 8 * groups, seed++)});
+          ts.push_back({m + ".weight_shape", "I64", {2}, shape});
+        } else {
+          std::vector<uint8_t> q(size_t(out * in));
+          for (size_t i = 0; i < q.size(); ++i) q[i] = uint8_t(i * 37 + seed);
+          ts.push_back({hf, "I8", e.shape, q});
+          ts.push_back({m + ".weight_scale", "F32", {out, 1}, floats(out)});
+          ++seed;
+        }
+      }
+      const std::string p = st + name + ".safetensors";
+      write_safetensors(p, ts, {{"format", "pt"}, {"config", testing::hf_config_json("LlamaForCausalLM", c, extra)}});
+      add_variants(p);
+    }
+  }
+  {
     // A header with an unsupported dtype and an empty tensor.
     write_safetensors(st + "other_dtypes.safetensors",
                       {{"a", "I64", {2}, std::vector<uint8_t>(16, 1)}, {"b", "F16", {0, 3}, {}},

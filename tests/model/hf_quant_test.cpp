@@ -10,6 +10,7 @@
 #include "core/fp8.h"
 #include "model/hf_model.h"
 #include "model/hf_quant.h"
+#include "model/int_unpack.h"
 #include "model/model_def.h"
 #include "model/qk_permute.h"
 #include "test_models.h"
@@ -70,13 +71,13 @@ TEST(HfQuant, ReadsFp8AndCompressedTensorsConfigs) {
 
 TEST(HfQuant, RefusesWhatItDoesNotLoad) {
   const std::string fp8w = R"({"num_bits": 8, "type": "float", "strategy": "tensor"})";
-  expect_error([] { parse(R"({"quant_method": "gptq", "bits": 4})"); },
-               {"quantization_config.quant_method = \"gptq\"", "supported: fp8, compressed-tensors"});
+  expect_error([] { parse(R"({"quant_method": "bitsandbytes", "load_in_4bit": true})"); },
+               {"quantization_config.quant_method = \"bitsandbytes\"", "supported: fp8, compressed-tensors, awq, gptq"});
   expect_error([] { parse(R"({"bits": 4})"); }, {"quantization_config has no quant_method"});
   expect_error([&] { parse(ct_config(fp8w).replace(ct_config(fp8w).find("float-quantized"), 15, "int-quantized")); },
-               {"quantization_config.format = \"int-quantized\""});
+               {"weights.type = \"float\"", "in quantization_config.format \"int-quantized\""});
   expect_error([] { parse(ct_config(R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128})")); },
-               {"quantization_config.config_groups.group_0.weights.type = \"int\""});
+               {"quantization_config.config_groups.group_0.weights.type = \"int\"", "num_bits = 4"});
   expect_error([] { parse(ct_config(R"({"num_bits": 8, "type": "float", "symmetric": false})")); },
                {"weights.symmetric = false"});
   expect_error([] { parse(ct_config(R"({"num_bits": 8, "type": "float", "strategy": "block"})")); },
@@ -162,6 +163,156 @@ TEST(HfQuant, LoadsFp8BlockWeightsAndPermutesTheirRowsDequantized) {
     EXPECT_EQ(dequantize_linear(*p), rows) << w->name;
   }
   EXPECT_EQ(permuted.v.format.kind, LinearFormat::Kind::Fp8);  // only q and k move
+}
+
+std::string ct_int_config(const std::string& format, const std::string& weights, const std::string& acts = "null") {
+  return R"({"quant_method": "compressed-tensors", "format": ")" + format +
+         R"(", "quantization_status": "compressed", "config_groups": {"group_0": {"targets": ["Linear"], "weights": )" +
+         weights + R"(, "input_activations": )" + acts + R"(, "format": ")" + format +
+         R"("}}, "ignore": ["lm_head"], "sparsity_config": {}, "transform_config": {}})";
+}
+
+TEST(HfQuant, ReadsIntConfigs) {
+  using S = HfQuantization::Storage;
+  HfQuantization q = parse(ct_int_config("int-quantized", R"({"num_bits": 8, "type": "int", "symmetric": true,
+      "strategy": "channel", "dynamic": false})", R"({"num_bits": 8, "type": "int", "strategy": "token", "dynamic": true})"));
+  EXPECT_EQ(q.storage, S::Int8);
+  EXPECT_EQ(q.scales, HfQuantization::Scales::Channel);
+  EXPECT_NE(q.describe().find("int8 dynamic per token"), std::string::npos) << q.describe();
+  EXPECT_NE(q.describe().find("not emulated"), std::string::npos) << q.describe();
+  q = parse(ct_int_config("pack-quantized", R"({"num_bits": 4, "type": "int", "symmetric": false, "strategy": "group",
+      "group_size": 64, "actorder": "group"})"));
+  EXPECT_EQ(q.storage, S::CtPacked);
+  EXPECT_EQ(q.group_size, 64);
+  EXPECT_FALSE(q.symmetric);
+  EXPECT_TRUE(q.act_order);
+  q = parse(R"({"quant_method": "awq", "zero_point": true, "group_size": 128, "bits": 4, "version": "GEMM",
+                "modules_to_not_convert": ["visual"]})");
+  EXPECT_EQ(q.storage, S::Awq);
+  EXPECT_FALSE(q.quantizes("model.visual.proj"));
+  EXPECT_TRUE(q.quantizes("model.layers.0.mlp.up_proj"));
+  q = parse(R"({"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": true, "desc_act": true})");
+  EXPECT_EQ(q.storage, S::Gptq);
+  EXPECT_TRUE(q.zeros_minus_one);  // AutoGPTQ's v1 unless the config says gptq_v2
+  EXPECT_TRUE(q.act_order);
+  q = parse(R"({"quant_method": "gptq", "bits": 8, "group_size": -1, "checkpoint_format": "gptq_v2"})");
+  EXPECT_EQ(q.scales, HfQuantization::Scales::Channel);
+  EXPECT_FALSE(q.zeros_minus_one);
+}
+
+TEST(HfQuant, RefusesIntVariantsItDoesNotLoad) {
+  expect_error([] { parse(R"({"quant_method": "gptq", "bits": 3, "group_size": 128})"); },
+               {"quantization_config.bits = 3 is not supported (supported: 4, 8)"});
+  expect_error([] { parse(R"({"quant_method": "gptq", "bits": 8, "group_size": 128})"); },
+               {"quantization_config.bits = 8", "group_size = -1"});
+  expect_error([] { parse(R"({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"})"); },
+               {"quantization_config.checkpoint_format = \"marlin\""});
+  expect_error([] { parse(R"({"quant_method": "gptq", "bits": 4, "group_size": 0})"); },
+               {"quantization_config.group_size = 0"});
+  expect_error([] { parse(R"({"quant_method": "gptq", "bits": 4, "group_size": 128, "dynamic": {"-:.*": {}}})"); },
+               {"quantization_config.dynamic"});
+  for (const char* v : {"gemv", "gemv_fast", "exllama", "marlin", "ipex"})
+    expect_error([&] { parse(str_cat(R"({"quant_method": "awq", "bits": 4, "group_size": 128, "version": ")", v, "\"}")); },
+                 {str_cat("quantization_config.version = \"", v, "\" is not supported")});
+  expect_error([] { parse(R"({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": false})"); },
+               {"quantization_config.zero_point = false"});
+  expect_error([] { parse(R"({"quant_method": "awq", "bits": 4, "group_size": 128, "backend": "llm-awq"})"); },
+               {"quantization_config.backend = \"llm-awq\""});
+  expect_error([] { parse(ct_int_config("int-quantized", R"({"num_bits": 8, "type": "int", "symmetric": false})")); },
+               {"weights.symmetric = false is not supported with 8-bit int"});
+  expect_error([] { parse(ct_int_config("pack-quantized", R"({"num_bits": 4, "type": "int", "strategy": "group",
+                                                              "group_size": 63})")); },
+               {"weights.group_size = 63"});
+  expect_error([] { parse(ct_int_config("pack-quantized", R"({"num_bits": 8, "type": "int", "strategy": "group",
+                                                              "group_size": 64})")); },
+               {"weights.strategy = \"group\" is not supported with 8-bit int"});
+  expect_error([] { parse(ct_int_config("int-quantized", R"({"num_bits": 8, "type": "int", "actorder": "group"})")); },
+               {"weights.actorder = \"group\""});
+}
+
+TEST(IntUnpack, ReadsEachToolsPacking) {
+  // Words of eight nibbles 0..7 in order, and AWQ's interleaving of the same values.
+  const uint32_t natural = 0x76543210u, awq = 0x75316420u;
+  std::vector<uint8_t> b(8);
+  std::memcpy(b.data(), &natural, 4);
+  std::memcpy(b.data() + 4, &awq, 4);
+  EXPECT_EQ(unpack_int32_rows(b.data(), 1, 1, 4, 8), (std::vector<uint8_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(unpack_int32_rows(b.data() + 4, 1, 1, 4, 8, kAwqNibble), (std::vector<uint8_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  // Down the rows: word (0, c) holds rows 0..7 of column c.
+  EXPECT_EQ(unpack_int32_cols(b.data(), 8, 2, 4),
+            (std::vector<uint8_t>{0, 0, 1, 2, 2, 4, 3, 6, 4, 1, 5, 3, 6, 5, 7, 7}));
+  EXPECT_EQ(unpack_int32_rows(b.data(), 1, 1, 8, 4), (std::vector<uint8_t>{0x10, 0x32, 0x54, 0x76}));
+
+  UnpackedInt u;
+  u.out = 2, u.in = 4, u.groups = 2, u.bits = 4;
+  u.q = {0, 15, 3, 4, 8, 9, 10, 11};
+  u.scale = {0.5f, 2.0f, 1.0f, 0.25f};
+  u.zero = {8, 1, 8, 8};
+  EXPECT_TRUE(u.contiguous_groups());
+  EXPECT_FALSE(u.zeros_are_midpoint());
+  EXPECT_EQ(u.int4_bytes(), (std::vector<uint8_t>{0xF0, 0x43, 0x98, 0xBA}));
+  EXPECT_EQ(u.dequantize(), (std::vector<float>{-4.0f, 3.5f, 4.0f, 6.0f, 0.0f, 1.0f, 0.5f, 0.75f}));
+  u.g_idx = {1, 0, 1, 0};  // act order: not contiguous, dequantized by each column's group
+  EXPECT_FALSE(u.contiguous_groups());
+  EXPECT_EQ(u.dequantize()[0], (0.0f - 1.0f) * 2.0f);
+}
+
+// A tiny GPTQ v1 folder: every layer's linear weights [out, in] as qweight / qzeros /
+// scales / g_idx with groups of 16, asymmetric; the lm_head plain.
+TEST(HfQuant, LoadsGptqAsInt4GroupedExactly) {
+  ScratchDir dir;
+  const ModelConfig c = testing::tiny_config("llama");  // hidden 32, ffn 64
+  write_text(dir.file("config.json"),
+             testing::hf_config_json("LlamaForCausalLM", c,
+                                     R"({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 16,
+                                         "sym": false, "desc_act": false, "checkpoint_format": "gptq"}})"));
+  std::vector<SafetensorsWriteTensor> ts;
+  std::mt19937 rng(5);
+  for (const SafetensorsWriteTensor& t : testing::hf_tensors(c, "F32")) {
+    if (t.shape.size() != 2 || t.name.find("model.layers.") != 0) {
+      ts.push_back(t);
+      continue;
+    }
+    const int64_t out = t.shape[0], in = t.shape[1], groups = in / 16;
+    const std::string m = t.name.substr(0, t.name.size() - 7);
+    std::vector<uint32_t> qw(size_t(in / 8 * out)), qz(size_t(groups * out / 8));
+    for (auto& w : qw) w = rng();
+    for (auto& w : qz) w = rng();
+    std::vector<float> s(size_t(groups * out));
+    for (auto& v : s) v = 0.01f * float(1 + rng() % 50);
+    std::vector<int32_t> g(static_cast<size_t>(in));
+    for (int64_t i = 0; i < in; ++i) g[size_t(i)] = int32_t(i / 16);
+    auto bytes = [](const void* p, size_t n) { return std::vector<uint8_t>((const uint8_t*)p, (const uint8_t*)p + n); };
+    ts.push_back({m + ".qweight", "I32", {in / 8, out}, bytes(qw.data(), qw.size() * 4)});
+    ts.push_back({m + ".qzeros", "I32", {groups, out / 8}, bytes(qz.data(), qz.size() * 4)});
+    ts.push_back({m + ".scales", "F32", {groups, out}, f32_bytes(s)});
+    ts.push_back({m + ".g_idx", "I32", {in}, bytes(g.data(), g.size() * 4)});
+  }
+  write_safetensors(dir.file("model.safetensors"), ts);
+  LoadedModel m = load_model(dir.file(""));
+  EXPECT_EQ(m.config.quant_method, "gptq");
+  const ModelDef def = ModelDef::of(m.config);
+  const LayerWeights w = def.load_layer(m.weights, 1, WeightTransforms{false});
+  EXPECT_EQ(w.down.format.describe(), "int4 g16 asym");
+  // Element (row 5, column 37) of down_proj [32, 64] by hand from the packed words.
+  const std::vector<float> d = dequantize_linear(w.down);
+  const SafetensorsWriteTensor* qw = nullptr, *qz = nullptr, *sc = nullptr;
+  for (const auto& t : ts) {
+    if (t.name == "model.layers.1.mlp.down_proj.qweight") qw = &t;
+    if (t.name == "model.layers.1.mlp.down_proj.qzeros") qz = &t;
+    if (t.name == "model.layers.1.mlp.down_proj.scales") sc = &t;
+  }
+  uint32_t word, zword;
+  float scale;
+  std::memcpy(&word, qw->bytes.data() + ((37 / 8) * 32 + 5) * 4, 4);
+  std::memcpy(&zword, qz->bytes.data() + ((37 / 16) * 4 + 5 / 8) * 4, 4);
+  std::memcpy(&scale, sc->bytes.data() + ((37 / 16) * 32 + 5) * 4, 4);
+  const float q = float((word >> (4 * (37 % 8))) & 0xF), zero = float(((zword >> (4 * (5 % 8))) & 0xF) + 1);
+  EXPECT_EQ(d[5 * 64 + 37], (q - zero) * scale);
+  // Permuted q rows go through their dequantized values.
+  const LayerWeights permuted = def.load_layer(m.weights, 0, WeightTransforms{true});
+  EXPECT_EQ(permuted.q.format, LinearFormat::dense(DType::F32));
+  EXPECT_EQ(permuted.v.format.kind, LinearFormat::Kind::Int4Grouped);
 }
 
 }  // namespace

@@ -156,12 +156,14 @@ def _load_error(serval, folder):
 
 
 CONFIG_REFUSALS = {
-    "unknown quant_method": (lambda q: q.update(quant_method="awq"),
-                             ['quantization_config.quant_method = "awq"', "not supported"]),
-    "int-quantized": (lambda q: q.update(format="int-quantized"),
-                      ['quantization_config.format = "int-quantized"']),
-    "pack-quantized": (lambda q: q.update(format="pack-quantized"),
-                       ['quantization_config.format = "pack-quantized"']),
+    "unknown quant_method": (lambda q: q.update(quant_method="bitsandbytes"),
+                             ['quantization_config.quant_method = "bitsandbytes"', "not supported"]),
+    "int-quantized with fp8 weights": (lambda q: q.update(format="int-quantized"),
+                                       ['weights.type = "float"', 'in quantization_config.format "int-quantized"']),
+    "pack-quantized with fp8 weights": (lambda q: q.update(format="pack-quantized"),
+                                        ['weights.type = "float"', 'in quantization_config.format "pack-quantized"']),
+    "mixed-precision": (lambda q: q.update(format="mixed-precision"),
+                        ['quantization_config.format = "mixed-precision"']),
     "int weights": (lambda q: q["config_groups"]["group_0"]["weights"].update(type="int"),
                     ["quantization_config.config_groups.group_0.weights.type", '"int"']),
     "group strategy": (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="group", group_size=128),
