@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/gguf_linear_formats.h"
 #include "model/qk_permute.h"
 
 namespace serval {
@@ -31,6 +32,8 @@ std::string fp8_scale_name(const std::string& weight_name) { return weight_name 
 
 Linear load_linear(const WeightStore& store, const ModelConfig& config, const std::string& name, int64_t out,
                    int64_t in) {
+  if (const auto it = config.linear_formats.find(name); it != config.linear_formats.end())
+    return load_stored_linear(store, name, it->second, out, in);
   Linear w = linear_of(store.get(name, {out, in}));
   if (w.weight.dtype != DType::FP8_E4M3) return w;
   const TensorView* scales = store.find(fp8_scale_name(name));
@@ -104,6 +107,13 @@ std::vector<TensorSpec> ModelDef::tensors() const {
 
 void ModelDef::check_weights(const WeightStore& weights) const {
   for_each_tensor([&](const TensorSpec& t) {
+    if (cfg_.linear_formats.contains(t.name)) {
+      SERVAL_CHECK(t.shape.size() == 2 && t.name != "token_embd.weight", "tensor \"", t.name, "\" is ",
+                   cfg_.linear_formats.at(t.name).describe(), ", which Serval takes only for the matrices of linear ",
+                   "layers");
+      load_linear(weights, cfg_, t.name, t.shape[0], t.shape[1]);  // its companions, checked
+      return;
+    }
     const TensorView& v = weights.get(t.name, t.shape);
     if (v.dtype == DType::FP8_E4M3) {
       SERVAL_CHECK(t.shape.size() == 2 && t.name != "token_embd.weight", "tensor \"", t.name,

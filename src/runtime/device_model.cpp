@@ -133,12 +133,11 @@ void DeviceModel::setup_rope(const WeightStore& weights, Backend& be, bool permu
 int64_t planned_weight_bytes(const ModelDef& def, const WeightStore& weights, const Backend& backend) {
   int64_t bytes = 0;
   def.for_each_tensor([&](const TensorSpec& t) {
-    const TensorView& view = weights.get(t.name, t.shape);
     const bool linear = t.shape.size() == 2 && t.name != "token_embd.weight";
     if (linear)
       bytes += backend.linear_device_bytes(load_linear(weights, def.config(), t.name, t.shape[0], t.shape[1]));
     else
-      bytes += dtype_bytes(t.shape.size() == 2 ? backend.act_dtype() : DType::F32, view.numel());
+      bytes += dtype_bytes(t.shape.size() == 2 ? backend.act_dtype() : DType::F32, weights.get(t.name, t.shape).numel());
   });
   return bytes;
 }
