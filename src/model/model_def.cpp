@@ -215,6 +215,24 @@ TensorView ModelDef::final_norm(const WeightStore& store) const {
   return store.get("output_norm.weight", {cfg_.hidden_size});
 }
 
+std::string ModelDef::stored_formats(const WeightStore& store) const {
+  std::vector<std::string> attn, mlp, head;
+  for_each_tensor([&](const TensorSpec& t) {
+    if (t.shape.size() != 2 || t.name == "token_embd.weight") return;
+    const std::string d = load_linear(store, cfg_, t.name, t.shape[0], t.shape[1]).format.describe();
+    const bool ffn = t.name.find(".ffn_") != std::string::npos;
+    std::vector<std::string>& cls = t.name == "output.weight" ? head : ffn ? mlp : attn;
+    if (std::find(cls.begin(), cls.end(), d) == cls.end()) cls.push_back(d);
+  });
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& d : v) out += (out.empty() ? "" : " + ") + d;
+    return out;
+  };
+  return str_cat("attention ", join(attn), ", MLP ", join(mlp), ", LM head ",
+                 head.empty() ? std::string("tied to the embedding") : join(head));
+}
+
 std::optional<Linear> ModelDef::lm_head(const WeightStore& store) const {
   if (cfg_.tie_word_embeddings) return std::nullopt;
   return load_linear(store, cfg_, "output.weight", cfg_.vocab_size, cfg_.hidden_size);
