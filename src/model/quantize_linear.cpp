@@ -37,7 +37,8 @@ void add_quantized(GgufWriter& w, const std::string& name, const LinearFormat& f
       }
     };
   };
-  const std::vector<int64_t> scale_shape = rs == 1 ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, rs};
+  const bool int4 = f.kind == LinearFormat::Kind::Int4Grouped;
+  const std::vector<int64_t> scale_shape = int4 ? std::vector<int64_t>{rows, rs} : std::vector<int64_t>{rows};
   w.add_tensor_generated(name, DType::I8, {rows, rb}, generator(Codes));
   w.add_tensor_generated(linear_scale_name(name), DType::F32, scale_shape, generator(Scales));
   if (has_zeros) w.add_tensor_generated(linear_zero_name(name), DType::F32, scale_shape, generator(Zeros));

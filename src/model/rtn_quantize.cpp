@@ -109,7 +109,8 @@ RtnMatrix quantize_matrix_rtn(const LinearFormat& f, const std::string& name, co
   l.format = f;
   const DType code_type = f.kind == Kind::Fp8 ? DType::FP8_E4M3 : DType::I8;
   l.weight = {name, code_type, {out, rb}, m.codes.data(), int64_t(m.codes.size())};
-  const std::vector<int64_t> scale_shape = rs == 1 ? std::vector<int64_t>{out} : std::vector<int64_t>{out, rs};
+  const std::vector<int64_t> scale_shape =
+      f.kind == Kind::Int4Grouped ? std::vector<int64_t>{out, rs} : std::vector<int64_t>{out};
   l.scales = TensorView{name + ".scale", DType::F32, scale_shape, m.scales.data(), int64_t(m.scales.size() * 4)};
   if (has_zeros)
     l.zeros = TensorView{name + ".zero", DType::F32, scale_shape, m.zeros.data(), int64_t(m.zeros.size() * 4)};
