@@ -136,6 +136,9 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                  "checkpoint quantization (%s); weights dequantized where the backend has no kernel for their "
                  "format, quantized activations not emulated (docs/QUANTIZED_CHECKPOINTS.md)\n",
                  c.quant_summary.c_str());
+  if (!c.linear_formats.empty())
+    std::fprintf(stderr, "weight matrices stored as: %s (Serval's quantized GGUF)\n",
+                 ModelDef::of(c).stored_formats(m.model.weights).c_str());
   if (const std::string formats = m.runner->weight_formats(); !formats.empty())
     std::fprintf(stderr, "weight matrices held as: %s (%.2f GiB a step)\n", formats.c_str(),
                  double(m.runner->matrix_bytes()) / double(int64_t(1) << 30));

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/dtype.h"
+#include "model/model_def.h"
 #include "model/model_loader.h"
 
 namespace serval::cli {
@@ -63,6 +64,7 @@ int run_info(const InfoOptions& o) {
   std::printf("weights        %s\n", human_bytes(double(weight_bytes)).c_str());
   for (const auto& [d, e] : by_dtype)
     std::printf("  %-12s %lld params, %s\n", d.c_str(), (long long)e.first, human_bytes(double(e.second)).c_str());
+  std::printf("matrices       %s\n", ModelDef::of(c).stored_formats(m.weights).c_str());
   std::printf("KV per token   %s in %s (2 x %lld layers x %lld kv heads x %lld dims x %lld B)\n",
               human_bytes(double(kv_per_token)).c_str(), o.kv_dtype.c_str(), (long long)c.num_layers,
               (long long)c.num_kv_heads, (long long)c.head_dim, (long long)dtype_bytes(kv, 1));

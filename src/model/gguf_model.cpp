@@ -1,6 +1,7 @@
 #include "model/gguf_model.h"
 
 #include "core/error.h"
+#include "model/gguf_linear_formats.h"
 #include "model/model_def.h"
 
 namespace serval {
@@ -96,13 +97,19 @@ LoadedModel load_gguf_model(std::shared_ptr<GgufFile> file) {
   auto add = [&](const GgufTensorInfo& t) {
     TensorView v;
     v.name = t.name;
-    v.dtype = dtype_from_ggml(t.ggml_type, t.name);
+    // Serval's quantized weights are I8 in the file, a type no other tensor may
+    // have (model/gguf_linear_formats.h); fp8's bytes are e4m3.
+    if (const auto it = m.config.linear_formats.find(t.name); it != m.config.linear_formats.end())
+      v.dtype = it->second.kind == LinearFormat::Kind::Fp8 ? DType::FP8_E4M3 : DType::I8;
+    else
+      v.dtype = dtype_from_ggml(t.ggml_type, t.name);
     v.shape = t.shape();
     v.data = t.data;
     v.nbytes = t.nbytes;
     m.weights.add(std::move(v));
   };
   try {
+    m.config.linear_formats = read_linear_formats(*file);
     // Tensors the model needs must have a supported type; others are kept when we
     // can describe them and skipped otherwise.
     ModelDef::of(m.config).for_each_tensor([&](const TensorSpec& e) {

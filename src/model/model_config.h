@@ -3,10 +3,12 @@
 // metadata or a Hugging Face config.json. Everything the forward pass needs to
 // know about the architecture is here; the forward pass has no per-model code.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/linear.h"
 
 namespace serval {
 
@@ -57,6 +59,9 @@ struct ModelConfig {
   // tensor or per output row).
   std::string quant_method, quant_summary;
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
+  // Serval's own quantized GGUF (model/gguf_linear_formats.h): the format of
+  // each weight stored in one (int8, int4, fp8), by tensor name.
+  std::map<std::string, LinearFormat> linear_formats;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/gguf_linear_formats.h"
 #include "model/qk_permute.h"
 
 namespace serval {
@@ -33,6 +34,8 @@ std::string int4_zero_name(const std::string& weight_name) { return weight_name 
 
 Linear load_linear(const WeightStore& store, const ModelConfig& config, const std::string& name, int64_t out,
                    int64_t in) {
+  if (const auto it = config.linear_formats.find(name); it != config.linear_formats.end())
+    return load_stored_linear(store, name, it->second, out, in);
   if (const TensorView* packed = store.find(int4_weight_name(name))) {
     const TensorView* scales = store.find(quant_scale_name(name));
     SERVAL_CHECK(scales != nullptr && scales->shape.size() == 2 && scales->shape[1] > 0, "int4 weight \"", name,
@@ -126,6 +129,12 @@ std::vector<TensorSpec> ModelDef::tensors() const {
 void ModelDef::check_weights(const WeightStore& weights) const {
   for_each_tensor([&](const TensorSpec& t) {
     const bool linear = t.shape.size() == 2 && t.name != "token_embd.weight";
+    if (cfg_.linear_formats.contains(t.name)) {
+      SERVAL_CHECK(linear, "tensor \"", t.name, "\" is ", cfg_.linear_formats.at(t.name).describe(),
+                   ", which Serval takes only for the matrices of linear layers");
+      load_linear(weights, cfg_, t.name, t.shape[0], t.shape[1]);  // its companions, checked
+      return;
+    }
     if (linear && weights.find(int4_weight_name(t.name))) {
       load_linear(weights, cfg_, t.name, t.shape[0], t.shape[1]);  // its packed tensors
       return;
@@ -229,6 +238,24 @@ TensorView ModelDef::embedding(const WeightStore& store) const {
 
 TensorView ModelDef::final_norm(const WeightStore& store) const {
   return store.get("output_norm.weight", {cfg_.hidden_size});
+}
+
+std::string ModelDef::stored_formats(const WeightStore& store) const {
+  std::vector<std::string> attn, mlp, head;
+  for_each_tensor([&](const TensorSpec& t) {
+    if (t.shape.size() != 2 || t.name == "token_embd.weight") return;
+    const std::string d = load_linear(store, cfg_, t.name, t.shape[0], t.shape[1]).format.describe();
+    const bool ffn = t.name.find(".ffn_") != std::string::npos;
+    std::vector<std::string>& cls = t.name == "output.weight" ? head : ffn ? mlp : attn;
+    if (std::find(cls.begin(), cls.end(), d) == cls.end()) cls.push_back(d);
+  });
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& d : v) out += (out.empty() ? "" : " + ") + d;
+    return out;
+  };
+  return str_cat("attention ", join(attn), ", MLP ", join(mlp), ", LM head ",
+                 head.empty() ? std::string("tied to the embedding") : join(head));
 }
 
 std::optional<Linear> ModelDef::lm_head(const WeightStore& store) const {

@@ -124,6 +124,9 @@ class ModelDef {
   TensorView final_norm(const WeightStore& store) const;
   // The LM head; none when the embeddings are tied (the embedding serves).
   std::optional<Linear> lm_head(const WeightStore& store) const;
+  // The formats the checkpoint stores each class of weight matrix in:
+  // "attention int4 g128 asym, MLP int4 g128 asym + int8 per channel, LM head int8 per channel".
+  std::string stored_formats(const WeightStore& store) const;
 
  private:
   explicit ModelDef(const ModelConfig& config) : cfg_(config) {}

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/linear.h"
 
 namespace serval {
 
@@ -28,5 +29,25 @@ DType quantized_type_for(DType want, int64_t cols);
 // Throws serval::Error for a type that is not a block type, a matrix that is
 // already quantized (quantize from the float model), or an unreadable file.
 std::vector<QuantizedTensor> quantize_gguf(const std::string& in_path, const std::string& out_path, DType to);
+
+// What `serval quantize --to int8|int4|fp8` made of one matrix.
+struct LinearQuantized {
+  std::string name;
+  LinearFormat format;
+  std::string note;    // why `format` is not the one asked for, or how the tied LM head was written
+  bool fallback = false;  // `format` is wider than asked (the note says why)
+};
+
+// Writes `out_path`: `in_path` (a float GGUF model) with its linear layers'
+// weight matrices, the LM head included, in `want` (Int8PerChannel,
+// Int4Grouped or Fp8 per row; round to nearest, model/rtn_quantize.h), as
+// Serval's own GGUF types (model/gguf_linear_formats.h). The token embedding
+// keeps its float type (the embedding lookup reads it); a model whose LM head
+// is tied to it gets a separate, quantized output.weight. An int4 matrix
+// whose width the group size does not divide is written int8 per channel.
+// Throws serval::Error for a matrix that is not f32, f16 or bf16, a
+// non-finite weight, or an unreadable file.
+std::vector<LinearQuantized> quantize_gguf_linear(const std::string& in_path, const std::string& out_path,
+                                                  const LinearFormat& want);
 
 }  // namespace serval

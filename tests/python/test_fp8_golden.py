@@ -1,4 +1,4 @@
-"""The FP8 golden table of tests/core/fp8_test.cpp equals PyTorch's conversions."""
+"""The FP8 golden tables of tests/core/fp8_test.cpp (decoding, encoding) equal PyTorch's conversions."""
 import pathlib
 import subprocess
 import sys
