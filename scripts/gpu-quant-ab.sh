@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, in the folder scripts/gpu-stage.sh made: decode of a 7B-shape random model
 # written in each GGUF block type, Serval's packed kernels (packed_blocks=on) beside the same binary with
-# packed_blocks=off (the matrices dequantized to bf16 at load) and the bf16 model, and, with
+# packed_blocks=off (the matrices dequantized to bf16 at load), packed_int8_x=1 (1-2 rows of x in int8
+# through dp4a) and the bf16 model, and, with
 # --llama, llama.cpp's llama-bench tg128 on the same files (built here first: ~5 minutes).
 # Prints one table: tok/s, ms a step and the fraction of the copy-bandwidth roofline for the
 # bytes a step reads in the weights' real format (BW GB/s: 3021 on an H100, 4261 on an H200).
@@ -71,6 +72,7 @@ for N in $SEQS; do
   for t in $TYPES; do
     row="$t, $label"; ROWS+=("$row")
     bench "$row" "serval" /tmp/m-$t.gguf packed_blocks=on
+    bench "$row" "serval, int8 x" /tmp/m-$t.gguf packed_blocks=on,packed_int8_x=1
     bench "$row" "serval, dequantized at load" /tmp/m-$t.gguf packed_blocks=off
   done
 done
@@ -87,7 +89,7 @@ if [ -n "$LLAMA" ]; then
 fi
 
 echo
-COLS=("serval" "serval, dequantized at load")
+COLS=("serval" "serval, int8 x" "serval, dequantized at load")
 [ -n "$LLAMA" ] && COLS+=("llama.cpp")
 printf "| %s |" "$CARD"; for c in "${COLS[@]}"; do printf " %s |" "$c"; done; echo
 printf "| --- |"; for c in "${COLS[@]}"; do printf " --- |"; done; echo

@@ -60,9 +60,9 @@ struct CudaTuning {
   // may use (auto: the runner decides, Backend::keep_linear_formats).
   PackedBlocks packed_blocks = PackedBlocks::kAuto;
   // 1 or 2 rows: the packed GEMV quantizes x to int8 per 32 columns and
-  // multiplies in integers (dp4a); off: bf16 x through mma, the exact product
-  // (never in batch-invariant mode).
-  bool packed_int8_x = true;
+  // multiplies in integers (dp4a; never in batch-invariant mode); off: bf16
+  // x through mma, the exact product. Off until measured on a GPU.
+  bool packed_int8_x = false;
   // SMs the GEMV's persistent grid is planned for (0: all of the device's;
   // fewer: a measuring tool for bytes in flight).
   int gemv_sms = 0;
