@@ -110,15 +110,11 @@ def autofp8_config() -> dict:
     return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
 
 
-def build(out_dir: pathlib.Path, models_dir: pathlib.Path, method: str, scheme: str, seed=7,
-          ignore=("lm_head",), scale_dtype=torch.float32, static_acts=False, intermediate_size=320,
-          shards=1):
-    """Writes an FP8 checkpoint folder (method "fp8", "autofp8" or "ct"; with
-    shards > 1, safetensors shards and an index, each scale in another shard than
-    its weight); returns the float32 Llama that runs its dequantized weights (the
-    oracle)."""
+def random_llama(seed, intermediate_size, base=None):
+    """A float32 Llama of `base`'s shape (default LLAMA) with seeded weights: norms near 1,
+    bf16-exact embeddings and LM head, other matrices scaled by 1.5 / sqrt(width)."""
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(**{**LLAMA, "intermediate_size": intermediate_size})
+    config = transformers.LlamaConfig(**{**(base or LLAMA), "intermediate_size": intermediate_size})
     model = transformers.LlamaForCausalLM(config).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -129,6 +125,17 @@ def build(out_dir: pathlib.Path, models_dir: pathlib.Path, method: str, scheme: 
                 p.copy_(torch.randn(p.shape, generator=gen).to(torch.bfloat16).float())
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
+    return config, model
+
+
+def build(out_dir: pathlib.Path, models_dir: pathlib.Path, method: str, scheme: str, seed=7,
+          ignore=("lm_head",), scale_dtype=torch.float32, static_acts=False, intermediate_size=320,
+          shards=1):
+    """Writes an FP8 checkpoint folder (method "fp8", "autofp8" or "ct"; with
+    shards > 1, safetensors shards and an index, each scale in another shard than
+    its weight); returns the float32 Llama that runs its dequantized weights (the
+    oracle)."""
+    config, model = random_llama(seed, intermediate_size)
     if method in ("fp8", "autofp8"):
         qc = fp8_config(scheme == "block", "static" if static_acts else "dynamic") if method == "fp8" \
             else autofp8_config()

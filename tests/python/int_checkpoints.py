@@ -37,6 +37,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+import fp8_checkpoints
+
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LLAMA = dict(vocab_size=128256, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
@@ -130,19 +132,7 @@ def pack_cols(values, bits):
 def _random_llama(seed, intermediate_size):
     """The float Llama every case quantizes (made once: its 128k-token tables take most of a
     build's time); `build` reads it and never writes to it."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(**{**LLAMA, "intermediate_size": intermediate_size})
-    model = transformers.LlamaForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            elif "embed_tokens" in name or "lm_head" in name:
-                p.copy_(torch.randn(p.shape, generator=gen).to(torch.bfloat16).float())
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
-    return config, model
+    return fp8_checkpoints.random_llama(seed, intermediate_size, LLAMA)
 
 
 def _quantized_tensors(kind, module, w, opts, gen):

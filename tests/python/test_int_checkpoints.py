@@ -5,7 +5,6 @@ computed by tests/python/int_checkpoints.py from the values before packing) with
 1e-3 relative, with the same greedy tokens. Unsupported variants and broken tensors
 are refused naming the field or tensor."""
 import json
-import shutil
 import struct
 
 import pytest
@@ -16,7 +15,8 @@ np = pytest.importorskip("numpy")
 
 import int_checkpoints as ic  # noqa: E402
 from conftest import run_serval  # noqa: E402
-from test_fp8_checkpoints import PROMPT, reference, rel_err  # noqa: E402
+from test_fp8_checkpoints import (PROMPT, _copy, _edit_config, _load_error, _read_st,  # noqa: E402
+                                  _write_st, reference, rel_err)
 
 W8A8 = ic._ct_args(8, "channel")
 TOKEN_ACTS = ic._ct_args(8, "token", dynamic=True, observer=None)
@@ -88,37 +88,6 @@ def folders(tmp_path_factory, models):
         out[name] = tmp_path_factory.mktemp(name + "-base")
         ic.build(out[name], models, kind, qc, **{**opts, "shards": 1})
     return out
-
-
-def _copy(src, dst):
-    shutil.copytree(src, dst)
-    return dst
-
-
-def _edit_config(folder, fn):
-    cfg = json.loads((folder / "config.json").read_text())
-    fn(cfg["quantization_config"])
-    (folder / "config.json").write_text(json.dumps(cfg))
-
-
-def _read_st(path):
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
-
-
-def _write_st(path, header, data):
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
-
-
-def _load_error(serval, folder):
-    proc = run_serval(serval, "generate", "--model", folder, "--prompt", "hi", "--max-tokens", 1,
-                      "--device", "cpu", check=False)
-    assert proc.returncode != 0, "serval loaded a checkpoint it should refuse"
-    assert "Traceback" not in proc.stderr and "Segmentation" not in proc.stderr
-    return proc.stderr
 
 
 def _weights(q):
