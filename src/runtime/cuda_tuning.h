@@ -61,8 +61,9 @@ struct CudaTuning {
   PackedBlocks packed_blocks = PackedBlocks::kAuto;
   // 1 or 2 rows: the packed GEMV quantizes x to int8 per 32 columns and
   // multiplies in integers (dp4a; never in batch-invariant mode); off: bf16
-  // x through mma, the exact product. Off until measured on a GPU.
-  bool packed_int8_x = false;
+  // x through mma, the exact product (Q4_0 7B on an H100: 490 tok/s on, 341
+  // off).
+  bool packed_int8_x = true;
   // SMs the GEMV's persistent grid is planned for (0: all of the device's;
   // fewer: a measuring tool for bytes in flight).
   int gemv_sms = 0;

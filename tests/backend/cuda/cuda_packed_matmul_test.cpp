@@ -126,7 +126,7 @@ TEST(CudaPackedMatmul, GemvWritesExactF32Logits) {
   }
 }
 
-// CudaTuning::packed_int8_x (off by default): 1 and 2 rows quantize x to
+// CudaTuning::packed_int8_x (on by default): 1 and 2 rows quantize x to
 // int8 per 32 columns and multiply by dp4a; each result equals the product of
 // that int8 x (bf16 outputs: one rounding; f32 logits: f32 sums of exact
 // integer dots), within x's rounding of the exact product.
