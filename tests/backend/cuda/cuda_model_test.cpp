@@ -14,9 +14,11 @@
 
 #include "cuda_test_util.h"
 #include "model/model_loader.h"
+#include "model/quantize.h"
 #include "runtime/model_runner.h"
 #include "../../runtime/stories_golden.h"
 #include "../../runtime/tiny_model.h"
+#include "../../model/test_models.h"
 
 namespace serval::testing {
 namespace {
@@ -224,9 +226,8 @@ struct CpuComparison {
 
 // 32 steps teacher-forced with the CPU's greedy tokens on a CPU and a CUDA
 // runner computing in `dtype` (and tuned so): each step compares one prediction.
-CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype, const CudaTuning& tuning = {}) {
-  const ModelConfig cfg = tiny_config(rc.spec);
-  const WeightStore weights = tiny_weights(cfg, rc.spec);
+CpuComparison compare_with_cpu(const ModelConfig& cfg, const WeightStore& weights, const char* dtype,
+                              const CudaTuning& tuning = {}) {
   std::vector<std::unique_ptr<ModelRunner>> runners;
   for (const char* dev : {"cpu", "cuda"}) {
     RunnerOptions opts;
@@ -254,6 +255,10 @@ CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype, const Cu
     c.agree += next[0] == next[1];
   }
   return c;
+}
+CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype, const CudaTuning& tuning = {}) {
+  const ModelConfig cfg = tiny_config(rc.spec);
+  return compare_with_cpu(cfg, tiny_weights(cfg, rc.spec), dtype, tuning);
 }
 
 TEST(CudaModel, RandomModelsAgreeWithCpu) {
@@ -331,6 +336,77 @@ TEST(CudaModel, RandomModelsWithGgufBlocksAgreeWithCpu) {
   // Matrices at 4.5 bits instead of 16; the embedding table stays bf16.
   EXPECT_LT(double(bytes[PB::kOn]), 0.6 * double(bytes[PB::kOff])) << "packed " << bytes[PB::kOn] << " bytes";
   EXPECT_EQ(bytes[PB::kAuto], bytes[PB::kOff]);
+}
+
+// A Llama-3-like miniature (GQA 4, interleaved rope; widths whole K-quant
+// super-blocks and int4 groups of 128) quantized to each format the GPU runs
+// packed beside Q4_0/Q8_0: GGUF Q4_1, Q4_K, Q5_K (written so by the GGUF
+// writer) and Serval's int4 g32/g64/g128 sym and asym and int8 per channel
+// (`serval quantize --to int4|int8`, quantize_gguf_linear). The CPU runs the
+// exact dequantization, the GPU the packed GEMV (the pack's f16 scales and
+// mins, bf16 activations), int8 x off and on; their matrices kept packed
+// take a fraction of the bf16 bytes.
+TEST(CudaModel, ModelsInEveryPackedFormatAgreeWithCpu) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  TinySpec spec;
+  spec.vocab = 1000, spec.hidden = 512, spec.inter = 1536, spec.layers = 2, spec.heads = 8, spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.style = RopeStyle::Interleaved;
+  spec.seed = 7;
+  const ModelConfig cfg = tiny_config(spec);
+  const std::string dir = (std::filesystem::temp_directory_path() / "serval_cuda_packed_formats").string();
+  std::filesystem::create_directories(dir);
+  const std::string f32_path = dir + "/f32.gguf";
+  write_tiny_gguf(f32_path, cfg);
+  using Kind = LinearFormat::Kind;
+  struct Case {
+    const char* name;
+    DType gguf;  // a GGUF block type, or F32 for `format`
+    LinearFormat format;
+  };
+  const Case cases[] = {
+      {"q4_1", DType::Q4_1, {}}, {"q4_k", DType::Q4_K, {}}, {"q5_k", DType::Q5_K, {}},
+      {"int4_g32_sym", DType::F32, {Kind::Int4Grouped, DType::I8, 32, true}},
+      {"int4_g32_asym", DType::F32, {Kind::Int4Grouped, DType::I8, 32, false}},
+      {"int4_g64_asym", DType::F32, {Kind::Int4Grouped, DType::I8, 64, false}},
+      {"int4_g128_sym", DType::F32, {Kind::Int4Grouped, DType::I8, 128, true}},
+      {"int4_g128_asym", DType::F32, {Kind::Int4Grouped, DType::I8, 128, false}},
+      {"int8", DType::F32, {Kind::Int8PerChannel, DType::I8, 0, true}},
+  };
+  for (const Case& c : cases) {
+    const std::string path = dir + "/" + c.name + ".gguf";
+    if (c.gguf != DType::F32)
+      quantize_gguf(f32_path, path, c.gguf);
+    else
+      quantize_gguf_linear(f32_path, path, c.format);
+    const LoadedModel m = load_model(path);
+    CudaTuning packed;
+    packed.packed_blocks = CudaTuning::PackedBlocks::kOn;
+    for (bool int8_x : {false, true}) {
+      packed.packed_int8_x = int8_x;
+      const CpuComparison r = compare_with_cpu(m.config, m.weights, "bfloat16", packed);
+      EXPECT_LT(r.worst, int8_x ? 4e-2 : 2e-2) << c.name << " int8 x " << int8_x << ": worst relative logit error";
+      EXPECT_GE(r.agree, int8_x ? 30 : 31) << c.name << " int8 x " << int8_x << ": greedy tokens agreed on "
+                                          << r.agree << " of 32 steps";
+      std::printf("[%s packed%s] worst logit rel error %.2e, greedy agreement %d/32\n", c.name,
+                  int8_x ? ", int8 x" : "", r.worst, r.agree);
+    }
+    int64_t bytes[2] = {0, 0};
+    for (int on = 0; on < 2; ++on) {
+      RunnerOptions opts;
+      opts.device = "cuda";
+      opts.kv_cache_tokens = 256;
+      opts.cuda_tuning.packed_blocks = on ? CudaTuning::PackedBlocks::kOn : CudaTuning::PackedBlocks::kOff;
+      bytes[on] = ModelRunner::create(m.config, m.weights, opts)->matrix_bytes();
+    }
+    // 4.1 to 5 bits a weight (8.x for int8 and Q5_K's 8-bit form) instead of 16.
+    EXPECT_LT(double(bytes[1]), (c.format.kind == Kind::Int8PerChannel || c.gguf == DType::Q5_K ? 0.6 : 0.35) *
+                                    double(bytes[0]))
+        << c.name << ": packed " << bytes[1] << " bytes against " << bytes[0];
+    std::remove(path.c_str());
+  }
+  std::remove(f32_path.c_str());
 }
 
 // float32 mode on the same miniatures (qk norm in place, bias, tied
