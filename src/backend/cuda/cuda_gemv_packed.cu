@@ -118,6 +118,29 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
       }
     }
   };
+  // A scale group's sums t (and the group's sums of x, xs) scaled into acc[k].
+  auto scale_group = [&](int k, const float (&t)[4], const float (&xs)[4], const typename Step::Scales& sv_,
+                         const typename Step::Scales& mv_, int jj) {
+    const uint32_t sc = scale_word(sv_, jj);
+    const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&sc));
+    if constexpr (F::kMins) {
+      const uint32_t mw = scale_word(mv_, jj);
+      const float2 m = __half22float2(*reinterpret_cast<const __half2*>(&mw));
+      constexpr float kBias = kBits == 4 ? 8.f : 0.f;  // 4-bit t sums x * (n - 8)
+#pragma unroll
+      for (int e = 0; e < (kHighTokens ? 4 : 2); ++e) {
+        const float de = e % 2 == 0 ? d.x : d.y, me = e % 2 == 0 ? m.x : m.y;
+        acc[k][e] = fmaf(fmaf(kBias, xs[e], t[e]), de, fmaf(xs[e], me, acc[k][e]));
+      }
+    } else {
+      acc[k][0] = fmaf(t[0], d.x, acc[k][0]);
+      acc[k][1] = fmaf(t[1], d.y, acc[k][1]);
+      if constexpr (kHighTokens) {
+        acc[k][2] = fmaf(t[2], d.x, acc[k][2]);
+        acc[k][3] = fmaf(t[3], d.y, acc[k][3]);
+      }
+    }
+  };
   // Slot s of batch cb: per scale group, two mmas per 32 columns into fresh
   // accumulators, scaled into acc (row scales: the mmas sum into acc).
   auto compute_step = [&](int s, int cb) {
@@ -150,30 +173,11 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
         if constexpr (F::kRowScale) {
           ptx::mma_bf16_16816(acc[k], a_lo, b[0], b[1]);
           ptx::mma_bf16_16816(acc[k], a_hi, b[2], b[3]);
-          continue;
-        }
-        if (j % kSubs == 0) t[k][0] = t[k][1] = t[k][2] = t[k][3] = 0.f;
-        ptx::mma_bf16_16816(t[k], a_lo, b[0], b[1]);
-        ptx::mma_bf16_16816(t[k], a_hi, b[2], b[3]);
-        if (j % kSubs != kSubs - 1) continue;
-        const uint32_t sc = scale_word(sv[k][s], j / kSubs);
-        const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&sc));
-        if constexpr (F::kMins) {
-          const uint32_t mw = scale_word(mv[k][s], j / kSubs);
-          const float2 m = __half22float2(*reinterpret_cast<const __half2*>(&mw));
-          constexpr float kBias = kBits == 4 ? 8.f : 0.f;  // 4-bit t sums x * (n - 8)
-#pragma unroll
-          for (int e = 0; e < (kHighTokens ? 4 : 2); ++e) {
-            const float de = e % 2 == 0 ? d.x : d.y, me = e % 2 == 0 ? m.x : m.y;
-            acc[k][e] = fmaf(fmaf(kBias, xs[e], t[k][e]), de, fmaf(xs[e], me, acc[k][e]));
-          }
         } else {
-          acc[k][0] = fmaf(t[k][0], d.x, acc[k][0]);
-          acc[k][1] = fmaf(t[k][1], d.y, acc[k][1]);
-          if constexpr (kHighTokens) {
-            acc[k][2] = fmaf(t[k][2], d.x, acc[k][2]);
-            acc[k][3] = fmaf(t[k][3], d.y, acc[k][3]);
-          }
+          if (j % kSubs == 0) t[k][0] = t[k][1] = t[k][2] = t[k][3] = 0.f;
+          ptx::mma_bf16_16816(t[k], a_lo, b[0], b[1]);
+          ptx::mma_bf16_16816(t[k], a_hi, b[2], b[3]);
+          if (j % kSubs == kSubs - 1) scale_group(k, t[k], xs, sv[k][s], mv[k][F::kMins ? s : 0], j / kSubs);
         }
       }
     }

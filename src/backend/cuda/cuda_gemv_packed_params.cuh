@@ -17,10 +17,10 @@ namespace serval::cuda {
 struct PackedGemvParams {
   MatmulSegments seg;
   const uint8_t* quants[3];
-  const uint16_t* scales[3];  // f16 group scales; row-scale forms: f32 per row (row_scales)
-  const uint16_t* mins[3];    // forms with mins
+  const uint16_t* scales[3];  // f16 group scales; row-scale forms: f32 per row
   int64_t row_bytes;
-  int steps;  // k-steps per row
+  int steps;                // k-steps per row
+  const uint16_t* mins[3];  // forms with mins
 };
 
 // The packed forms, one set of kernels each. Q4 (group 32, no mins) is Q4_0
