@@ -7,6 +7,8 @@
 # Prints one table: tok/s, ms a step and the fraction of the copy-bandwidth roofline for the
 # bytes a step reads in the weights' real format (BW GB/s: 3021 on an H100, 4261 on an H200).
 # Usage: ./gpu-quant-ab.sh [--types "q4_0 q8_0"] [--seqs "1 16 64 p512"] [--tests] [--llama llama.cpp-TAR]
+#   --types: GGUF block types random-model writes (q4_0 q8_0 q4_1 q4_k q5_k ...), and Serval's own
+#            int8, int4-g32|g64|g128 (asymmetric) and int4-g128-sym, quantized from the bf16 model
 #   --seqs: 1: tg128 with 1 input token; N: N sequences of 128 in + 128 out; pN: one N-token prefill
 set -u
 cd "$(dirname "$0")"
@@ -35,10 +37,20 @@ if [ -n "$LLAMA" ]; then
   (bash build-llama-cpp.sh "$LLAMA" /tmp/llama-build >"$OUT_DIR/llama-build.log" 2>&1) &
 fi
 for t in bf16 $TYPES; do
+  case $t in int*) continue ;; esac
   [ -s /tmp/m-$t.gguf ] || ./serval random-model --like llama-2-7b --dtype $t --out /tmp/m-$t.gguf >/dev/null 2>&1 &
 done
+wait
+for t in $TYPES; do  # serval quantize: int8, int4-gG, int4-gG-sym
+  case $t in
+    int8) q=(--to int8) ;;
+    int4-g*) g=${t#int4-g}; g=${g%-sym}; q=(--to int4 --group-size "$g"); [[ $t == *-sym ]] && q+=(--symmetric) ;;
+    *) continue ;;
+  esac
+  [ -s /tmp/m-$t.gguf ] || ./serval quantize /tmp/m-bf16.gguf "${q[@]}" --out /tmp/m-$t.gguf >/dev/null 2>&1 &
+done
 if [ $TESTS = 1 ]; then
-  timeout 400 ./serval_tests --gtest_filter='CudaPacked*:CudaModel.*Gguf*:GpuBlockPack*' >"$OUT_DIR/tests.log" 2>&1
+  timeout 400 ./serval_tests --gtest_filter='CudaPacked*:CudaModel.*Gguf*:CudaModel.*Packed*:GpuBlockPack*' >"$OUT_DIR/tests.log" 2>&1
   grep -E "^\[  (PASSED|FAILED) " "$OUT_DIR/tests.log"
   grep -E "^\[packed|packed\]" "$OUT_DIR/tests.log" | head -40
 fi

@@ -18,7 +18,7 @@ struct CudaTuning {
   // Rope and the KV write inside the split decode attention kernel: at
   // CUTLASS's rows past its rope epilogue's (auto), wherever it fits, or never.
   enum class RopeInAttn { kAuto, kOn, kOff };
-  // GGUF block matrices at their size on the GPU (packed_blocks below).
+  // Quantized matrices at their size on the GPU (packed_blocks below).
   enum class PackedBlocks { kAuto, kOn, kOff };
 
   // Kernels launched as programmatic dependents of the kernel before them
@@ -54,8 +54,8 @@ struct CudaTuning {
   bool norm_fold = true;
   // Up to 16 rows: the norm between two GEMVs done by those GEMVs (needs norm_fold).
   bool norm_elision = true;
-  // GGUF Q4_0 and Q8_0 matrices kept packed at their size for the quantized
-  // GEMV (on), dequantized to bf16 at load (off), or packed only where the
+  // Quantized matrices (GGUF Q4_0, Q8_0, Q4_1, Q4_K, Q5_K; int4 g32/64/128;
+  // int8 per channel) kept packed at their size for the quantized GEMV (on), dequantized to bf16 at load (off), or packed only where the
   // dequantized weights would take more than half the memory the weights
   // may use (auto: the runner decides, Backend::keep_linear_formats).
   PackedBlocks packed_blocks = PackedBlocks::kAuto;

@@ -95,26 +95,46 @@ std::unique_ptr<DeviceWeight> CudaBackend::upload_weight(const TensorView& view)
   return w;
 }
 
+// auto (the runner's keep_linear_formats) packs only the forms measured on a
+// GPU so far, GGUF Q4_0 and Q8_0; the others (Q4_1, Q4_K, Q5_K, int4, int8)
+// go packed where packed_blocks is on.
 bool CudaBackend::keeps_linear_format(const LinearFormat& f) const {
-  return keep_blocks_ && cfg_.act_dtype == DType::BF16 && f.kind == LinearFormat::Kind::GgufBlock &&
-         GpuBlockPack::packs(f.dtype);
+  const bool measured = f.kind == LinearFormat::Kind::GgufBlock && (f.dtype == DType::Q4_0 || f.dtype == DType::Q8_0);
+  return keep_blocks_ && cfg_.act_dtype == DType::BF16 && GpuBlockPack::packs(f) &&
+         (measured || cfg_.tuning.packed_blocks == CudaTuning::PackedBlocks::kOn);
 }
+
+namespace {
+
+// An int8 per channel matrix whose width is not whole groups of 32 columns
+// (stories260K's FFN, 172 wide) has no packed layout: it goes up dense.
+bool packs_shape(const Linear& w) {
+  return w.format.kind != LinearFormat::Kind::Int8PerChannel || w.in % GpuBlockPack::kGroup == 0;
+}
+
+}  // namespace
 
 std::unique_ptr<DeviceWeight> CudaBackend::upload_kept_linear(const Linear& w) {
   SERVAL_CHECK(keeps_linear_format(w.format) && w.shard.is_whole(), "cuda backend: \"", w.name, "\" (",
                w.format.describe(), ") is not a format it keeps");
   w.validate();
-  const GpuBlockPack pack = GpuBlockPack::of(w.format.dtype, w.out, w.in);
-  const std::vector<uint8_t> host = pack_gguf_blocks(pack, w.format.dtype, w.weight.data);
+  if (!packs_shape(w)) {
+    std::vector<float> dense = dequantize_linear(w);
+    return upload_weight(TensorView{w.name, DType::F32, {w.out, w.in}, dense.data(), int64_t(dense.size() * 4)});
+  }
+  const GpuBlockPack pack = GpuBlockPack::of(w.format, w.out, w.in);
+  const std::vector<uint8_t> host = pack_linear(pack, w);
   DeviceBuffer buf = dev_.alloc(pack.total_bytes());
   dev_.copy_to_device(buf.data(), host.data(), pack.total_bytes());
-  auto out = std::make_unique<CudaWeight>(w.name, std::vector<int64_t>{w.out, w.in}, w.format.dtype, std::move(buf));
+  // The dtype of GGUF blocks; I8 for Serval's int4 and int8 (packed() says which form).
+  const DType dtype = w.format.kind == LinearFormat::Kind::GgufBlock ? w.format.dtype : DType::I8;
+  auto out = std::make_unique<CudaWeight>(w.name, std::vector<int64_t>{w.out, w.in}, dtype, std::move(buf));
   out->set_packed(pack);
   return out;
 }
 
 int64_t CudaBackend::linear_device_bytes(const Linear& w) const {
-  if (keeps_linear_format(w.format)) return GpuBlockPack::of(w.format.dtype, w.out, w.in).total_bytes();
+  if (keeps_linear_format(w.format) && packs_shape(w)) return GpuBlockPack::of(w.format, w.out, w.in).total_bytes();
   return Backend::linear_device_bytes(w);
 }
 

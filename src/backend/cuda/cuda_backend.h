@@ -70,7 +70,8 @@ class CudaBackend : public Backend {
   std::unique_ptr<DeviceGraph> end_capture() override { return dev_.end_capture(); }
 
   std::unique_ptr<DeviceWeight> upload_weight(const TensorView& view) override;
-  // GGUF Q4_0 and Q8_0 matrices with bf16 activations: packed at their size
+  // GGUF Q4_0, Q8_0, Q4_1, Q4_K, Q5_K, int4 g32/64/128 and int8 per channel
+  // matrices with bf16 activations: packed at their size
   // (backend/gpu_block_pack.h) for the quantized GEMV where
   // CudaTuning::packed_blocks is on, or auto and the runner asks for it.
   bool keeps_linear_format(const LinearFormat& format) const override;
@@ -160,7 +161,7 @@ class CudaBackend : public Backend {
   void upload_into(const TensorView& view, DType target, int64_t n, void* dst);
 
   CudaConfig cfg_;
-  bool keep_blocks_;  // keeps_linear_format's answer for Q4_0 / Q8_0
+  bool keep_blocks_;  // keeps_linear_format's answer for the packed formats
   CudaDevice dev_;
   CudaMatmul matmul_;
   CudaAttention attention_;

@@ -1,6 +1,7 @@
 // The packed GEMV (cuda_gemv_packed.h): y = x @ W^T for 1..16 rows of x, W
-// in GGUF blocks (Q4_0, Q8_0) as backend/gpu_block_pack.h lays them out, read
-// at their size (4.5 or 8.5 bits a weight instead of bf16's 16).
+// packed as backend/gpu_block_pack.h lays it out (GGUF Q4_0, Q8_0, Q4_1,
+// Q4_K, Q5_K; int4 g32/64/128; int8 per channel), read at its size (4.125 to
+// 8.5 bits a weight instead of bf16's 16).
 //
 // It is the bf16 GEMV's design (cuda_gemv.cu) with quantized loads: units of
 // 8 W rows, a block of 4 warps per unit, each warp a share of the k-steps,
@@ -12,6 +13,12 @@
 // 2^23 + byte. Each group's 32 columns are two mma.m16n8k16 into fresh
 // accumulators, which are scaled by the group's scales (f16, for the rows
 // the lane's accumulators hold: the layout stores them so) and added in f32.
+// Groups of 64 or 128 columns (int4): the 32-column mmas of a group sum into
+// the same fresh accumulators, scaled once. Mins: two more mmas of x by a
+// fragment of ones give each token's sum of x over the group, which the
+// min multiplies (w = d * n + m: d * (sum of x (n - 8) + 8 sum x) + m * sum x).
+// Row scales (int8 per channel): the mmas sum straight into the unit's
+// accumulators, scaled by each row's f32 scale at the unit's end.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -52,10 +59,12 @@ __device__ __forceinline__ uint32_t q8_pair(uint32_t v, int k) {
 // kRope: q/k/v in three segments, rotated and written to the KV pools as the
 // bf16 GEMV's rope epilogue does (finish_unit). Each lane keeps kSlots
 // k-steps of loads in flight per weight (gate + up: half as many each).
-template <int kBits, typename Out, bool kHighTokens, bool kGated, bool kRope>
+template <int kForm, typename Out, bool kHighTokens, bool kGated, bool kRope>
 __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_constant__ PackedGemvParams P,
                                                                const __grid_constant__ GemvRopeKv r) {
-  using Step = PackedStep<kBits>;
+  using Step = PackedStep<kForm>;
+  using F = Form<kForm>;
+  constexpr int kBits = F::kBits, kSubs = Step::kSubs;
   constexpr int kSlots = kGated ? kSteps / 2 : kSteps;
   constexpr int kAcc = kHighTokens ? 4 : 2;
   constexpr int kVals = kGated ? 2 * kAcc : kAcc;
@@ -76,11 +85,13 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
   constexpr int kW = kGated ? 2 : 1;  // weights per unit
   uint4 wv[kW][kSlots];
   typename Step::Scales sv[kW][kSlots];
+  typename Step::Scales mv[kW][F::kMins ? kSlots : 1];
   float acc[kW][4] = {};
 
   int li = 0, lb = 0;  // the load cursor: batch lb of this block's unit li
   const uint8_t* w_row[kW];
   const uint16_t* s_unit[kW];
+  const uint16_t* m_unit[kW];
   auto enter_unit = [&](int i) {
     int seg, base;
     locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
@@ -88,7 +99,9 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
     for (int k = 0; k < kW; ++k) {
       const int wi = kGated ? k : seg;
       w_row[k] = P.quants[wi] + int64_t(base + g) * P.row_bytes;
-      s_unit[k] = P.scales[wi] + int64_t(base / kUnitRows) * P.steps * 4 * Step::kGroups * 2;
+      const int64_t at = int64_t(base / kUnitRows) * P.steps * 4 * Step::kScaleGroups * 2;
+      s_unit[k] = P.scales[wi] + at;
+      if constexpr (F::kMins) m_unit[k] = P.mins[wi] + at;
     }
   };
   auto load_step = [&](int s, bool more) {
@@ -98,13 +111,42 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
 #pragma unroll
     for (int k = 0; k < kW; ++k) {
       wv[k][s] = load_weight(w_row[k] + int64_t(c) * 16, ok, policy);
-      const uint16_t* sp = s_unit[k] + int64_t(c) * Step::kGroups * 2;
-      sv[k][s] = load_scales<kBits>(sp, ok, policy);
+      if constexpr (!F::kRowScale) {
+        const int64_t at = int64_t(c) * Step::kScaleGroups * 2;
+        sv[k][s] = load_scales<kForm>(s_unit[k] + at, ok, policy);
+        if constexpr (F::kMins) mv[k][s] = load_scales<kForm>(m_unit[k] + at, ok, policy);
+      }
     }
   };
-  // Slot s of batch cb: per group, two mmas into fresh accumulators, scaled into acc.
+  // A scale group's sums t (and the group's sums of x, xs) scaled into acc[k].
+  auto scale_group = [&](int k, const float (&t)[4], const float (&xs)[4], const typename Step::Scales& sv_,
+                         const typename Step::Scales& mv_, int jj) {
+    const uint32_t sc = scale_word(sv_, jj);
+    const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&sc));
+    if constexpr (F::kMins) {
+      const uint32_t mw = scale_word(mv_, jj);
+      const float2 m = __half22float2(*reinterpret_cast<const __half2*>(&mw));
+      constexpr float kBias = kBits == 4 ? 8.f : 0.f;  // 4-bit t sums x * (n - 8)
+#pragma unroll
+      for (int e = 0; e < (kHighTokens ? 4 : 2); ++e) {
+        const float de = e % 2 == 0 ? d.x : d.y, me = e % 2 == 0 ? m.x : m.y;
+        acc[k][e] = fmaf(fmaf(kBias, xs[e], t[e]), de, fmaf(xs[e], me, acc[k][e]));
+      }
+    } else {
+      acc[k][0] = fmaf(t[0], d.x, acc[k][0]);
+      acc[k][1] = fmaf(t[1], d.y, acc[k][1]);
+      if constexpr (kHighTokens) {
+        acc[k][2] = fmaf(t[2], d.x, acc[k][2]);
+        acc[k][3] = fmaf(t[3], d.y, acc[k][3]);
+      }
+    }
+  };
+  // Slot s of batch cb: per scale group, two mmas per 32 columns into fresh
+  // accumulators, scaled into acc (row scales: the mmas sum into acc).
   auto compute_step = [&](int s, int cb) {
     const int S = (cb * kWarps + warp) * kSlots + s;
+    constexpr uint32_t kOnes = 0x3F803F80u;  // bf16 1, 1
+    float t[kW][4], xs[4];
 #pragma unroll
     for (int j = 0; j < Step::kGroups; ++j) {
       const int col = S * Step::kCols + 32 * j + 8 * q;
@@ -112,30 +154,44 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
       const uint4 xl = load_x(x_lo_row, col, in_row && x_lo);
       const uint4 xh = kHighTokens ? load_x(x_hi_row, col, in_row && x_hi) : make_uint4(0, 0, 0, 0);
       const uint32_t a_lo[4] = {xl.x, xh.x, xl.y, xh.y}, a_hi[4] = {xl.z, xh.z, xl.w, xh.w};
+      if constexpr (F::kMins) {  // each token's sum of x over the scale group
+        if (j % kSubs == 0) xs[0] = xs[1] = xs[2] = xs[3] = 0.f;
+        ptx::mma_bf16_16816(xs, a_lo, kOnes, kOnes);
+        ptx::mma_bf16_16816(xs, a_hi, kOnes, kOnes);
+      }
 #pragma unroll
       for (int k = 0; k < kW; ++k) {
         const uint32_t w[4] = {wv[k][s].x, wv[k][s].y, wv[k][s].z, wv[k][s].w};
-        uint32_t b[4], sc;
+        uint32_t b[4];
         if constexpr (kBits == 4) {
 #pragma unroll
           for (int m = 0; m < 4; ++m) b[m] = q4_pair(w[j] >> (4 * m));
-          const uint32_t scs[4] = {sv[k][s].x, sv[k][s].y, sv[k][s].z, sv[k][s].w};
-          sc = scs[j];
         } else {
           b[0] = q8_pair(w[2 * j], 0), b[1] = q8_pair(w[2 * j], 2);
           b[2] = q8_pair(w[2 * j + 1], 0), b[3] = q8_pair(w[2 * j + 1], 2);
-          sc = j == 0 ? sv[k][s].x : sv[k][s].y;
         }
-        float t[4] = {0.f, 0.f, 0.f, 0.f};
-        ptx::mma_bf16_16816(t, a_lo, b[0], b[1]);
-        ptx::mma_bf16_16816(t, a_hi, b[2], b[3]);
-        const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&sc));
-        acc[k][0] = fmaf(t[0], d.x, acc[k][0]);
-        acc[k][1] = fmaf(t[1], d.y, acc[k][1]);
-        if constexpr (kHighTokens) {
-          acc[k][2] = fmaf(t[2], d.x, acc[k][2]);
-          acc[k][3] = fmaf(t[3], d.y, acc[k][3]);
+        if constexpr (F::kRowScale) {
+          ptx::mma_bf16_16816(acc[k], a_lo, b[0], b[1]);
+          ptx::mma_bf16_16816(acc[k], a_hi, b[2], b[3]);
+        } else {
+          if (j % kSubs == 0) t[k][0] = t[k][1] = t[k][2] = t[k][3] = 0.f;
+          ptx::mma_bf16_16816(t[k], a_lo, b[0], b[1]);
+          ptx::mma_bf16_16816(t[k], a_hi, b[2], b[3]);
+          if (j % kSubs == kSubs - 1) scale_group(k, t[k], xs, sv[k][s], mv[k][F::kMins ? s : 0], j / kSubs);
         }
+      }
+    }
+  };
+  // Row scales: lane (g, q)'s accumulators hold rows 2q and 2q + 1 of the unit.
+  auto scale_rows = [&](int tile) {
+    if constexpr (F::kRowScale) {
+      int seg, base;
+      locate_tile(p, tile, kUnitRows, seg, base);
+#pragma unroll
+      for (int k = 0; k < kW; ++k) {
+        const float* rs = reinterpret_cast<const float*>(P.scales[kGated ? k : seg]) + base + 2 * q;
+        const float2 v = __ldg(reinterpret_cast<const float2*>(rs));
+        acc[k][0] *= v.x, acc[k][1] *= v.y, acc[k][2] *= v.x, acc[k][3] *= v.y;
       }
     }
   };
@@ -161,6 +217,7 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_kernel(const __grid_cons
     if (idx + 2 == total) pdl_launch_dependents();
     if (++cb == batches) {
       const int tile = int(blockIdx.x) + ci * int(gridDim.x);
+      scale_rows(tile);
       finish_unit<Out, kGated, kAcc, kVals, kRope>(p, r, partial, acc[0], acc[kW - 1], tile, ci & 1, 0);
       ++ci;
       cb = 0;
@@ -182,30 +239,43 @@ struct PackedPath {
   int64_t padded_cols = 0;
 };
 
-template <int kBits, typename Out, bool kGated, bool kRope>
-void launch_bits(const PackedGemvParams& P, const PackedPath& path, const GemvRopeKv& r, const Launch& on) {
+template <int kForm, typename Out, bool kGated, bool kRope>
+void launch_form(const PackedGemvParams& P, const PackedPath& path, const GemvRopeKv& r, const Launch& on) {
   if (path.int8_x && P.seg.tokens <= kDp4aMaxTokens && dp4a_x_bytes(P.seg.tokens, path.padded_cols) <= kDp4aMaxSmem)
-    return launch_packed_dp4a<kBits, Out, kGated, kRope>(P, path.padded_cols, r, on);
-  if (P.seg.tokens > 8) return launch_packed<gemv_packed_kernel<kBits, Out, true, kGated, kRope>>(P, r, on);
-  launch_packed<gemv_packed_kernel<kBits, Out, false, kGated, kRope>>(P, r, on);
+    return launch_packed_dp4a<kForm, Out, kGated, kRope>(P, path.padded_cols, r, on);
+  if (P.seg.tokens > 8) return launch_packed<gemv_packed_kernel<kForm, Out, true, kGated, kRope>>(P, r, on);
+  launch_packed<gemv_packed_kernel<kForm, Out, false, kGated, kRope>>(P, r, on);
+}
+
+template <int kForm, bool kGated, bool kRope>
+void launch_outputs(const PackedGemvParams& P, bool f32, const PackedPath& path, const GemvRopeKv& r,
+                    const Launch& on) {
+  if constexpr (kGated || kRope) {
+    SERVAL_CHECK(!f32, "gemv_packed: gated and rope outputs are bf16");
+    launch_form<kForm, bf16, kGated, kRope>(P, path, r, on);
+  } else {
+    f32 ? launch_form<kForm, float, false, false>(P, path, r, on) : launch_form<kForm, bf16, false, false>(P, path, r, on);
+  }
 }
 
 template <bool kGated, bool kRope>
-void launch_any(const PackedGemvParams& P, int bits, bool f32, const PackedPath& path, const GemvRopeKv& r,
+void launch_any(const PackedGemvParams& P, int form, bool f32, const PackedPath& path, const GemvRopeKv& r,
                 const Launch& on) {
-  if constexpr (kGated || kRope) {
-    SERVAL_CHECK(!f32, "gemv_packed: gated and rope outputs are bf16");
-    bits == 4 ? launch_bits<4, bf16, kGated, kRope>(P, path, r, on)
-              : launch_bits<8, bf16, kGated, kRope>(P, path, r, on);
-  } else if (bits == 4) {
-    f32 ? launch_bits<4, float, false, false>(P, path, r, on) : launch_bits<4, bf16, false, false>(P, path, r, on);
-  } else {
-    f32 ? launch_bits<8, float, false, false>(P, path, r, on) : launch_bits<8, bf16, false, false>(P, path, r, on);
+  switch (form) {
+    case kFormQ4: launch_outputs<kFormQ4, kGated, kRope>(P, f32, path, r, on); break;
+    case kFormQ4Min: launch_outputs<kFormQ4Min, kGated, kRope>(P, f32, path, r, on); break;
+    case kFormQ4G64: launch_outputs<kFormQ4G64, kGated, kRope>(P, f32, path, r, on); break;
+    case kFormQ4G64Min: launch_outputs<kFormQ4G64Min, kGated, kRope>(P, f32, path, r, on); break;
+    case kFormQ4G128: launch_outputs<kFormQ4G128, kGated, kRope>(P, f32, path, r, on); break;
+    case kFormQ4G128Min: launch_outputs<kFormQ4G128Min, kGated, kRope>(P, f32, path, r, on); break;
+    case kFormQ8: launch_outputs<kFormQ8, kGated, kRope>(P, f32, path, r, on); break;
+    case kFormQ8Min: launch_outputs<kFormQ8Min, kGated, kRope>(P, f32, path, r, on); break;
+    default: launch_outputs<kFormQ8Row, kGated, kRope>(P, f32, path, r, on); break;
   }
   SERVAL_CUDA_LAUNCH_CHECK();
 }
 
-// The operands of up to three packed weights of one format and width.
+// The operands of up to three packed weights of one form and width.
 PackedGemvParams packed_params(const Tensor& x, const PackedWeight* ws, int n) {
   PackedGemvParams P{};
   P.seg.x = bf(x);
@@ -214,21 +284,23 @@ PackedGemvParams packed_params(const Tensor& x, const PackedWeight* ws, int n) {
   P.row_bytes = ws[0].pack.row_bytes();
   P.steps = int(ws[0].pack.steps());
   for (int i = 0; i < n; ++i) {
-    SERVAL_CHECK(gemv_packed_fits(x, ws[i]) && ws[i].pack.bits == ws[0].pack.bits, "gemv_packed: x [", x.rows, ", ",
+    SERVAL_CHECK(gemv_packed_fits(x, ws[i]) && ws[i].pack.same_form(ws[0].pack), "gemv_packed: x [", x.rows, ", ",
                  x.cols, "] and weight ", i, " (", ws[i].pack.bits, "-bit [", ws[i].pack.rows, ", ", ws[i].pack.cols,
                  "]) do not fit the packed GEMV");
     P.quants[i] = ws[i].quants();
     P.scales[i] = ws[i].scales();
+    P.mins[i] = ws[i].mins();
   }
   return P;
 }
 
-// out[r, c] = scale * quant in bf16: one thread per 16-byte chunk of a row
+// out[r, c] = the weight in bf16: one thread per 16-byte chunk of a row
 // (blockIdx.y strides over the rows: no 64-bit divisions).
-template <int kBits>
-__global__ void dequantize_packed_kernel(const uint8_t* quants, const uint16_t* scales, int rows, int cols,
-                                         int64_t row_bytes, int steps, bf16* out) {
-  using Step = PackedStep<kBits>;
+template <int kForm>
+__global__ void dequantize_packed_kernel(const uint8_t* quants, const uint16_t* scales, const uint16_t* mins,
+                                         int rows, int cols, int64_t row_bytes, int steps, bf16* out) {
+  using Step = PackedStep<kForm>;
+  using F = Form<kForm>;
   pdl_wait();
   const int c = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (c < steps * 4) {
@@ -237,28 +309,45 @@ __global__ void dequantize_packed_kernel(const uint8_t* quants, const uint16_t* 
       const uint4 v = *reinterpret_cast<const uint4*>(quants + int64_t(r) * row_bytes + int64_t(c) * 16);
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
       const int u = r / kUnitRows, in_unit = r % kUnitRows;
-      const uint16_t* sp =
-          scales + (4 * (int64_t(u) * steps + S) + in_unit / 2) * Step::kGroups * 2 + in_unit % 2;
+      const int64_t at = (4 * (int64_t(u) * steps + S) + in_unit / 2) * Step::kScaleGroups * 2 + in_unit % 2;
 #pragma unroll
       for (int j = 0; j < Step::kGroups; ++j) {
         const int col = S * Step::kCols + 32 * j + 8 * q;
         if (col >= cols) break;
-        const float d = __half2float(__ushort_as_half(sp[2 * j]));
+        float d, m = 0.f;
+        if constexpr (F::kRowScale) {
+          d = reinterpret_cast<const float*>(scales)[r];
+        } else {
+          d = __half2float(__ushort_as_half(scales[at + 2 * (j / Step::kSubs)]));
+          if constexpr (F::kMins) m = __half2float(__ushort_as_half(mins[at + 2 * (j / Step::kSubs)]));
+        }
         float f[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           int quant;
-          if constexpr (kBits == 4)
-            quant = int((w[j] >> ((e % 2) * 16 + 4 * (e / 2))) & 15) - 8;
+          if constexpr (F::kBits == 4)
+            quant = int((w[j] >> ((e % 2) * 16 + 4 * (e / 2))) & 15) - (F::kMins ? 0 : 8);
           else
             quant = int((w[2 * j + e / 4] >> (8 * (e % 4))) & 255) - 128;
-          f[e] = d * float(quant);
+          if constexpr (F::kMins)
+            f[e] = float(quant) * d + m;
+          else
+            f[e] = d * float(quant);
         }
         *reinterpret_cast<Bf16x8*>(out + int64_t(r) * cols + col) = f32_to_bf16x8(f);
       }
     }
   }
   pdl_launch_dependents();
+}
+
+template <int kForm>
+void launch_dequantize(const PackedWeight& w, bf16* out, const Launch& on) {
+  const GpuBlockPack& pk = w.pack;
+  const int chunks = int(pk.steps() * 4);
+  const dim3 grid(unsigned(ceil_div(chunks, 128)), unsigned(std::min<int64_t>(pk.rows, 65535)));
+  launch_pdl(dequantize_packed_kernel<kForm>, grid, dim3(128), 0, on, w.quants(), w.scales(), w.mins(),
+             int(pk.rows), int(pk.cols), pk.row_bytes(), int(pk.steps()), out);
 }
 
 }  // namespace
@@ -291,9 +380,9 @@ void gemv_packed(const Tensor& x, const PackedWeight* ws, const Tensor* ys, int 
                      P.seg.rows[0] % hd == 0 && P.seg.rows[1] == P.seg.rows[2] && P.seg.rows[1] == rope.kv.row(),
                  "gemv_packed: rope in the epilogue needs q/k/v outputs of whole heads (head_dim a multiple of 8), k ",
                  "and v rows of the KV pools' rows");
-    return launch_any<false, true>(P, ws[0].pack.bits, false, path, rope, on);
+    return launch_any<false, true>(P, packed_form(ws[0].pack), false, path, rope, on);
   }
-  launch_any<false, false>(P, ws[0].pack.bits, f32, path, rope, on);
+  launch_any<false, false>(P, packed_form(ws[0].pack), f32, path, rope, on);
 }
 
 void gemv_packed_gated(const Tensor& x, const PackedWeight& gate, const PackedWeight& up, const Tensor& out,
@@ -308,20 +397,33 @@ void gemv_packed_gated(const Tensor& x, const PackedWeight& gate, const PackedWe
   P.seg.y[0] = out.data;
   P.seg.rows[0] = int(gate.pack.rows);
   P.seg.tiles = P.seg.tile_end[0] = int(gate.pack.padded_rows / GpuBlockPack::kUnitRows);
-  launch_any<true, false>(P, gate.pack.bits, false, PackedPath{int8_x, gate.pack.padded_cols}, {}, on);
+  launch_any<true, false>(P, packed_form(gate.pack), false, PackedPath{int8_x, gate.pack.padded_cols}, {}, on);
 }
 
 void dequantize_packed(const PackedWeight& w, bf16* out, const Launch& on) {
-  const GpuBlockPack& pk = w.pack;
-  const int chunks = int(pk.steps() * 4);
-  const dim3 grid(unsigned(ceil_div(chunks, 128)), unsigned(std::min<int64_t>(pk.rows, 65535)));
-  if (pk.bits == 4)
-    launch_pdl(dequantize_packed_kernel<4>, grid, dim3(128), 0, on, w.quants(), w.scales(), int(pk.rows),
-               int(pk.cols), pk.row_bytes(), int(pk.steps()), out);
-  else
-    launch_pdl(dequantize_packed_kernel<8>, grid, dim3(128), 0, on, w.quants(), w.scales(), int(pk.rows),
-               int(pk.cols), pk.row_bytes(), int(pk.steps()), out);
+  switch (packed_form(w.pack)) {
+    case kFormQ4: launch_dequantize<kFormQ4>(w, out, on); break;
+    case kFormQ4Min: launch_dequantize<kFormQ4Min>(w, out, on); break;
+    case kFormQ4G64: launch_dequantize<kFormQ4G64>(w, out, on); break;
+    case kFormQ4G64Min: launch_dequantize<kFormQ4G64Min>(w, out, on); break;
+    case kFormQ4G128: launch_dequantize<kFormQ4G128>(w, out, on); break;
+    case kFormQ4G128Min: launch_dequantize<kFormQ4G128Min>(w, out, on); break;
+    case kFormQ8: launch_dequantize<kFormQ8>(w, out, on); break;
+    case kFormQ8Min: launch_dequantize<kFormQ8Min>(w, out, on); break;
+    default: launch_dequantize<kFormQ8Row>(w, out, on); break;
+  }
   SERVAL_CUDA_LAUNCH_CHECK();
+}
+
+int packed_form(const GpuBlockPack& p) {
+  if (p.bits == 8 && p.group == 32) return p.row_scale ? kFormQ8Row : p.mins ? kFormQ8Min : kFormQ8;
+  if (p.bits == 4 && !p.row_scale) {
+    if (p.group == 32) return p.mins ? kFormQ4Min : kFormQ4;
+    if (p.group == 64) return p.mins ? kFormQ4G64Min : kFormQ4G64;
+    if (p.group == 128) return p.mins ? kFormQ4G128Min : kFormQ4G128;
+  }
+  SERVAL_CHECK(false, "gemv_packed: no kernel for a ", p.bits, "-bit pack of group ", p.group);
+  return kFormQ4;
 }
 
 }  // namespace serval::cuda

@@ -18,9 +18,11 @@
 //
 // x: after the dependency wait each block quantizes x into shared memory, one
 // 16-byte record per token, group and lane of the quad: the lane's 8 int8 in
-// the order its word's bytes come out (Q4_0: columns 0,4,1,5 | 2,6,3,7, see
-// backend/gpu_block_pack.h; Q8_0: 0..7), the offset that removes the quants'
+// the order its word's bytes come out (4-bit: columns 0,4,1,5 | 2,6,3,7, see
+// backend/gpu_block_pack.h; 8-bit: 0..7), the offset that removes the quants'
 // bias (-8 or -128 times the sum of those 8 int8), and the group's scale.
+// Forms with mins add m times the lane's sum of its 8 int8 (the offset over
+// -8 or -128) times x's scale; row scales multiply the row's sum at the end.
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_gemv_packed_params.cuh"
@@ -102,11 +104,13 @@ __device__ void quantize_x(const bf16* x, int tokens, int in, int groups, uint4*
 
 // kTok rows of x (1 or 2). kGated: segment 0 is gate and up; kRope: q/k/v
 // with the rope epilogue (as gemv_packed_kernel).
-template <int kBits, typename Out, int kTok, bool kGated, bool kRope>
+template <int kForm, typename Out, int kTok, bool kGated, bool kRope>
 __global__ void __launch_bounds__(kThreads) gemv_packed_dp4a_kernel(const __grid_constant__ PackedGemvParams P,
                                                                     const __grid_constant__ GemvRopeKv r,
                                                                     int groups) {
-  using Step = PackedStep<kBits>;
+  using Step = PackedStep<kForm>;
+  using F = Form<kForm>;
+  constexpr int kBits = F::kBits;
   constexpr int kSlots = kGated ? kSteps / 2 : kSteps;
   constexpr int kVals = kGated ? 4 : 2;
   extern __shared__ uint4 xrec[];
@@ -124,11 +128,13 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_dp4a_kernel(const __grid
   constexpr int kW = kGated ? 2 : 1;  // weights per unit
   uint4 wv[kW][kSlots];
   typename Step::Scales sv[kW][kSlots];
+  typename Step::Scales mv[kW][F::kMins ? kSlots : 1];
   float acc[kW][kTok] = {};
 
   int li = 0, lb = 0;  // the load cursor: batch lb of this block's unit li
   const uint8_t* w_row[kW];
   const uint16_t* s_unit[kW];
+  const uint16_t* m_unit[kW];
   auto enter_unit = [&](int i) {
     int seg, base;
     locate_tile(p, int(blockIdx.x) + i * int(gridDim.x), kUnitRows, seg, base);
@@ -136,7 +142,9 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_dp4a_kernel(const __grid
     for (int k = 0; k < kW; ++k) {
       const int wi = kGated ? k : seg;
       w_row[k] = P.quants[wi] + int64_t(base + g) * P.row_bytes;
-      s_unit[k] = P.scales[wi] + int64_t(base / kUnitRows) * P.steps * 4 * Step::kGroups * 2;
+      const int64_t at = int64_t(base / kUnitRows) * P.steps * 4 * Step::kScaleGroups * 2;
+      s_unit[k] = P.scales[wi] + at;
+      if constexpr (F::kMins) m_unit[k] = P.mins[wi] + at;
     }
   };
   // Row g's scales sit in the slot of lane g / 2 (the pair of rows 2l, 2l + 1).
@@ -147,7 +155,11 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_dp4a_kernel(const __grid
 #pragma unroll
     for (int k = 0; k < kW; ++k) {
       wv[k][s] = load_weight(w_row[k] + int64_t(c) * 16, ok, policy);
-      sv[k][s] = load_scales<kBits>(s_unit[k] + int64_t(cs) * Step::kGroups * 2, ok, policy);
+      if constexpr (!F::kRowScale) {
+        const int64_t at = int64_t(cs) * Step::kScaleGroups * 2;
+        sv[k][s] = load_scales<kForm>(s_unit[k] + at, ok, policy);
+        if constexpr (F::kMins) mv[k][s] = load_scales<kForm>(m_unit[k] + at, ok, policy);
+      }
     }
   };
   auto compute_step = [&](int s, int cb) {
@@ -156,15 +168,13 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_dp4a_kernel(const __grid
 #pragma unroll
     for (int k = 0; k < kW; ++k) {
       const uint32_t w[4] = {wv[k][s].x, wv[k][s].y, wv[k][s].z, wv[k][s].w};
-      uint32_t sw[Step::kGroups];
-      if constexpr (kBits == 4) {
-        sw[0] = sv[k][s].x, sw[1] = sv[k][s].y, sw[2] = sv[k][s].z, sw[3] = sv[k][s].w;
-      } else {
-        sw[0] = sv[k][s].x, sw[1] = sv[k][s].y;
-      }
 #pragma unroll
       for (int j = 0; j < Step::kGroups; ++j) {
-        const float dw = __half2float(__ushort_as_half(uint16_t(sw[j] >> (16 * (g & 1)))));
+        float dw = 1.f, mw = 0.f;  // row scales: applied at the unit's end
+        if constexpr (!F::kRowScale)
+          dw = __half2float(__ushort_as_half(uint16_t(scale_word(sv[k][s], j / Step::kSubs) >> (16 * (g & 1)))));
+        if constexpr (F::kMins)
+          mw = __half2float(__ushort_as_half(uint16_t(scale_word(mv[k][s], j / Step::kSubs) >> (16 * (g & 1)))));
         const uint32_t a = kBits == 4 ? w[j] & 0x0F0F0F0Fu : w[2 * j];
         const uint32_t b = kBits == 4 ? (w[j] >> 4) & 0x0F0F0F0Fu : w[2 * j + 1];
         const int G = S * Step::kGroups + j;
@@ -177,6 +187,11 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_dp4a_kernel(const __grid
           else
             dot = dp4a_us(b, x.y, dp4a_us(a, x.x, int(x.z)));
           acc[k][t] = fmaf(float(dot), dw * __uint_as_float(x.w), acc[k][t]);
+          if constexpr (F::kMins) {  // w = d * (n - 8) + (m + 8 d) (4-bit), d * v + m (8-bit)
+            const float lane_sum = float(int(x.z)) * (kBits == 4 ? -0.125f : -1.f / 128.f);
+            const float o = kBits == 4 ? fmaf(8.f, dw, mw) : mw;
+            acc[k][t] = fmaf(lane_sum, o * __uint_as_float(x.w), acc[k][t]);
+          }
         }
       }
     }
@@ -222,6 +237,16 @@ __global__ void __launch_bounds__(kThreads) gemv_packed_dp4a_kernel(const __grid
     if (idx + 2 == total) pdl_launch_dependents();
     if (++cb == batches) {
       const int tile = int(blockIdx.x) + ci * int(gridDim.x);
+      if constexpr (F::kRowScale) {  // this lane's row g
+        int seg, base;
+        locate_tile(p, tile, kUnitRows, seg, base);
+#pragma unroll
+        for (int k = 0; k < kW; ++k) {
+          const float rs = __ldg(reinterpret_cast<const float*>(P.scales[kGated ? k : seg]) + base + g);
+#pragma unroll
+          for (int t = 0; t < kTok; ++t) acc[k][t] *= rs;
+        }
+      }
       float c0[4], c1[4];
       to_mma_layout(acc[0], c0);
       to_mma_layout(acc[kW - 1], c1);
@@ -263,23 +288,30 @@ void launch_dp4a(const PackedGemvParams& P, int64_t padded_cols, const GemvRopeK
 
 }  // namespace
 
-template <int kBits, typename Out, bool kGated, bool kRope>
+template <int kForm, typename Out, bool kGated, bool kRope>
 void launch_packed_dp4a(const PackedGemvParams& P, int64_t padded_cols, const GemvRopeKv& r, const Launch& on) {
-  if (P.seg.tokens == 1) return launch_dp4a<gemv_packed_dp4a_kernel<kBits, Out, 1, kGated, kRope>>(P, padded_cols, r, on);
-  launch_dp4a<gemv_packed_dp4a_kernel<kBits, Out, 2, kGated, kRope>>(P, padded_cols, r, on);
+  if (P.seg.tokens == 1) return launch_dp4a<gemv_packed_dp4a_kernel<kForm, Out, 1, kGated, kRope>>(P, padded_cols, r, on);
+  launch_dp4a<gemv_packed_dp4a_kernel<kForm, Out, 2, kGated, kRope>>(P, padded_cols, r, on);
 }
 
-#define SERVAL_PACKED_DP4A(BITS, OUT, GATED, ROPE)                                                        \
-  template void launch_packed_dp4a<BITS, OUT, GATED, ROPE>(const PackedGemvParams&, int64_t, const GemvRopeKv&, \
+#define SERVAL_PACKED_DP4A(FORM, OUT, GATED, ROPE)                                                        \
+  template void launch_packed_dp4a<FORM, OUT, GATED, ROPE>(const PackedGemvParams&, int64_t, const GemvRopeKv&, \
                                                           const Launch&);
-SERVAL_PACKED_DP4A(4, bf16, false, false)
-SERVAL_PACKED_DP4A(4, float, false, false)
-SERVAL_PACKED_DP4A(4, bf16, true, false)
-SERVAL_PACKED_DP4A(4, bf16, false, true)
-SERVAL_PACKED_DP4A(8, bf16, false, false)
-SERVAL_PACKED_DP4A(8, float, false, false)
-SERVAL_PACKED_DP4A(8, bf16, true, false)
-SERVAL_PACKED_DP4A(8, bf16, false, true)
+#define SERVAL_PACKED_DP4A_FORM(FORM)            \
+  SERVAL_PACKED_DP4A(FORM, bf16, false, false)   \
+  SERVAL_PACKED_DP4A(FORM, float, false, false)  \
+  SERVAL_PACKED_DP4A(FORM, bf16, true, false)    \
+  SERVAL_PACKED_DP4A(FORM, bf16, false, true)
+SERVAL_PACKED_DP4A_FORM(kFormQ4)
+SERVAL_PACKED_DP4A_FORM(kFormQ4Min)
+SERVAL_PACKED_DP4A_FORM(kFormQ4G64)
+SERVAL_PACKED_DP4A_FORM(kFormQ4G64Min)
+SERVAL_PACKED_DP4A_FORM(kFormQ4G128)
+SERVAL_PACKED_DP4A_FORM(kFormQ4G128Min)
+SERVAL_PACKED_DP4A_FORM(kFormQ8)
+SERVAL_PACKED_DP4A_FORM(kFormQ8Min)
+SERVAL_PACKED_DP4A_FORM(kFormQ8Row)
+#undef SERVAL_PACKED_DP4A_FORM
 #undef SERVAL_PACKED_DP4A
 
 }  // namespace serval::cuda

@@ -1,4 +1,4 @@
-// CudaMatmul's products of GGUF block weights kept at their size
+// CudaMatmul's products of quantized weights kept at their size
 // (CudaWeight::packed, backend/gpu_block_pack.h; cuda_gemv_packed.cu).
 //
 // Up to 16 rows the packed GEMV streams the packed matrices once: q/k/v in
@@ -38,11 +38,13 @@ bool CudaMatmul::packed_gemv_rows(const Tensor& x) const {
          x.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
 }
 
-// Weights the packed GEMV reads together: packed, one format, x's width.
+// Weights the packed GEMV reads together: packed, one form, x's width.
 bool CudaMatmul::packed_together(const Tensor& x, std::span<const CudaWeight* const> ws) const {
   if (!packed_gemv_rows(x)) return false;
   for (const CudaWeight* w : ws)
-    if (w->packed() == nullptr || w->dtype() != ws[0]->dtype() || w->cols() != x.cols) return false;
+    if (w->packed() == nullptr || ws[0]->packed() == nullptr || !w->packed()->same_form(*ws[0]->packed()) ||
+        w->cols() != x.cols)
+      return false;
   return true;
 }
 

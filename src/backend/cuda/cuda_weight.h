@@ -1,6 +1,7 @@
 #pragma once
-// A weight on the GPU: matrices in the backend's activation dtype, or GGUF
-// blocks packed for the quantized GEMV (packed()); vectors f32.
+// A weight on the GPU: matrices in the backend's activation dtype, or
+// quantized matrices packed for the quantized GEMV (packed(); dtype() the
+// GGUF block type, I8 for int4 and int8); vectors f32.
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +27,7 @@ class CudaWeight : public DeviceWeight {
   // and fold_norm_weight read such weights.
   bool interleaved() const { return interleaved_; }
   void set_interleaved() { interleaved_ = true; }
-  // GGUF blocks (dtype() Q4_0 or Q8_0) in this layout at data(); null for
+  // Quantized weights (gpu_block_pack.h) in this layout at data(); null for
   // a dense matrix.
   const GpuBlockPack* packed() const { return pack_ ? &*pack_ : nullptr; }
   void set_packed(const GpuBlockPack& pack) { pack_ = pack; }

@@ -14,6 +14,8 @@
 
 #include "cuda_test_util.h"
 #include "model/model_loader.h"
+#include "model/linear.h"
+#include "model/rtn_quantize.h"
 #include "runtime/model_runner.h"
 #include "../../runtime/stories_golden.h"
 #include "../../runtime/tiny_model.h"
@@ -224,9 +226,8 @@ struct CpuComparison {
 
 // 32 steps teacher-forced with the CPU's greedy tokens on a CPU and a CUDA
 // runner computing in `dtype` (and tuned so): each step compares one prediction.
-CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype, const CudaTuning& tuning = {}) {
-  const ModelConfig cfg = tiny_config(rc.spec);
-  const WeightStore weights = tiny_weights(cfg, rc.spec);
+CpuComparison compare_with_cpu(const ModelConfig& cfg, const WeightStore& weights, const char* dtype,
+                              const CudaTuning& tuning = {}) {
   std::vector<std::unique_ptr<ModelRunner>> runners;
   for (const char* dev : {"cpu", "cuda"}) {
     RunnerOptions opts;
@@ -254,6 +255,10 @@ CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype, const Cu
     c.agree += next[0] == next[1];
   }
   return c;
+}
+CpuComparison compare_with_cpu(const RandomCase& rc, const char* dtype, const CudaTuning& tuning = {}) {
+  const ModelConfig cfg = tiny_config(rc.spec);
+  return compare_with_cpu(cfg, tiny_weights(cfg, rc.spec), dtype, tuning);
 }
 
 TEST(CudaModel, RandomModelsAgreeWithCpu) {
@@ -333,6 +338,101 @@ TEST(CudaModel, RandomModelsWithGgufBlocksAgreeWithCpu) {
   // Matrices at 4.5 bits instead of 16; the embedding table stays bf16.
   EXPECT_LT(double(bytes[PB::kOn]), 0.6 * double(bytes[PB::kOff])) << "packed " << bytes[PB::kOn] << " bytes";
   EXPECT_EQ(bytes[PB::kAuto], bytes[PB::kOff]);
+}
+
+// `base`'s linear matrices (all 2-D tensors but the embedding) in `f`
+// (round to nearest, model/rtn_quantize.h), as Serval's own quantized GGUF
+// holds them (model/gguf_linear_formats.h): I8 codes, "W.scale", "W.zero" and
+// the format in the config. `base` must outlive the result.
+WeightStore rtn_quantized(const WeightStore& base, ModelConfig& cfg, const LinearFormat& f) {
+  WeightStore out;
+  for (const auto& [name, v] : base.all()) {
+    if (v.shape.size() != 2 || name == "token_embd.weight") {
+      out.add(v);
+      continue;
+    }
+    const std::vector<float> w = dequantize_linear(linear_of(v));
+    const RtnMatrix m = quantize_matrix_rtn(f, name, w.data(), v.shape[0], v.shape[1]);
+    out.add_owned(name, DType::I8, m.linear.weight.shape, m.codes);
+    auto floats = [](const std::vector<float>& x) {
+      return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(x.data()),
+                                  reinterpret_cast<const uint8_t*>(x.data() + x.size()));
+    };
+    out.add_owned(name + ".scale", DType::F32, m.linear.scales->shape, floats(m.scales));
+    if (m.linear.zeros) out.add_owned(name + ".zero", DType::F32, m.linear.zeros->shape, floats(m.zeros));
+    cfg.linear_formats[name] = f;
+  }
+  return out;
+}
+
+// A Llama-3-like miniature (GQA 4, interleaved rope; widths whole K-quant
+// super-blocks and int4 groups of 128) in each format the GPU runs packed
+// beside Q4_0/Q8_0: GGUF Q4_1, Q4_K, Q5_K, and Serval's int4 g32/g64/g128
+// sym and asym and int8 per channel (as `serval quantize --to int4|int8`
+// writes them). The CPU runs the exact dequantization, the GPU the packed
+// GEMV (the pack's f16 scales and mins, bf16 activations), int8 x off and
+// on; the matrices kept packed take a fraction of their bf16 bytes.
+TEST(CudaModel, ModelsInEveryPackedFormatAgreeWithCpu) {
+  SERVAL_CUDA_OR_SKIP(probe);
+  probe.reset();
+  TinySpec spec;
+  spec.vocab = 1000, spec.hidden = 512, spec.inter = 1536, spec.layers = 2, spec.heads = 8, spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.style = RopeStyle::Interleaved;
+  spec.seed = 7;
+  using Kind = LinearFormat::Kind;
+  struct Case {
+    const char* name;
+    DType gguf;  // the matrices' GGUF block type, or F32 for `format`
+    LinearFormat format;
+  };
+  const Case cases[] = {
+      {"q4_1", DType::Q4_1, {}}, {"q4_k", DType::Q4_K, {}}, {"q5_k", DType::Q5_K, {}},
+      {"int4 g32 sym", DType::F32, {Kind::Int4Grouped, DType::I8, 32, true}},
+      {"int4 g32 asym", DType::F32, {Kind::Int4Grouped, DType::I8, 32, false}},
+      {"int4 g64 asym", DType::F32, {Kind::Int4Grouped, DType::I8, 64, false}},
+      {"int4 g128 sym", DType::F32, {Kind::Int4Grouped, DType::I8, 128, true}},
+      {"int4 g128 asym", DType::F32, {Kind::Int4Grouped, DType::I8, 128, false}},
+      {"int8", DType::F32, {Kind::Int8PerChannel, DType::I8, 0, true}},
+  };
+  for (const Case& c : cases) {
+    TinySpec s = spec;
+    s.matrix_dtype = c.gguf;
+    ModelConfig cfg = tiny_config(s);
+    const WeightStore base = tiny_weights(cfg, s);
+    const WeightStore weights = c.gguf != DType::F32 ? WeightStore{} : rtn_quantized(base, cfg, c.format);
+    const WeightStore& w = c.gguf != DType::F32 ? base : weights;
+    CudaTuning packed;
+    packed.packed_blocks = CudaTuning::PackedBlocks::kOn;
+    for (bool int8_x : {false, true}) {
+      packed.packed_int8_x = int8_x;
+      const CpuComparison r = compare_with_cpu(cfg, w, "bfloat16", packed);
+      EXPECT_LT(r.worst, int8_x ? 4e-2 : 2e-2) << c.name << " int8 x " << int8_x << ": worst relative logit error";
+      EXPECT_GE(r.agree, int8_x ? 30 : 31) << c.name << " int8 x " << int8_x << ": greedy tokens agreed on "
+                                          << r.agree << " of 32 steps";
+      std::printf("[%s packed%s] worst logit rel error %.2e, greedy agreement %d/32\n", c.name,
+                  int8_x ? ", int8 x" : "", r.worst, r.agree);
+    }
+    int64_t bytes[2] = {0, 0};
+    std::string formats[2];
+    for (int on = 0; on < 2; ++on) {
+      RunnerOptions opts;
+      opts.device = "cuda";
+      opts.kv_cache_tokens = 256;
+      opts.cuda_tuning.packed_blocks = on ? CudaTuning::PackedBlocks::kOn : CudaTuning::PackedBlocks::kOff;
+      const auto runner = ModelRunner::create(cfg, w, opts);
+      bytes[on] = runner->matrix_bytes();
+      formats[on] = runner->weight_formats();
+    }
+    EXPECT_EQ(formats[0], "attention bf16, MLP bf16, LM head bf16") << c.name;
+    EXPECT_NE(formats[1].find(c.gguf != DType::F32 ? std::string(dtype_name(c.gguf)) : c.format.describe()),
+              std::string::npos)
+        << c.name << ": " << formats[1];
+    // 4.1 to 5 bits a weight (8.x for int8 and Q5_K's 8-bit form) instead of 16.
+    const bool eight = c.format.kind == Kind::Int8PerChannel || c.gguf == DType::Q5_K;
+    EXPECT_LT(double(bytes[1]), (eight ? 0.6 : 0.35) * double(bytes[0]))
+        << c.name << ": packed " << bytes[1] << " bytes against " << bytes[0];
+  }
 }
 
 // float32 mode on the same miniatures (qk norm in place, bias, tied
