@@ -55,9 +55,10 @@ struct CudaTuning {
   // Up to 16 rows: the norm between two GEMVs done by those GEMVs (needs norm_fold).
   bool norm_elision = true;
   // Quantized matrices (GGUF Q4_0, Q8_0, Q4_1, Q4_K, Q5_K; int4 g32/64/128;
-  // int8 per channel) kept packed at their size for the quantized GEMV (on), dequantized to bf16 at load (off), or packed only where the
-  // dequantized weights would take more than half the memory the weights
-  // may use (auto: the runner decides, Backend::keep_linear_formats).
+  // int8 per channel) kept packed at their size for the quantized GEMV (on),
+  // dequantized to bf16 at load (off), or packed only where the dequantized
+  // weights would take more than half the memory the weights may use (auto:
+  // the runner decides, Backend::keep_linear_formats; Q4_0 and Q8_0 only).
   PackedBlocks packed_blocks = PackedBlocks::kAuto;
   // 1 or 2 rows: the packed GEMV quantizes x to int8 per 32 columns and
   // multiplies in integers (dp4a; never in batch-invariant mode); off: bf16
