@@ -12,6 +12,7 @@
 #include "runtime/forward_pass.h"
 #include "kv/kv_memory_plan.h"
 #include "kv/kv_quant.h"
+#include "model/kv_checkpoint_scales.h"
 #include "runtime/kv_scales.h"
 #include "runtime/memory_plan.h"
 #include "runtime/step_graphs.h"
@@ -129,7 +130,10 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
                    int64_t(opts.max_num_seqs) + opts.max_scored_rows);
   block_size_ = opts.block_size;
   if (kv_dtype_quantized(backend_->kv_dtype())) {
-    kv_scales_ = calibrate_kv_scales(def, opts.kv_calibration_tokens, opts.max_num_batched_tokens);
+    kv_scales_.layers = kv_checkpoint_scales(cfg_, weights, backend_->kv_dtype());
+    kv_scales_.source = "from the checkpoint's k_scale / v_scale";
+    if (kv_scales_.layers.empty())
+      kv_scales_ = calibrate_kv_scales(def, opts.kv_calibration_tokens, opts.max_num_batched_tokens);
     kv_note_ = str_cat("KV cache in ", dtype_name(backend_->kv_dtype()), ", ", describe_kv_scales(kv_scales_), " ",
                        kv_scales_.source);
   }
