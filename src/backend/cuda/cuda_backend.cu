@@ -182,6 +182,12 @@ std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_gated_pair(const 
   return out;
 }
 
+void CudaBackend::set_kv_dtype(DType t) {
+  SERVAL_CHECK(t == cfg_.act_dtype || kv_dtype_quantized(t), "the cuda backend keeps its KV cache in ",
+               dtype_name(cfg_.act_dtype), ", fp8_e4m3 or i8, not ", dtype_name(t), " (--kv-cache-dtype)");
+  kv_dtype_ = t;
+}
+
 // Pools of the activation dtype, or of 1-byte codes with their scales (ones
 // until the runner sets them) where the geometry asks for fp8 / int8.
 KvLayer CudaBackend::alloc_kv_layer(const KvGeometry& g) {
@@ -240,7 +246,9 @@ void CudaBackend::qkv_rope_kv_write(const NormedRows& x, const DeviceWeight& wq,
                                     const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
                                     const KvGeometry& geom) {
   dev_.bind();
-  if (matmul_.qkv_rope_kv_write(x, as_cuda(wq), as_cuda(wk), as_cuda(wv), q, k, v, positions, rope, slot_mapping, kv,
+  // A quantized pool: the product, rope and kv_write apart (the fused epilogues write the activation dtype).
+  if (!kv_dtype_quantized(geom.dtype) &&
+      matmul_.qkv_rope_kv_write(x, as_cuda(wq), as_cuda(wk), as_cuda(wv), q, k, v, positions, rope, slot_mapping, kv,
                                 geom))
     return;
   Backend::qkv_rope_kv_write(matmul_.normalized(x), wq, wk, wv, q, k, v, positions, rope, slot_mapping, kv, geom);

@@ -1,43 +1,62 @@
-// --kv-cache-dtype fp8|int8 on the CUDA backend: until its attention
-// kernels read 1-byte pools, it refuses them at start-up with a message
-// naming the flag, rather than run wrong; its own dtype stays accepted. Its
-// kv_write already writes such pools (for a geometry of fp8 / int8): the
-// codes equal the CPU backend's, byte for byte, and a block copy moves them.
-// Skips without a GPU.
+// --kv-cache-dtype fp8|int8 on the CUDA backend: kv_write's codes equal the
+// CPU backend's, byte for byte, and a block copy moves them; attention over
+// the codes (attention_over_codes) matches the CPU's over the same codes;
+// other pool types are refused naming the flag. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
-#include "kv/kv_quant.h"
+#include "cuda_attention_harness.h"
 #include "cuda_test_util.h"
+#include "kv/kv_quant.h"
 #include "runtime/model_runner.h"
 #include "../../runtime/tiny_model.h"
 
 namespace serval::testing {
 namespace {
 
-TEST(CudaKvQuant, QuantizedPoolsAreRefusedNamingTheFlag) {
+TEST(CudaKvQuant, TakesFp8AndInt8PoolsAndRefusesOthersNamingTheFlag) {
   SERVAL_CUDA_OR_SKIP(be);
-  be->set_kv_dtype(be->act_dtype());
-  for (DType t : {DType::FP8_E4M3, DType::I8}) {
-    try {
-      be->set_kv_dtype(t);
-      FAIL() << dtype_name(t) << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype"), std::string::npos) << e.what();
-    }
+  for (DType t : {be->act_dtype(), DType::FP8_E4M3, DType::I8}) {
+    be->set_kv_dtype(t);
+    EXPECT_EQ(be->kv_dtype(), t);
   }
-  TinySpec spec;
+  try {
+    be->set_kv_dtype(DType::Q4_0);
+    FAIL() << "q4_0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype"), std::string::npos) << e.what();
+  }
+  // A runner calibrates its scales on the GPU and runs a step on the codes.
+  TinySpec spec;  // a shape every CUDA kernel takes
+  spec.vocab = 512, spec.hidden = 256, spec.inter = 512, spec.layers = 2, spec.heads = 4, spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.matrix_dtype = DType::BF16;
   const ModelConfig cfg = tiny_config(spec);
   const WeightStore w = tiny_weights(cfg, spec);
   RunnerOptions o;
   o.device = "cuda";
-  o.kv_cache_tokens = 64;
+  o.kv_cache_tokens = 256;
   o.kv_cache_dtype = "fp8";
-  o.kv_calibration_tokens = {1, 2, 3};
-  EXPECT_THROW(ModelRunner::create(cfg, w, o), Error);
+  for (int32_t i = 0; i < 40; ++i) o.kv_calibration_tokens.push_back(1 + (i * 7) % int32_t(cfg.vocab_size - 1));
+  auto runner = ModelRunner::create(cfg, w, o);
+  EXPECT_NE(runner->kv_cache_note().find("calibrated at start-up on 40 tokens"), std::string::npos)
+      << runner->kv_cache_note();
+  Batch b;
+  b.token_ids = {3, 5, 7, 9};
+  b.positions = {0, 1, 2, 3};
+  b.query_start = {0, 4};
+  b.context_len = {4};
+  b.block_table = {0};
+  b.max_blocks_per_seq = 1;
+  b.slot_mapping = {0, 1, 2, 3};
+  b.logits_rows = {0, 1, 2, 3};
+  std::vector<float> logits;
+  runner->forward(b, logits);
+  ASSERT_EQ(logits.size(), size_t(4 * cfg.vocab_size));
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
 }
 
 TEST(CudaKvQuant, KvWriteCodesEqualTheCpuBackends) {
@@ -82,6 +101,63 @@ TEST(CudaKvQuant, KvWriteCodesEqualTheCpuBackends) {
       int64_t differ = 0;
       for (int64_t i = 0; i < pool; ++i) differ += got[size_t(i)] != want[i];
       EXPECT_EQ(differ, 0) << (value ? "V" : "K") << " codes differ";
+    }
+  }
+}
+
+// A case's world on `be` with pools of `t` codes: every slot written through
+// kv_write (random bf16 values, head h around 4^h, per-head scales from
+// their amax), so both backends hold the same codes.
+attn::AttnWorld quant_world(Backend& be, const attn::AttnCase& c, DType t, uint32_t seed) {
+  attn::AttnWorld w = attn::make_world(be, c, seed, /*fill=*/false);
+  w.geom.dtype = t;
+  w.kv = be.alloc_kv_layer(w.geom);
+  const int64_t n = w.geom.num_blocks * w.geom.block_size, row = int64_t(c.kv_heads) * c.head_dim;
+  std::vector<float> k = random_bf16(size_t(n * row), seed + 1), v = random_bf16(size_t(n * row), seed + 2);
+  std::vector<float> scales(size_t(2 * c.kv_heads));
+  for (int64_t i = 0; i < n * row; ++i) {
+    const int h = int((i / c.head_dim) % c.kv_heads);
+    k[size_t(i)] *= float(1 << (2 * h)), v[size_t(i)] *= float(1 << (2 * h));
+  }
+  for (int h = 0; h < c.kv_heads; ++h)
+    scales[size_t(h)] = scales[size_t(c.kv_heads + h)] = kv_scale_for_amax(t, float(1 << (2 * h)));
+  be.copy_to_device(w.kv.scales.data(), scales.data(), int64_t(scales.size() * 4));
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) slots[size_t(i)] = i;
+  const DevTensor dk = upload(be, k, n, row), dv = upload(be, v, n, row);
+  const DeviceBuffer ds = upload_ints(be, slots);
+  be.kv_write(dk.t, dv.t, static_cast<const int64_t*>(ds.data()), w.kv, w.geom);
+  return w;
+}
+
+TEST(CudaKvQuant, AttentionOverCodesMatchesTheCpuOnTheSameCodes) {
+  SERVAL_CUDA_OR_SKIP(gpu);
+  auto cpu = create_backend("cpu", 0);
+  using attn::AttnCase;
+  const std::vector<AttnCase> cases = {
+      {"decodes d64 g4", 2, 4, 64, 16, attn::decodes({1, 17, 300, 1000})},
+      {"decodes d128 g8", 1, 8, 128, 16, attn::decodes({5, 64, 513})},
+      {"prefill chunk + decode", 2, 2, 64, 16, {{40, 5}, {90, 1}, {7, 7}}},
+      {"window 32", 2, 4, 64, 16, {{200, 3}, {50, 1}}, 0, 32},
+  };
+  for (DType t : {DType::FP8_E4M3, DType::I8}) {
+    uint32_t seed = 900;
+    for (const AttnCase& c : cases) {
+      SCOPED_TRACE(c.name + " " + std::string(dtype_name(t)));
+      std::vector<float> got, want;
+      for (Backend* be : {gpu.get(), cpu.get()}) {
+        attn::AttnWorld w = quant_world(*be, c, t, seed);
+        attn::set_step(*be, w, c.seqs, 0);
+        attn::poison(*be, w.out.t);
+        attn::enqueue_attention(*be, w);
+        be->synchronize();
+        (be == gpu.get() ? got : want) = download(*be, w.out.t);
+      }
+      const double err = worst_head_error(got, want, c.head_dim);
+      std::printf("[kv attn] %-24s %s: worst head rel err %.2e\n", c.name.c_str(), std::string(dtype_name(t)).c_str(),
+                  err);
+      EXPECT_LT(err, 1e-2);
+      seed += 10;
     }
   }
 }
