@@ -5,7 +5,8 @@
 //    the mean KL divergence stays small; greedy output's first 16 tokens are
 //    the same;
 //  - the prefix cache reuses quantized blocks as it does f32 ones: the second
-//    request's output equals the one computed without the cache.
+//    request's output equals the one computed without the cache; requests
+//    batched and preempted give the tokens they give alone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -132,6 +133,40 @@ TEST_P(EngineKvQuant, PrefixCacheReusesQuantizedBlocks) {
   EXPECT_EQ(on.final_event.num_cached_tokens, 192);  // 12 whole blocks of the shared 200
   EXPECT_EQ(off.final_event.num_cached_tokens, 0);
   EXPECT_EQ(on.tokens, off.tokens);
+}
+
+// 12 requests together through a pool small enough to preempt, with chunked
+// prefill and the prefix cache: each gives the tokens it gives alone on the
+// same quantized cache (recomputed blocks quantize to the same codes).
+TEST_P(EngineKvQuant, PreemptedAndBatchedRequestsGiveTheirSoloTokens) {
+  const std::vector<int32_t> text = testing::story_tokens(400);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    const int offset = (i % 3) * 37, len = 20 + 23 * i;
+    reqs.push_back(testing::greedy_request(std::vector<int32_t>(text.begin() + offset, text.begin() + offset + len),
+                                           12 + i, true));
+  }
+  std::vector<std::vector<int32_t>> solo;
+  {
+    auto runner = testing::stories_runner(2048, 0, GetParam());
+    EngineOptions opts;
+    opts.enable_prefix_cache = false;
+    Engine engine(*runner, *testing::stories_model().tok, opts);
+    for (const EngineRequest& r : reqs) {
+      RequestHandle h = engine.submit(r);
+      solo.push_back(collect(h).tokens);
+    }
+  }
+  auto runner = testing::stories_runner(320 + 128, 0, GetParam());  // the longest request and 8 blocks
+  EngineOptions opts;
+  opts.check_invariants = true;
+  opts.scheduler.max_num_batched_tokens = 64;
+  Engine engine(*runner, *testing::stories_model().tok, opts);
+  std::vector<RequestHandle> handles;
+  for (const EngineRequest& r : reqs) handles.push_back(engine.submit(r));
+  for (size_t i = 0; i < handles.size(); ++i) EXPECT_EQ(collect(handles[i]).tokens, solo[i]) << "request " << i;
+  const std::string m = engine.metrics_registry().expose();
+  EXPECT_GT(testing::metric_value(m, "serval:num_preemptions_total{model_name=\"serval\"}"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp8AndInt8, EngineKvQuant, ::testing::Values("fp8", "int8"),
