@@ -15,6 +15,7 @@
 #include "cli/bench_options.h"
 #include "cli/bench_output.h"
 #include "core/error.h"
+#include "kv/kv_quant.h"
 #include "model/model_loader.h"
 #include "runtime/backend.h"
 
@@ -77,6 +78,8 @@ int run_bench_attention(const BenchOptions& o) {
   be->set_batch_invariant(o.engine.batch_invariant);
   const bool graphs = be->supports_graphs() && !o.engine.enforce_eager;
   const int64_t kvd = int64_t(sh.kv_heads) * sh.head_dim, qd = int64_t(sh.heads) * sh.head_dim;
+  // --kv-cache-dtype: fp8 / int8 pools (scales of 1: the timing does not depend on them).
+  be->set_kv_dtype(parse_kv_cache_dtype(o.engine.kv_cache_dtype, be->act_dtype()));
   const int64_t kv_elem = dtype_bytes(be->kv_dtype(), 1);
   const float scale = float(1.0 / std::sqrt(double(sh.head_dim)));
   std::mt19937 rng(1234);
@@ -90,7 +93,7 @@ int run_bench_attention(const BenchOptions& o) {
   for (int32_t B : o.batch_sizes) {
     for (int32_t C : o.context_lens) {
       const int64_t nb = (C + bs - 1) / bs;
-      KvGeometry geom{int64_t(B) * nb, bs, sh.kv_heads, sh.head_dim};
+      KvGeometry geom{int64_t(B) * nb, bs, sh.kv_heads, sh.head_dim, be->kv_dtype()};
       const int64_t layer_bytes = 2 * geom.num_blocks * bs * kvd * kv_elem;  // K and V
       const int32_t layers = int32_t(std::clamp<int64_t>((kL2FlushBytes + layer_bytes - 1) / layer_bytes, 1, kMaxLayers));
       int64_t free_b = 0, total_b = 0;

@@ -6,14 +6,16 @@
 
 namespace serval::cli {
 
-StepCost::StepCost(const ModelConfig& c, const std::string& device, int64_t matrix_bytes) {
+StepCost::StepCost(const ModelConfig& c, const std::string& device, int64_t matrix_bytes,
+                   int64_t kv_bytes_per_token) {
   const double H = double(c.hidden_size), Q = double(c.q_dim()), KV = double(c.kv_dim());
   const double layer = H * (Q + 2 * KV) + Q * H + 3 * H * double(c.intermediate_size);
   lm_head_params_ = double(c.vocab_size) * H;
   matrix_params_ = layer * double(c.num_layers) + lm_head_params_;
   const double elem = is_cuda_device(device) ? 2.0 : 4.0;
   weight_bytes_ = matrix_bytes > 0 ? double(matrix_bytes) : elem * matrix_params_;
-  kv_bytes_per_token_ = 2.0 * elem * double(c.num_layers) * KV;  // K and V of every layer
+  kv_bytes_per_token_ = kv_bytes_per_token > 0 ? double(kv_bytes_per_token)
+                                               : 2.0 * elem * double(c.num_layers) * KV;  // K and V of every layer
   // q.k and p.v: 2 FLOPs per multiply-add, head_dim of each query head, twice.
   attn_flops_per_pair_ = 4.0 * double(c.num_layers) * Q;
 }

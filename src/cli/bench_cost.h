@@ -24,7 +24,10 @@ class StepCost {
   // `device` "cuda" keeps weights and K/V in bf16; the CPU keeps both in f32.
   // `matrix_bytes`: the runner's (ModelRunner::matrix_bytes), the bytes a step
   // streams in the weights' real format; 0: the device's dtype per parameter.
-  StepCost(const ModelConfig& config, const std::string& device, int64_t matrix_bytes = 0);
+  // `kv_bytes_per_token`: the pools' (an fp8/int8 cache's 1-byte codes); 0:
+  // the device's dtype.
+  StepCost(const ModelConfig& config, const std::string& device, int64_t matrix_bytes = 0,
+           int64_t kv_bytes_per_token = 0);
 
   // Parameters of every matrix a step streams, the LM head included.
   double matrix_params() const { return matrix_params_; }

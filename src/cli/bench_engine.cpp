@@ -143,7 +143,7 @@ int run_bench_engine(const BenchOptions& o) {
   EngineOptions eo = engine_options(o.engine);
   eo.scheduler.max_queued_requests =
       std::max<int64_t>({eo.scheduler.max_queued_requests, int64_t(requests.size()), int64_t(W)});
-  const StepCost cost(cfg, m.runner->device(), m.runner->matrix_bytes());
+  const StepCost cost(cfg, m.runner->device(), m.runner->matrix_bytes(), m.plan.bytes_per_token);
   StepRecorder recorder(*m.runner, cost, o.limits);
   Engine engine(recorder, *m.tokenizer, eo);
   {

@@ -86,7 +86,7 @@ int run_bench_runner(const BenchOptions& o) {
     finish();
   };
 
-  const StepCost cost(cfg, runner.device(), runner.matrix_bytes());
+  const StepCost cost(cfg, runner.device(), runner.matrix_bytes(), m.plan.bytes_per_token);
   // The whole run 1 + --repeats times; the first is a warm-up (cuBLASLt plans
   // for each shape, lazy kernel loading, workspace growth, decode graphs) and
   // its figures are dropped. Every pass does the same work.

@@ -78,7 +78,7 @@ int run_bench_sweep(const BenchOptions& o) {
   const ModelConfig& cfg = m.model.config;
   const double load_s = seconds_since(t_load);
 
-  const StepCost cost(cfg, runner.device(), runner.matrix_bytes());
+  const StepCost cost(cfg, runner.device(), runner.matrix_bytes(), m.plan.bytes_per_token);
   // Real K/V everywhere a point reads: the seed sequence, then copies of its blocks.
   const int32_t bs = runner.block_size();
   const int64_t pool_blocks = runner.num_blocks();

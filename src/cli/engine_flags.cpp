@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "core/dtype.h"
+#include "kv/kv_calibration_text.h"
+#include "kv/kv_quant.h"
 #include "model/model_def.h"
 
 namespace serval::cli {
@@ -50,6 +52,9 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_option("--dtype", f.dtype,
                  "activations, weight matrices and KV cache: auto (bf16 on a GPU), bfloat16 or float32 "
                  "(default: auto; the CPU computes in float32)");
+  sub.add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                 "KV cache elements: auto (the --dtype), fp8 (e4m3) or int8, the last two with a scale per layer and "
+                 "KV head, from the checkpoint's k_scale/v_scale or calibrated at start-up (docs/QUANTIZATION_QUALITY.md)");
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -80,9 +85,10 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   SERVAL_CHECK(f.kv_cache_tokens >= 0, "--kv-cache-tokens must not be negative, got ",
                f.kv_cache_tokens);
   std::string device = resolve_device(f.device);
-  // K/V are kept in the compute dtype: f32 on the CPU, bf16 or f32 on a GPU.
-  // Checked before the model loads, so a bad --dtype fails at once.
-  DType kv_dtype = compute_dtype(device, f.dtype);
+  // K/V are kept in the compute dtype (f32 on the CPU, bf16 or f32 on a GPU)
+  // or as --kv-cache-dtype says. Checked before the model loads, so a bad
+  // --dtype or --kv-cache-dtype fails at once.
+  DType kv_dtype = parse_kv_cache_dtype(f.kv_cache_dtype, compute_dtype(device, f.dtype));
   cuda_tuning(f, device);  // a bad key fails before the model loads
   LoadedEngineModel m{load_model(path), load_tokenizer(path), nullptr, {}};
   const ModelConfig& c = m.model.config;
@@ -91,7 +97,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
     std::fprintf(stderr, "--device auto: the %s backend cannot run this model (%s); running on the CPU\n",
                  device.c_str(), why.c_str());
     device = "cpu";
-    kv_dtype = compute_dtype(device, f.dtype);
+    kv_dtype = parse_kv_cache_dtype(f.kv_cache_dtype, compute_dtype(device, f.dtype));
   }
   SERVAL_CHECK(f.scheduler.max_model_len >= 0 && f.scheduler.max_model_len <= c.max_position,
                "--max-model-len must be in [1, ", c.max_position, "] (the model's context), got ",
@@ -104,6 +110,8 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   ro.threads = f.threads;
   ro.device = device;
   ro.dtype = f.dtype;
+  ro.kv_cache_dtype = f.kv_cache_dtype;
+  if (kv_dtype_quantized(kv_dtype)) ro.kv_calibration_tokens = m.tokenizer->encode(kKvCalibrationText, true);
   ro.kv_cache_tokens = f.kv_cache_tokens;
   ro.gpu_memory_fraction = device == "cpu" ? 0 : f.gpu_memory_fraction;
   ro.enforce_eager = f.enforce_eager;
@@ -122,6 +130,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
   m.plan.block_size = m.runner->block_size();
   m.plan.bytes_per_token = bytes_per_token;
   m.plan.context_len = c.max_position;
+  m.plan.dtype = kv_dtype;
   if (m.runner->device() != "cpu") {
     const double gib = double(int64_t(1) << 30);
     std::fprintf(stderr,
@@ -147,6 +156,7 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                          "batch; slower\n");
   }
   std::fprintf(stderr, "%s\n", m.plan.describe().c_str());
+  if (const std::string note = m.runner->kv_cache_note(); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   if (const int64_t window = m.runner->attention_window(); window > 0) {
     std::fprintf(stderr, "sliding-window attention (%lld positions): KV blocks behind the window are released as "
                          "sequences grow; prefix caching is off for this model\n", (long long)window);

@@ -31,6 +31,7 @@ struct EngineFlags {
   int threads = 0;
   std::string device = "auto";         // cuda when there is a GPU, else cpu
   std::string dtype = "auto";          // auto (bf16 on a GPU), bfloat16 or float32
+  std::string kv_cache_dtype = "auto"; // RunnerOptions::kv_cache_dtype: auto, fp8 or int8
 };
 
 void add_engine_flags(CLI::App& sub, EngineFlags& flags);

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/dtype.h"
+#include "kv/kv_quant.h"
 #include "model/model_def.h"
 #include "model/model_loader.h"
 
@@ -45,7 +46,8 @@ int run_info(const InfoOptions& o) {
   }
   // A tied model reads the embedding table twice per token (gather + LM head), but
   // the gather touches one row only: count the LM head once.
-  const DType kv = parse_dtype(o.kv_dtype);
+  const DType kv = o.kv_dtype == "fp8" || o.kv_dtype == "int8" ? parse_kv_cache_dtype(o.kv_dtype, DType::F32)
+                                                                : parse_dtype(o.kv_dtype);
   const int64_t kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * dtype_bytes(kv, 1);
   const int64_t ctx = o.context > 0 ? o.context : c.max_position;
 
@@ -115,7 +117,8 @@ void register_info(CLI::App& app, Action& action) {
   sub->add_option("--memory-gb", o->memory_gb, "device memory in GB (default: H200, 141)");
   sub->add_option("--bandwidth-gbs", o->bandwidth_gbs, "memory bandwidth in GB/s (default: H200 measured, 4261)");
   sub->add_option("--tflops", o->tflops, "dense matmul throughput in TFLOP/s (default: H200 bf16 measured, 736)");
-  sub->add_option("--kv-dtype", o->kv_dtype, "KV cache element type (f32, f16, bf16)");
+  sub->add_option("--kv-dtype,--kv-cache-dtype", o->kv_dtype,
+                  "KV cache element type (f32, f16, bf16, or fp8 / int8 as --kv-cache-dtype quantizes it)");
   sub->add_option("--context", o->context, "tokens of context per sequence for the plan (default 1024)");
   sub->callback([&action, o] { action = [o] { return run_info(*o); }; });
 }

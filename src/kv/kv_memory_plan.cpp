@@ -11,10 +11,10 @@ namespace serval {
 std::string KvMemoryPlan::describe() const {
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "KV cache: %lld tokens in %lld blocks of %d (%.3f GiB), %.1f sequences of the "
+                "KV cache: %lld tokens in %lld blocks of %d (%.3f GiB, %s), %.1f sequences of the "
                 "model's context length (%lld tokens)",
                 (long long)tokens(), (long long)num_blocks, block_size,
-                double(bytes()) / double(1ll << 30), sequences(), (long long)context_len);
+                double(bytes()) / double(1ll << 30), std::string(dtype_name(dtype)).c_str(), sequences(), (long long)context_len);
   return buf;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace serval {
 
 struct KvMemoryPlan {
@@ -12,12 +14,13 @@ struct KvMemoryPlan {
   int32_t block_size = 16;
   int64_t bytes_per_token = 0;  // K and V of one token in every layer
   int64_t context_len = 0;      // the model's context, for "sequences of C tokens"
+  DType dtype = DType::F32;     // the pools' elements
 
   int64_t tokens() const { return num_blocks * block_size; }
   int64_t bytes() const { return tokens() * bytes_per_token; }
   double sequences() const { return context_len > 0 ? double(tokens()) / double(context_len) : 0.0; }
-  // "KV cache: 4096 tokens in 256 blocks of 16 (0.13 GiB), 2.0 sequences of
-  // the model's context length (2048 tokens)"
+  // "KV cache: 4096 tokens in 256 blocks of 16 (0.13 GiB, f32), 2.0 sequences
+  // of the model's context length (2048 tokens)"
   std::string describe() const;
 };
 

@@ -161,6 +161,7 @@ ModelConfig config_from_hf_json(const std::string& text, const std::string& labe
       c.quant_summary = q.describe();
       c.fp8_block_rows = q.block_rows;
       c.fp8_block_cols = q.block_cols;
+      if (q.kv_code_max > 0) c.kv_scale_code_max = q.kv_code_max;
     }
     c.validate();
     return c;

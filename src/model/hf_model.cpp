@@ -40,6 +40,8 @@ std::string gguf_name_from_hf(const std::string& n) {
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"self_attn.k_scale", "kv_k_scale"},  // a quantized KV cache's (model/kv_checkpoint_scales.h)
+      {"self_attn.v_scale", "kv_v_scale"},
   };
   static const std::regex re(R"(model\.layers\.(\d+)\.(.+))");
   std::smatch m;

@@ -278,6 +278,30 @@ void parse_ct_group(const json& g, const std::string& path, const std::string& f
   }
 }
 
+// compressed-tensors' kv_cache_scheme: static symmetric 8-bit K/V scales
+// per tensor or per head, stored as `self_attn.k_scale` / `v_scale`
+// (--kv-cache-dtype reads them). Returns their codes' largest value: 448
+// (fp8 e4m3) or 127 (int8); 0 without a scheme.
+float parse_kv_cache_scheme(const json& qc) {
+  if (!qc.contains("kv_cache_scheme") || qc["kv_cache_scheme"].is_null()) return 0;
+  const json& k = qc["kv_cache_scheme"];
+  const std::string path = "kv_cache_scheme.";
+  if (!k.is_object()) fail(field("kv_cache_scheme"), " = ", k.dump(), " must be an object");
+  const std::string type = get_string(k, "type", path, "float");
+  const int64_t bits = get_int(k, "num_bits", path, 8);
+  if ((type != "float" && type != "int") || bits != 8)
+    fail(field(path + "type"), " = \"", type, "\" with ", field(path + "num_bits"), " = ", bits,
+         " is not supported (supported: 8-bit float or int)");
+  const std::string strategy = get_string(k, "strategy", path, "tensor");
+  if (strategy != "tensor" && strategy != "attn_head" && strategy != "channel")
+    fail(field(path + "strategy"), " = \"", strategy, "\" is not supported (supported: tensor, attn_head)");
+  if (get_bool(k, "dynamic", path, false))
+    fail(field(path + "dynamic"), " = true is not supported (scales computed per step)");
+  if (!get_bool(k, "symmetric", path, true))
+    fail(field(path + "symmetric"), " = false is not supported (KV zero points)");
+  return type == "float" ? 448.0f : 127.0f;
+}
+
 HfQuantization parse_compressed_tensors(const json& qc) {
   HfQuantization q;
   q.method = HfQuantization::Method::CompressedTensors;
@@ -288,7 +312,7 @@ HfQuantization parse_compressed_tensors(const json& qc) {
   const std::string status = get_string(qc, "quantization_status", "", "compressed");
   if (status != "compressed")
     fail(field("quantization_status"), " = \"", status, "\" is not supported (supported: compressed)");
-  require_unset(qc, "kv_cache_scheme", "", "a quantized KV cache");
+  q.kv_code_max = parse_kv_cache_scheme(qc);
   require_unset(qc, "sparsity_config", "", "sparse weights");
   require_unset(qc, "transform_config", "", "weight transforms");
   require_unset(qc, "moe_sparsity_config", "", "expert sparsity");

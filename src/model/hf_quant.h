@@ -74,6 +74,9 @@ struct HfQuantization {
   std::vector<std::string> targets, ignore;
   std::string activations;  // what the checkpoint asks of activations (not emulated), for `describe`
   std::string scheme_field;  // the config field that sets the scales, for errors
+  // compressed-tensors kv_cache_scheme: the largest code the checkpoint's
+  // k_scale / v_scale were set for (448 fp8, 127 int8); 0: no scheme.
+  float kv_code_max = 0;
 
   // Whether the config quantizes the linear module `module` (an HF module
   // name: "model.layers.0.self_attn.q_proj", "lm_head"). GPTQ: every module

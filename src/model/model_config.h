@@ -59,6 +59,10 @@ struct ModelConfig {
   // tensor or per output row).
   std::string quant_method, quant_summary;
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
+  // KV scales in the checkpoint (model/kv_checkpoint_scales.h) are for codes
+  // up to this: 448 (fp8, also when no kv_cache_scheme says, as vLLM reads
+  // them) or 127 (an int8 kv_cache_scheme).
+  float kv_scale_code_max = 448.0f;
   // Serval's own quantized GGUF (model/gguf_linear_formats.h): the format of
   // each weight stored in one (int8, int4, fp8), by tensor name.
   std::map<std::string, LinearFormat> linear_formats;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "model/gguf_linear_formats.h"
+#include "model/kv_checkpoint_scales.h"
 #include "model/qk_permute.h"
 
 namespace serval {
@@ -146,6 +147,7 @@ void ModelDef::check_weights(const WeightStore& weights) const {
       load_linear(weights, cfg_, t.name, t.shape[0], t.shape[1]);  // its scales
     }
   });
+  check_kv_checkpoint_scales(cfg_, weights);
   if (const TensorView* f = weights.find(kRopeFreqsTensor)) {
     if (f->numel() != cfg_.rope_dim / 2)
       fail("tensor \"", kRopeFreqsTensor, "\" has shape ", f->shape_str(), ", expected [", cfg_.rope_dim / 2,

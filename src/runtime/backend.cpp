@@ -78,6 +78,11 @@ const Tensor& Backend::normalized(const NormedRows& x, const char* op) {
   return x.rows;
 }
 
+void Backend::set_kv_dtype(DType t) {
+  SERVAL_CHECK(t == kv_dtype(), "the ", name(), " backend has no kernels for a KV cache of ", dtype_name(t),
+               " (--kv-cache-dtype); use --kv-cache-dtype auto (", dtype_name(kv_dtype()), "), or --device cpu");
+}
+
 void Backend::begin_capture() { fail("the ", name(), " backend cannot record graphs"); }
 
 std::unique_ptr<DeviceGraph> Backend::end_capture() { fail("the ", name(), " backend cannot record graphs"); }

@@ -110,10 +110,13 @@ class DeviceWeight {
 };
 
 // One layer's paged KV cache: K and V pools of [num_blocks, block_size,
-// num_kv_heads, head_dim] in the backend's `kv_dtype()`.
+// num_kv_heads, head_dim] in the backend's `kv_dtype()`. Quantized pools
+// (kv/kv_quant.h) also hold their scales: f32 [2, num_kv_heads], K's then
+// V's (value = code * scale), ones until the runner sets them.
 struct KvLayer {
   DeviceBuffer k;
   DeviceBuffer v;
+  DeviceBuffer scales;  // empty unless kv_dtype_quantized(geom.dtype)
 };
 
 // Where one layer's K/V live: the pool's size and its KvLayerSpec. Every op
@@ -257,6 +260,10 @@ class Backend {
   virtual std::string name() const = 0;
   virtual DType act_dtype() const = 0;
   virtual DType kv_dtype() const = 0;
+  // The KV pools' element type from now on (--kv-cache-dtype): act_dtype(),
+  // or FP8_E4M3 / I8 (kv/kv_quant.h) where the backend's KV kernels read
+  // them. Throws serval::Error for a type it has no kernels for.
+  virtual void set_kv_dtype(DType t);
   virtual int threads() const { return 1; }
   // Batch-invariant mode: every op then computes a token's result the same
   // way, bit for bit, whatever else is in its batch (other sequences, how a

@@ -11,6 +11,9 @@
 #include "runtime/device_model.h"
 #include "runtime/forward_pass.h"
 #include "kv/kv_memory_plan.h"
+#include "kv/kv_quant.h"
+#include "model/kv_checkpoint_scales.h"
+#include "runtime/kv_scales.h"
 #include "runtime/memory_plan.h"
 #include "runtime/step_graphs.h"
 #include "runtime/workspace.h"
@@ -43,6 +46,7 @@ class BackendModelRunner : public ModelRunner {
   int64_t matrix_bytes() const override { return model_->matrix_bytes(); }
   std::string weight_formats() const override { return model_->formats(); }
   int64_t activation_bytes() const override { return ws_.bytes; }
+  std::string kv_cache_note() const override { return kv_note_; }
   int64_t graph_replays() const override { return graph_replays_; }
   int64_t graphs_captured() const override { return graphs_captured_; }
   bool uses_graphs() const override { return graphs_ != nullptr; }
@@ -52,6 +56,7 @@ class BackendModelRunner : public ModelRunner {
 
  private:
   void allocate_kv_pool(const ModelDef& def, const RunnerOptions& opts);
+  KvScales calibrate_kv_scales(const ModelDef& def, const std::vector<int32_t>& tokens, int64_t step_tokens);
   void choose_kept_formats(const ModelDef& def, const WeightStore& weights, double fraction);
 
   void ensure_workspace(int64_t tokens, int64_t rows);
@@ -66,6 +71,8 @@ class BackendModelRunner : public ModelRunner {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceModel> model_;
   KvPool kv_;
+  KvScales kv_scales_;  // a quantized pool's scales; empty otherwise
+  std::string kv_note_;
   int32_t block_size_ = 0;
   int64_t window_ = 0;  // ModelDef::widest_window, read by every step's validation
   int64_t max_scored_rows_ = 0;
@@ -102,6 +109,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   const std::string refusal = device_cannot_run(backend_->name(), def);
   SERVAL_CHECK(refusal.empty(), "the ", backend_->name(), " backend cannot run this model: ", refusal,
                "; run it with --device cpu");
+  backend_->set_kv_dtype(parse_kv_cache_dtype(opts.kv_cache_dtype, backend_->act_dtype()));
   backend_->set_batch_invariant(opts.batch_invariant);
   backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
   if (backend_->chooses_kept_formats()) choose_kept_formats(def, weights, opts.gpu_memory_fraction);
@@ -120,7 +128,17 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   max_scored_rows_ = opts.max_scored_rows;
   ensure_workspace(std::max<int64_t>(opts.max_num_batched_tokens, opts.max_num_seqs),
                    int64_t(opts.max_num_seqs) + opts.max_scored_rows);
+  block_size_ = opts.block_size;
+  if (kv_dtype_quantized(backend_->kv_dtype())) {
+    kv_scales_.layers = kv_checkpoint_scales(cfg_, weights, backend_->kv_dtype());
+    kv_scales_.source = "from the checkpoint's k_scale / v_scale";
+    if (kv_scales_.layers.empty())
+      kv_scales_ = calibrate_kv_scales(def, opts.kv_calibration_tokens, opts.max_num_batched_tokens);
+    kv_note_ = str_cat("KV cache in ", dtype_name(backend_->kv_dtype()), ", ", describe_kv_scales(kv_scales_), " ",
+                       kv_scales_.source);
+  }
   allocate_kv_pool(def, planned);
+  if (!kv_scales_.layers.empty()) upload_kv_scales(*backend_, kv_scales_, kv_.layers);
   if (backend_->supports_graphs() && !opts.enforce_eager) {
     const int32_t max_len = opts.max_model_len > 0 ? opts.max_model_len : int32_t(cfg_.max_position);
     graphs_ = std::make_unique<StepGraphs>(*backend_, std::min<int32_t>(opts.max_num_seqs, 512), max_len,
@@ -163,6 +181,50 @@ void BackendModelRunner::allocate_kv_pool(const ModelDef& def, const RunnerOptio
     kv_.geoms.push_back(KvGeometry::of(def.kv_spec(l, backend_->kv_dtype()), pool_blocks, block_size_));
     kv_.layers.push_back(backend_->alloc_kv_layer(kv_.geoms.back()));
   }
+}
+
+// Runs `tokens` as one sequence, in steps of at most `step_tokens`, with a
+// pool of the activation dtype, and takes each head's amax: the scales of
+// the quantized pool (kv_scale_for_amax). The pool is dropped afterwards.
+KvScales BackendModelRunner::calibrate_kv_scales(const ModelDef& def, const std::vector<int32_t>& tokens,
+                                                 int64_t step_tokens) {
+  // The first 512 tokens at most: a short prefill even for a large model on a CPU.
+  const int64_t n = std::min<int64_t>({int64_t(tokens.size()), cfg_.max_position, 512});
+  SERVAL_CHECK(n > 0, "--kv-cache-dtype ", dtype_name(backend_->kv_dtype()),
+               ": the checkpoint has no KV scales and no calibration text was given");
+  num_blocks_ = (n + block_size_ - 1) / block_size_;
+  kv_ = KvPool{};
+  for (int64_t l = 0; l < def.num_layers(); ++l) {
+    kv_.geoms.push_back(KvGeometry::of(def.kv_spec(l, backend_->act_dtype()), num_blocks_, block_size_));
+    kv_.layers.push_back(backend_->alloc_kv_layer(kv_.geoms.back()));
+  }
+  Batch b;
+  b.max_blocks_per_seq = int32_t(num_blocks_);
+  for (int32_t i = 0; i < int32_t(num_blocks_); ++i) b.block_table.push_back(i);  // slot = position
+  std::vector<float> logits;
+  for (int64_t start = 0; start < n; start += step_tokens) {
+    const int64_t end = std::min(n, start + step_tokens);
+    b.token_ids.assign(tokens.begin() + start, tokens.begin() + end);
+    b.positions.clear();
+    b.slot_mapping.clear();
+    for (int64_t p = start; p < end; ++p) {
+      b.positions.push_back(int32_t(p));
+      b.slot_mapping.push_back(p);
+    }
+    b.query_start = {0, int32_t(end - start)};
+    b.context_len = {int32_t(end)};
+    b.logits_rows = {int32_t(end - start - 1)};
+    forward(b, logits);
+  }
+  KvScales scales;
+  for (int64_t l = 0; l < def.num_layers(); ++l) {
+    scales.layers.push_back(kv_scales_for_amax(backend_->kv_dtype(),
+                                               kv_pool_amax(*backend_, kv_.layers[l], kv_.geoms[l], n)));
+  }
+  scales.source = str_cat("calibrated at start-up on ", n, " tokens of built-in text (amax x ",
+                          kv_scale_margin(backend_->kv_dtype()), " / ", kv_code_max(backend_->kv_dtype()), ")");
+  kv_ = KvPool{};
+  return scales;
 }
 
 void BackendModelRunner::ensure_workspace(int64_t tokens, int64_t rows) {

@@ -24,6 +24,12 @@ struct RunnerOptions {
   // the CPU), "bfloat16" (GPU only) or "float32" (on a GPU: slower, follows
   // the CPU token for token).
   std::string dtype = "auto";
+  // The KV pools' elements (--kv-cache-dtype): "auto" (the dtype above),
+  // "fp8" (e4m3) or "int8", with per-(layer, KV head) scales (kv/kv_quant.h)
+  // from the checkpoint, else calibrated at start-up by running
+  // kv_calibration_tokens with a full-precision cache.
+  std::string kv_cache_dtype = "auto";
+  std::vector<int32_t> kv_calibration_tokens;
   int32_t block_size = 16;      // tokens per KV block
   int64_t kv_cache_tokens = 0;  // 0: size the pool from kv_memory_bytes, else gpu_memory_fraction
   int64_t kv_memory_bytes = 0;  // 0: see gpu_memory_fraction
@@ -137,6 +143,9 @@ class ModelRunner {
   // The formats the weight matrices are held in (DeviceModel::formats); "" if unknown.
   virtual std::string weight_formats() const { return ""; }
   virtual int64_t activation_bytes() const { return 0; }
+  // Where a quantized KV cache's scales came from, for the start-up log; ""
+  // for a cache of the activation dtype.
+  virtual std::string kv_cache_note() const { return ""; }
   // Decode steps replayed from graphs so far, and graphs captured so far (one
   // dropped and captured again counts twice).
   virtual int64_t graph_replays() const { return 0; }

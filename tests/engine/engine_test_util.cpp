@@ -7,6 +7,7 @@
 
 #include "../runtime/stories_golden.h"
 #include "core/error.h"
+#include "kv/kv_calibration_text.h"
 
 namespace serval::testing {
 
@@ -28,7 +29,8 @@ const StoriesModel& stories_model() {
   return *m;
 }
 
-std::unique_ptr<ModelRunner> stories_runner(int64_t kv_cache_tokens, int64_t max_position) {
+std::unique_ptr<ModelRunner> stories_runner(int64_t kv_cache_tokens, int64_t max_position,
+                                            const std::string& kv_cache_dtype) {
   const StoriesModel& m = stories_model();
   ModelConfig config = m.model.config;
   if (max_position > 0) config.max_position = max_position;
@@ -38,6 +40,8 @@ std::unique_ptr<ModelRunner> stories_runner(int64_t kv_cache_tokens, int64_t max
   // down many times over when the machine is busy.
   opts.threads = 1;
   opts.kv_cache_tokens = kv_cache_tokens;
+  opts.kv_cache_dtype = kv_cache_dtype;
+  if (kv_cache_dtype != "auto") opts.kv_calibration_tokens = m.tok->encode(kKvCalibrationText, true);
   return ModelRunner::create(config, m.model.weights, opts);
 }
 

@@ -28,8 +28,11 @@ const StoriesModel& stories_model();
 
 // A CPU runner of stories260K with a pool of `kv_cache_tokens` (0: the runner's
 // default) and, when max_position > 0, that context length instead of the
-// model's 512 (RoPE extends to any position; the weights were trained on 512).
-std::unique_ptr<ModelRunner> stories_runner(int64_t kv_cache_tokens = 0, int64_t max_position = 0);
+// model's 512 (RoPE extends to any position; the weights were trained on 512);
+// KV pools of `kv_cache_dtype` (RunnerOptions), calibrated on the built-in
+// text where quantized.
+std::unique_ptr<ModelRunner> stories_runner(int64_t kv_cache_tokens = 0, int64_t max_position = 0,
+                                            const std::string& kv_cache_dtype = "auto");
 
 // A text of about `n` stories260K tokens: the golden story and a few other
 // sentences, repeated; every id is a real token of natural text.

@@ -43,7 +43,7 @@ TEST(KvMemoryPlan, DescribeSaysTokensBlocksBytesAndSequences) {
   EXPECT_EQ(p.tokens(), 4096);
   EXPECT_DOUBLE_EQ(p.sequences(), 2.0);
   EXPECT_EQ(p.describe(),
-            "KV cache: 4096 tokens in 256 blocks of 16 (0.250 GiB), 2.0 sequences of the model's "
+            "KV cache: 4096 tokens in 256 blocks of 16 (0.250 GiB, f32), 2.0 sequences of the model's "
             "context length (2048 tokens)");
   EXPECT_GT(available_memory_bytes(), 0);  // Linux: /proc/meminfo
 }

@@ -82,8 +82,13 @@ TEST(HfQuant, RefusesWhatItDoesNotLoad) {
                {"weights.symmetric = false"});
   expect_error([] { parse(ct_config(R"({"num_bits": 8, "type": "float", "strategy": "block"})")); },
                {"weights.block_structure is missing"});
-  expect_error([&] { parse(ct_config(fp8w, "[]", R"(, "kv_cache_scheme": {"num_bits": 8})")); },
-               {"quantization_config.kv_cache_scheme"});
+  // A static 8-bit kv_cache_scheme loads (--kv-cache-dtype reads its scales); others are refused.
+  EXPECT_EQ(parse(ct_config(fp8w, "[]", R"(, "kv_cache_scheme": {"num_bits": 8, "type": "int"})")).kv_code_max, 127.0f);
+  EXPECT_EQ(parse(ct_config(fp8w, "[]", R"(, "kv_cache_scheme": {"num_bits": 8})")).kv_code_max, 448.0f);
+  expect_error([&] { parse(ct_config(fp8w, "[]", R"(, "kv_cache_scheme": {"num_bits": 8, "dynamic": true})")); },
+               {"quantization_config.kv_cache_scheme.dynamic = true"});
+  expect_error([&] { parse(ct_config(fp8w, "[]", R"(, "kv_cache_scheme": {"num_bits": 4})")); },
+               {"quantization_config.kv_cache_scheme.num_bits"});
   expect_error([&] { parse(ct_config(fp8w, "[]", R"(, "sparsity_config": {"format": "sparse-24-bitmask"})")); },
                {"quantization_config.sparsity_config"});
   expect_error([&] { parse(ct_config(fp8w, R"(["re:)" + std::string(300, 'a') + R"("])")); },

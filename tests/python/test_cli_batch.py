@@ -237,7 +237,7 @@ def test_batch_mode_needs_both_files(serval, models, tmp_path):
 def test_memory_fraction_plans_the_pool(serval, models):
     proc = run_serval(serval, "generate", "--model", stories(models), "--prompt", PROMPT,
                       "--max-tokens", "4", "--kv-cache-memory-fraction", "0.01")
-    m = re.search(r"KV cache: (\d+) tokens in (\d+) blocks of 16 \(([0-9.]+) GiB\), ([0-9.]+) "
+    m = re.search(r"KV cache: (\d+) tokens in (\d+) blocks of 16 \(([0-9.]+) GiB, f32\), ([0-9.]+) "
                   r"sequences of the model's context length \((\d+) tokens\)", proc.stderr)
     assert m, proc.stderr
     tokens, blocks, ctx = int(m.group(1)), int(m.group(2)), int(m.group(5))

@@ -168,8 +168,9 @@ CONFIG_REFUSALS = {
                     ["quantization_config.config_groups.group_0.weights.type", '"int"']),
     "group strategy": (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="group", group_size=128),
                        ["quantization_config.config_groups.group_0.weights.strategy", '"group"']),
-    "kv cache scheme": (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor"}),
-                        ["quantization_config.kv_cache_scheme"]),
+    "dynamic kv cache scheme": (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float",
+                                                                    "strategy": "tensor", "dynamic": True}),
+                                ["quantization_config.kv_cache_scheme.dynamic = true"]),
     "ignore mismatch": (lambda q: q.update(ignore=[]),
                         ['"lm_head.weight" is BF16', 'quantizes "lm_head"']),
 }

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kv/kv_memory_plan.h"
+#include "kv/kv_quant.h"
 
 namespace serval {
 
@@ -123,9 +124,22 @@ std::unique_ptr<DeviceWeight> CpuBackend::upload_weight(const TensorView& view) 
   return std::make_unique<CpuWeight>(view.name, view.shape, std::move(values));
 }
 
+void CpuBackend::set_kv_dtype(DType t) {
+  SERVAL_CHECK(t == DType::F32 || kv_dtype_quantized(t), "the cpu backend keeps its KV cache in f32, fp8_e4m3 or i8, "
+               "not ", dtype_name(t));
+  kv_dtype_ = t;
+}
+
 KvLayer CpuBackend::alloc_kv_layer(const KvGeometry& g) {
-  const int64_t elems = g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim;
-  return KvLayer{alloc(elems * int64_t(sizeof(float))), alloc(elems * int64_t(sizeof(float)))};
+  SERVAL_CHECK(g.dtype == DType::F32 || kv_dtype_quantized(g.dtype), "cpu backend: a KV pool of ",
+               dtype_name(g.dtype));
+  const int64_t bytes = dtype_bytes(g.dtype, g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim);
+  KvLayer kv{alloc(bytes), alloc(bytes), {}};
+  if (kv_dtype_quantized(g.dtype)) {
+    kv.scales = alloc(2 * int64_t(g.num_kv_heads) * int64_t(sizeof(float)));
+    std::fill_n(static_cast<float*>(kv.scales.data()), 2 * g.num_kv_heads, 1.0f);
+  }
+  return kv;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }

@@ -34,7 +34,9 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
   DType act_dtype() const override { return DType::F32; }
-  DType kv_dtype() const override { return DType::F32; }
+  DType kv_dtype() const override { return kv_dtype_; }
+  // F32, or FP8_E4M3 / I8 codes with per-head scales (kv/kv_quant.h).
+  void set_kv_dtype(DType t) override;
   int threads() const override { return threads_; }
   // Batch-invariant mode: every matmul row is one fixed-order dot product
   // (dot_fixed_order) instead of the streaming kernel or sgemm by batch size.
@@ -84,6 +86,7 @@ class CpuBackend : public Backend {
   const float* matrix_values(const CpuWeight& w);
 
   int threads_;
+  DType kv_dtype_ = DType::F32;
   bool batch_invariant_ = false;
   bool keep_blocks_ = false;
   std::vector<float> scratch_;  // matrix_values' decoded matrix

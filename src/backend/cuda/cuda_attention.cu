@@ -156,6 +156,9 @@ void CudaBackend::qkv_attention(const NormedRows& xn, const DeviceWeight& wq, co
                                 const DeviceWeight& wv, Tensor q, Tensor k, Tensor v, const RopeParams& rope,
                                 const KvLayer& kv, const KvGeometry& geom, const BatchView& b, int32_t num_heads,
                                 float scale, Tensor out) {
+  // A quantized pool: projection, rope + kv_write, attention_over_codes, each apart.
+  if (kv_dtype_quantized(geom.dtype))
+    return Backend::qkv_attention(xn, wq, wk, wv, q, k, v, rope, kv, geom, b, num_heads, scale, out);
   const CudaWeight &cq = as_cuda(wq), &ck = as_cuda(wk), &cv = as_cuda(wv);
   const Tensor& xr = xn.rows;
   const CudaTuning::RopeInAttn mode = cfg_.tuning.rope_in_attn;

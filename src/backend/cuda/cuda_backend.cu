@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gate_up_layout.cuh"
+#include "kv/kv_quant.h"
 
 namespace serval::cuda {
 
@@ -201,14 +202,30 @@ std::vector<std::unique_ptr<DeviceWeight>> CudaBackend::upload_gated_pair(const 
   return out;
 }
 
+void CudaBackend::set_kv_dtype(DType t) {
+  SERVAL_CHECK(t == cfg_.act_dtype || kv_dtype_quantized(t), "the cuda backend keeps its KV cache in ",
+               dtype_name(cfg_.act_dtype), ", fp8_e4m3 or i8, not ", dtype_name(t), " (--kv-cache-dtype)");
+  kv_dtype_ = t;
+}
+
+// Pools of the activation dtype, or of 1-byte codes with their scales (ones
+// until the runner sets them) where the geometry asks for fp8 / int8.
 KvLayer CudaBackend::alloc_kv_layer(const KvGeometry& g) {
-  const int64_t bytes = dtype_bytes(cfg_.act_dtype, g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim);
-  return KvLayer{dev_.alloc(bytes), dev_.alloc(bytes)};
+  const DType elem = kv_dtype_quantized(g.dtype) ? g.dtype : cfg_.act_dtype;
+  const int64_t bytes = dtype_bytes(elem, g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim);
+  KvLayer kv{dev_.alloc(bytes), dev_.alloc(bytes), {}};
+  if (kv_dtype_quantized(g.dtype)) {
+    const std::vector<float> ones(size_t(2 * g.num_kv_heads), 1.0f);
+    kv.scales = dev_.alloc(int64_t(ones.size() * sizeof(float)));
+    copy_to_device(kv.scales.data(), ones.data(), int64_t(ones.size() * sizeof(float)));
+  }
+  return kv;
 }
 
 void CudaBackend::copy_kv_block(const KvLayer& kv, const KvGeometry& g, int64_t src, int64_t dst) {
   dev_.bind();
-  const int64_t block = dtype_bytes(cfg_.act_dtype, int64_t(g.block_size) * g.num_kv_heads * g.head_dim);
+  const DType elem = kv_dtype_quantized(g.dtype) ? g.dtype : cfg_.act_dtype;
+  const int64_t block = dtype_bytes(elem, int64_t(g.block_size) * g.num_kv_heads * g.head_dim);
   for (const DeviceBuffer* pool : {&kv.k, &kv.v}) {
     char* base = static_cast<char*>(pool->data());
     SERVAL_CUDA_CHECK(cudaMemcpyAsync(base + dst * block, base + src * block, size_t(block),
@@ -249,7 +266,9 @@ void CudaBackend::qkv_rope_kv_write(const NormedRows& x, const DeviceWeight& wq,
                                     const RopeParams& rope, const int64_t* slot_mapping, const KvLayer& kv,
                                     const KvGeometry& geom) {
   dev_.bind();
-  if (matmul_.qkv_rope_kv_write(x, as_cuda(wq), as_cuda(wk), as_cuda(wv), q, k, v, positions, rope, slot_mapping, kv,
+  // A quantized pool: the product, rope and kv_write apart (the fused epilogues write the activation dtype).
+  if (!kv_dtype_quantized(geom.dtype) &&
+      matmul_.qkv_rope_kv_write(x, as_cuda(wq), as_cuda(wk), as_cuda(wv), q, k, v, positions, rope, slot_mapping, kv,
                                 geom))
     return;
   Backend::qkv_rope_kv_write(matmul_.normalized(x), wq, wk, wv, q, k, v, positions, rope, slot_mapping, kv, geom);

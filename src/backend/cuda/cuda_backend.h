@@ -22,12 +22,14 @@
 #include <vector>
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_attention_codes.h"
 #include "backend/cuda/cuda_config.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_matmul.h"
 #include "backend/cuda/cuda_sampler.h"
 #include "backend/cuda/cuda_tensor.h"
 #include "backend/cuda/cuda_weight.h"
+#include "kv/kv_quant.h"
 #include "runtime/backend.h"
 
 namespace serval::cuda {
@@ -41,7 +43,11 @@ class CudaBackend : public Backend {
 
   std::string name() const override { return "cuda"; }
   DType act_dtype() const override { return cfg_.act_dtype; }
-  DType kv_dtype() const override { return cfg_.act_dtype; }
+  DType kv_dtype() const override { return kv_dtype_; }
+  // The activation dtype, or fp8 / int8 codes with per-head scales: written
+  // by kv_write (the fused rope + KV-write epilogues step aside) and read by
+  // attention_over_codes (cuda_attention_codes.h), not the tensor-core kernels.
+  void set_kv_dtype(DType t) override;
   // Batch-invariant mode (bf16 only): every matmul through the GEMV, in
   // groups of 16 rows beyond 16 (gemv_any_rows_fits), or rowwise_matmul for
   // rows the GEMV cannot read; every attention row, decode rows too, through
@@ -118,6 +124,8 @@ class CudaBackend : public Backend {
   void paged_attention(const Tensor& q, const KvLayer& kv, const KvGeometry& geom, const BatchView& batch,
                        int32_t num_heads, float scale, Tensor out) override {
     dev_.bind();
+    if (kv_dtype_quantized(geom.dtype)) return attention_over_codes(q, kv, geom, batch, num_heads, scale, out,
+                                                                    dev_.stream());
     attention_.paged(q, kv, geom, batch, num_heads, scale, out);
   }
   // In a step of decodes only whose projection leaves the rope to a kernel
@@ -161,6 +169,7 @@ class CudaBackend : public Backend {
   void upload_into(const TensorView& view, DType target, int64_t n, void* dst);
 
   CudaConfig cfg_;
+  DType kv_dtype_ = cfg_.act_dtype;  // set_kv_dtype
   bool keep_blocks_;  // keeps_linear_format's answer for the packed formats
   CudaDevice dev_;
   CudaMatmul matmul_;

@@ -201,6 +201,7 @@ void CudaBackend::rope_kv_write(Tensor q, Tensor k, const Tensor& v, const int32
                v.cols);
   if (q.rows == 0) return;
   dev_.bind();
+  if (kv_dtype_quantized(g.dtype)) return Backend::rope_kv_write(q, k, v, positions, p, slot_mapping, kv, g);
   const Launch on = launch_on(dev_, cfg_);
   if (act == DType::F32)
     launch_rope_kv_write<float>({static_cast<const float*>(q.data), static_cast<const float*>(k.data),
