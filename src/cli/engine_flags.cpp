@@ -139,6 +139,10 @@ LoadedEngineModel load_engine_model(const std::string& path, const EngineFlags& 
                  double(m.runner->weight_bytes()) / gib,
                  double(m.runner->activation_bytes()) / gib, (long long)ro.max_num_batched_tokens,
                  double(m.plan.bytes()) / gib, f.enforce_eager ? "; CUDA graphs off (--enforce-eager)" : "");
+    if (kv_dtype == DType::FP8_E4M3 || kv_dtype == DType::I8)
+      std::fprintf(stderr, "warning: --kv-cache-dtype %s on the GPU runs a plain attention kernel that has not yet "
+                           "been checked on a GPU against the CPU backend (docs/QUANTIZATION_QUALITY.md)\n",
+                   f.kv_cache_dtype.c_str());
   }
   if (!c.quant_method.empty())
     std::fprintf(stderr,
