@@ -49,6 +49,7 @@
 #include "runtime/model_runner.h"
 #include "sampling/sampler.h"
 #include "sched/scheduler.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace serval {
@@ -73,6 +74,9 @@ struct EngineOptions {
   // queued, so that requests arriving meanwhile join it, a step earlier.
   // Only while the scheduler could admit them (none waiting, seats free).
   bool late_continuations = true;
+  // Speculative decoding (docs/SPECULATIVE.md): decode rows carry draft
+  // tokens from this proposer, verified exactly (spec/verify.h).
+  SpeculativeConfig speculative;
 };
 
 // submit() refusals a server maps to distinct HTTP statuses (429 / 503);
@@ -104,6 +108,9 @@ struct EngineRequest {
   // holds the grammar and the tokenizer's vocabulary; share one per grammar:
   // it caches masks). Null: unconstrained.
   std::shared_ptr<const grammar::TokenMasker> grammar;
+  // Whether its rows may carry draft tokens (with EngineOptions::speculative
+  // on); the API's "speculative": false turns it off for the request.
+  bool speculative = true;
 };
 
 class Engine {
@@ -168,6 +175,16 @@ class Engine {
     Started() {}
     StepPlan plan;
     std::vector<SampleKey> keys;  // its rows, then forks
+    // Sampling specs of the keys: one per key, and one more per draft token
+    // of a row (make_specs).
+    size_t num_sample_specs = 0;
+    // Rows with a draft that draw from their Rng: its state before the
+    // draws, rewound after verification to the draws the kept tokens took.
+    struct Rewind {
+      size_t row = 0;
+      Rng rng{0};
+    };
+    std::vector<Rewind> rewinds;
     // Prompt tokens it scores: specs after the keys' ones, in this order.
     struct Scored {
       int64_t id = -1;  // -1: the request is gone, its results are dropped
@@ -203,8 +220,12 @@ class Engine {
   // Appends to specs_ the specs scoring the prompt tokens of rows_.scored
   // (after_commit: the sequences found by key, see make_specs).
   void add_scoring_specs(Started& s, bool after_commit);
-  // Waits for the tokens of `s` (one per key); returns why it failed, or "".
-  std::string finish(const Started& s, std::vector<SampledToken>& sampled);
+  // Waits for the tokens of `s` (one per sampling spec) and verifies its
+  // drafts (`accepted`: tokens kept per row, Scheduler::commit); returns why
+  // it failed, or "".
+  std::string finish(const Started& s, std::vector<SampledToken>& sampled, std::vector<int32_t>& accepted);
+  // The draft of a decode row (Scheduler::DraftFn).
+  void draft(Sequence& seq, std::span<const int32_t> tokens, int32_t max_tokens);
   // finish(), then commits `s` (`appended`: the tokens the scheduler took)
   // or, when it failed, fails its requests; returns why it failed, or "".
   std::string settle(const Started& s, int64_t& appended);
@@ -250,6 +271,8 @@ class Engine {
   // banned_), and its results. Kept across steps to reuse their memory.
   std::vector<SampleSpec> specs_;
   std::vector<std::vector<int32_t>> banned_;
+  std::vector<std::vector<int32_t>> spec_outputs_;  // a draft position's output: output + draft before it
+  std::unique_ptr<Proposer> proposer_;  // null: no speculative decoding
   std::vector<Constraints::Job> mask_jobs_;  // make_specs' masks, filled together
   StepRows rows_;                          // which logits rows sample, which score
   Constraints constraints_;                // grammar state of constrained samples

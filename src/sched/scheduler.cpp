@@ -144,12 +144,43 @@ void Scheduler::take_scored_rows(const Sequence& seq, int64_t n) {
   if (seq.scores_prompt()) scored_rows_left_ -= n;
 }
 
+void Scheduler::set_drafter(DraftFn drafter, int32_t max_draft) {
+  SERVAL_CHECK(max_draft >= 0, "max_draft must not be negative, got ", max_draft);
+  drafter_ = std::move(drafter);
+  max_draft_ = drafter_ ? max_draft : 0;
+}
+
+void Scheduler::propose_draft(Entry* e, int64_t budget) {
+  Sequence& seq = e->seq;
+  seq.draft_ids().clear();
+  // Only a row decoding one token: not a prompt (chunk) nor a recompute.
+  if (!drafter_ || !seq.speculative() || seq.output_ids().empty() || seq.num_uncomputed_tokens() != 1) return;
+  // The step appends up to d + 1 tokens: within max_tokens and the context.
+  int64_t limit = std::min<int64_t>(max_draft_, budget - 1);
+  limit = std::min(limit, seq.stop().max_tokens - int64_t(seq.output_ids().size()) - 1);
+  if (config_.max_model_len > 0) limit = std::min(limit, config_.max_model_len - seq.num_tokens() - 1);
+  if (limit < 1) return;
+  drafter_(seq, e->tokens, int32_t(limit));
+  SERVAL_CHECK(int64_t(seq.draft_ids().size()) <= limit, "internal error: the drafter proposed ",
+               seq.draft_ids().size(), " tokens, at most ", limit, " were asked for");
+}
+
 bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   Sequence& seq = e->seq;
-  const int64_t n = chunk_tokens(seq, seq.num_computed_tokens(), budget);
+  propose_draft(e, budget);
+  std::vector<int32_t>& draft = seq.draft_ids();
+  auto chunk = [&] {
+    return draft.empty() ? chunk_tokens(seq, seq.num_computed_tokens(), budget) : 1 + int64_t(draft.size());
+  };
+  auto missing_slots = [&] {
+    return std::max<int64_t>(0, seq.num_computed_tokens() + chunk() - seq.block_table().num_tokens());
+  };
+  // A draft is shortened rather than preempt anything for it.
+  while (!draft.empty() && !kv_.can_allocate(seq.block_table(), missing_slots())) draft.pop_back();
+  const int64_t n = chunk();
   if (n == 0) return true;  // a scored prompt waits for rows left in a later step
   const int64_t end = seq.num_computed_tokens() + n;
-  const int64_t missing = std::max<int64_t>(0, end - seq.block_table().num_tokens());
+  const int64_t missing = missing_slots();
   while (!kv_.can_allocate(seq.block_table(), missing)) {
     // running_ is sorted, and everything before e is already scheduled: the
     // victim (lowest priority, latest arrival) is the last one, maybe e.
@@ -162,7 +193,13 @@ bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
   plan.copies.insert(plan.copies.end(), alloc->copies.begin(), alloc->copies.end());
   plan.items.push_back(ScheduledChunk{&seq, int32_t(n), seq.num_computed_tokens()});
-  if (end == seq.num_tokens()) plan.sample_rows.push_back(&seq);
+  if (end == seq.num_tokens_with_draft()) {
+    plan.sample_rows.push_back(&seq);
+    if (!draft.empty()) {
+      plan.num_draft.resize(plan.sample_rows.size(), 0);
+      plan.num_draft.back() = int32_t(draft.size());
+    }
+  }
   take_scored_rows(seq, n);
   budget -= n;
   plan.num_tokens += n;
@@ -278,6 +315,8 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   SERVAL_CHECK(in_flight_ == 1, "continue_plan: ", in_flight_, " plans are in flight, expected the one continued");
   StepPlan next;
   next.continuation = true;
+  // Which of its draft tokens are accepted is known only once its tokens are.
+  if (plan.has_drafts()) return next;
   // Expired requests end now, as aborts do, unless a schedule() plan in
   // flight points at them: then schedule() expires them after its commit.
   for (const auto& [key, e] : entries_)
@@ -403,10 +442,15 @@ bool Scheduler::abort_pending(const Key& key) const {
   return std::find(pending_aborts_.begin(), pending_aborts_.end(), key) != pending_aborts_.end();
 }
 
-int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
-  SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size(), "commit: ",
+int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled, std::span<const int32_t> accepted) {
+  size_t num_draft = 0;
+  for (int32_t d : plan.num_draft) num_draft += size_t(d);
+  SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size() + num_draft, "commit: ",
                sampled.size(), " sampled tokens for ", plan.sample_rows.size(),
-               " logits rows and ", plan.forks.size(), " forked samples");
+               " logits rows, ", plan.forks.size(), " forked samples and ", num_draft, " draft tokens");
+  SERVAL_CHECK(accepted.empty() || accepted.size() == plan.sample_rows.size(), "commit: ", accepted.size(),
+               " accepted lengths for ", plan.sample_rows.size(), " rows");
+  SERVAL_CHECK(!plan.continuation || num_draft == 0, "commit: a continuation carries no draft");
   if (in_flight_ > 0) --in_flight_;
   if (!plan.continuation) scheduled_in_flight_ = false;
   if (plan.continuation) {
@@ -448,6 +492,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
   }
   for (const ScheduledChunk& item : plan.items) {
     Sequence& seq = *item.seq;
+    if (!seq.draft_ids().empty()) continue;  // commit_draft_row
     Entry* e = entries_.at(key_of(seq)).get();
     seq.advance_computed(item.num_new_tokens);
     // Only tokens whose K/V this step wrote: never the token sampled below.
@@ -462,18 +507,57 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
     kv_computed(seq,
                            std::span<const int32_t>(seq.prompt_ids()).first(size_t(seq.num_computed_tokens())));
   }
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    const size_t rows = plan.sample_rows.size();
+  const size_t rows = plan.sample_rows.size();
+  int64_t appended = 0;
+  size_t at = 0;  // into sampled
+  for (size_t i = 0; i < rows + plan.forks.size(); ++i) {
     Sequence& seq = i < rows ? *plan.sample_rows[i] : *plan.forks[i - rows].seq;
     Entry* e = entries_.at(key_of(seq)).get();
-    const FinishReason finish = seq.append_output(sampled[i].token,
-                                                  std::move(sampled[i].logprobs),
+    const int32_t d = i < rows ? plan.draft_of(i) : 0;
+    if (d > 0) {
+      appended += commit_draft_row(e, sampled.subspan(at, size_t(1 + d)), accepted.empty() ? 1 : accepted[i]);
+      at += size_t(1 + d);
+      continue;
+    }
+    const FinishReason finish = seq.append_output(sampled[at].token,
+                                                  std::move(sampled[at].logprobs),
                                                   config_.max_model_len);
-    e->tokens.push_back(sampled[i].token);
+    e->tokens.push_back(sampled[at].token);
+    ++at;
+    ++appended;
     if (finish != FinishReason::kNone) retire(e);
   }
   apply_pending_aborts();
-  return int64_t(sampled.size());
+  return appended;
+}
+
+int64_t Scheduler::commit_draft_row(Entry* e, std::span<SampledToken> sampled, int32_t accepted) {
+  Sequence& seq = e->seq;
+  std::vector<int32_t>& draft = seq.draft_ids();
+  SERVAL_CHECK(accepted >= 1 && size_t(accepted) <= sampled.size(), "commit: ", accepted,
+               " tokens accepted of a row of ", sampled.size());
+  SERVAL_CHECK(seq.num_computed_tokens() + 1 == seq.num_tokens(), "internal error: sequence ", seq.id(),
+               " carried a draft with ", seq.num_uncomputed_tokens(), " tokens uncomputed");
+  // Every token kept before the last is a draft token the step computed.
+  for (int32_t j = 0; j + 1 < accepted; ++j)
+    SERVAL_CHECK(sampled[size_t(j)].token == draft[size_t(j)], "commit: sequence ", seq.id(), ": draft token ", j,
+                 " (", draft[size_t(j)], ") is accepted but ", sampled[size_t(j)].token, " was sampled there");
+  draft.clear();
+  int64_t m = 0;
+  FinishReason finish = FinishReason::kNone;
+  while (m < accepted && finish == FinishReason::kNone) {
+    SampledToken& t = sampled[size_t(m++)];
+    finish = seq.append_output(t.token, std::move(t.logprobs), config_.max_model_len);
+    e->tokens.push_back(t.token);
+  }
+  // Computed: the last known token and the kept draft tokens, i.e. all but
+  // the last token appended. The rejected ones' slots go, then the cache
+  // takes full blocks of computed tokens only.
+  seq.advance_computed(m);
+  kv_.truncate(seq.block_table(), seq.num_computed_tokens());
+  kv_computed(seq, std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
+  if (finish != FinishReason::kNone) retire(e);
+  return m;
 }
 
 void Scheduler::fail_step(const StepPlan& plan) {
