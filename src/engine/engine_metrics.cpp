@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "spec/proposer.h"
 
 namespace serval {
 
@@ -125,6 +126,8 @@ EngineMetrics::EngineMetrics(Registry& r, int64_t max_model_len)
   // so rate() works from the first scrape.
   for (const std::string& reason : finish_reasons())
     success_by_reason_.push_back(&request_success_total.labels({reason}));
+  for (int32_t pos = 0; pos < SpeculativeConfig::kMaxTokens; ++pos)
+    spec_decode_num_accepted_tokens_per_pos_total.labels({std::to_string(pos)});
 }
 
 void EngineMetrics::record_draft(int32_t draft, int32_t accepted) {
