@@ -257,6 +257,9 @@ int run_bench_engine(const BenchOptions& o) {
   j["decode_op_limit_fraction"] = ratio(decode.op_limit_s, decode.seconds);
   j["preemptions"] = int64_t(delta("serval:num_preemptions_total"));
   j["prefix_cache_hit_tokens"] = int64_t(delta("serval:prefix_cache_hits_total"));
+  j["speculative"] = eo.speculative.method;
+  j["num_speculative_tokens"] = eo.speculative.enabled() ? eo.speculative.num_tokens : 0;
+  add_speculative_stats(before, after, "", j);
   j["kv_cache_tokens"] = m.runner->num_blocks() * m.runner->block_size();
   j["max_num_seqs"] = max_seqs;
   j["max_num_batched_tokens"] = o.engine.scheduler.max_num_batched_tokens;
