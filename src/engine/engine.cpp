@@ -59,10 +59,13 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       batch_builder_(runner.block_size()),
       constraints_(runner.config().vocab_size),
       outputs_(tokenizer, metrics_) {
-  using A = EngineOptions::AsyncScheduling;
-  async_scheduling_ = options_.async_scheduling == A::kOn ||
-                      (options_.async_scheduling == A::kAuto && runner.queues_steps_async());
   proposer_ = make_proposer(options_.speculative);
+  // Drafts are made on the host from the tokens of the step before, which
+  // a continuation does not wait for: with speculation every step is
+  // planned after the commit of the one before.
+  using A = EngineOptions::AsyncScheduling;
+  async_scheduling_ = !proposer_ && (options_.async_scheduling == A::kOn ||
+                                     (options_.async_scheduling == A::kAuto && runner.queues_steps_async()));
   if (proposer_)
     sched_.set_drafter([this](Sequence& seq, std::span<const int32_t> tokens,
                               int32_t max_tokens) { draft(seq, tokens, max_tokens); },

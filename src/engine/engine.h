@@ -75,7 +75,8 @@ struct EngineOptions {
   // Only while the scheduler could admit them (none waiting, seats free).
   bool late_continuations = true;
   // Speculative decoding (docs/SPECULATIVE.md): decode rows carry draft
-  // tokens from this proposer, verified exactly (spec/verify.h).
+  // tokens from this proposer, verified exactly (spec/verify.h). On, it
+  // turns async scheduling off (drafts need the step before's tokens).
   SpeculativeConfig speculative;
 };
 
@@ -146,7 +147,8 @@ class Engine {
   // Thread-safe snapshots, updated by the loop before it publishes a step's events.
   KvUsage kv_usage() const;
   int64_t num_unfinished() const;
-  // Whether steps are planned while the one before runs (EngineOptions::async_scheduling resolved).
+  // Whether steps are planned while the one before runs (EngineOptions::async_scheduling
+  // resolved; off with speculative decoding).
   bool async_scheduling() const { return async_scheduling_; }
 
   metrics::Registry& metrics_registry() { return registry_; }
