@@ -59,7 +59,8 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       batch_builder_(runner.block_size()),
       constraints_(runner.config().vocab_size),
       outputs_(tokenizer, metrics_) {
-  proposer_ = make_proposer(options_.speculative);
+  options_.speculative.validate();
+  proposer_ = options_.proposer ? options_.proposer : std::shared_ptr<Proposer>(make_proposer(options_.speculative));
   // Drafts are made on the host from the tokens of the step before, which
   // a continuation does not wait for: with speculation every step is
   // planned after the commit of the one before.

@@ -78,6 +78,9 @@ struct EngineOptions {
   // tokens from this proposer, verified exactly (spec/verify.h). On, it
   // turns async scheduling off (drafts need the step before's tokens).
   SpeculativeConfig speculative;
+  // Set: the proposer, instead of the one `speculative` names (the oracle
+  // proposer of serval bench); speculative.num_tokens still bounds drafts.
+  std::shared_ptr<Proposer> proposer;
 };
 
 // submit() refusals a server maps to distinct HTTP statuses (429 / 503);
@@ -274,7 +277,7 @@ class Engine {
   std::vector<SampleSpec> specs_;
   std::vector<std::vector<int32_t>> banned_;
   std::vector<std::vector<int32_t>> spec_outputs_;  // a draft position's output: output + draft before it
-  std::unique_ptr<Proposer> proposer_;  // null: no speculative decoding
+  std::shared_ptr<Proposer> proposer_;  // null: no speculative decoding
   std::vector<Constraints::Job> mask_jobs_;  // make_specs' masks, filled together
   StepRows rows_;                          // which logits rows sample, which score
   Constraints constraints_;                // grammar state of constrained samples

@@ -25,10 +25,11 @@ class Proposer {
 // Speculative decoding's settings (flags --speculative,
 // --num-speculative-tokens, --ngram-max, --ngram-min).
 struct SpeculativeConfig {
-  std::string method = "none";  // none | ngram
+  std::string method = "none";  // none | ngram | oracle (serval bench only)
   int32_t num_tokens = 3;       // k: draft tokens per row and step, 1..8
   int32_t ngram_max = 4;        // longest suffix matched
   int32_t ngram_min = 1;        // shortest suffix matched
+  double oracle_acceptance = 0.8;  // oracle: the chance each draft token is right
   static constexpr int32_t kMaxTokens = 8;
 
   bool enabled() const { return method != "none"; }
@@ -36,7 +37,9 @@ struct SpeculativeConfig {
   void validate() const;
 };
 
-// The proposer `config` names, or nullptr for "none". Throws like validate().
+// The proposer `config` names, or nullptr for "none". Throws like
+// validate(), and for "oracle", which needs the target's continuations
+// (spec/oracle_proposer.h: serval bench makes it).
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config);
 
 }  // namespace serval
