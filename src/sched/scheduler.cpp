@@ -159,6 +159,9 @@ void Scheduler::propose_draft(Entry* e, int64_t budget) {
   int64_t limit = std::min<int64_t>(max_draft_, budget - 1);
   limit = std::min(limit, seq.stop().max_tokens - int64_t(seq.output_ids().size()) - 1);
   if (config_.max_model_len > 0) limit = std::min(limit, config_.max_model_len - seq.num_tokens() - 1);
+  // Each draft token takes a logits row: drafts share the rows the runner
+  // plans beyond one per sequence with scored prompt tokens.
+  limit = std::min(limit, scored_rows_left_);
   if (limit < 1) return;
   drafter_(seq, e->tokens, int32_t(limit));
   SERVAL_CHECK(int64_t(seq.draft_ids().size()) <= limit, "internal error: the drafter proposed ",
@@ -177,6 +180,7 @@ bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   };
   // A draft is shortened rather than preempt anything for it.
   while (!draft.empty() && !kv_.can_allocate(seq.block_table(), missing_slots())) draft.pop_back();
+  scored_rows_left_ -= int64_t(draft.size());
   const int64_t n = chunk();
   if (n == 0) return true;  // a scored prompt waits for rows left in a later step
   const int64_t end = seq.num_computed_tokens() + n;

@@ -65,6 +65,8 @@
 // num_tokens counts the draft for the step). The draft never goes past
 // max_tokens or the context (the step appends at most d + 1 tokens), nor
 // takes KV blocks it would have to preempt for: it is shortened first.
+// Draft tokens take logits rows: a step's drafts and scored prompt tokens
+// together stay within max_scored_rows.
 // commit() appends the accepted tokens, keeps num_computed_tokens to the
 // last known token and the accepted draft, releases the slots (and emptied
 // blocks) of the rejected ones, and only then offers full blocks to the

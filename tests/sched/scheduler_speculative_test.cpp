@@ -93,5 +93,24 @@ TEST(SchedulerSpeculative, DraftsStayWithinMaxTokensAndFreeEmptiedBlocks) {
   EXPECT_EQ(h.done.at(1).output_ids(), reference(prompt, 4));
 }
 
+TEST(SchedulerSpeculative, DraftsShareTheLogitsRowsOfScoredTokens) {
+  SchedulerConfig c = config(64);
+  c.max_scored_rows = 5;  // rows beyond one per sequence
+  Harness h(64, 4, /*prefix_cache=*/false, c);
+  h.sched.set_drafter(
+      [](Sequence& seq, std::span<const int32_t>, int32_t max_tokens) { seq.draft_ids().assign(size_t(max_tokens), 1); },
+      4);
+  for (int64_t id = 0; id < 3; ++id) h.add(id, make_prompt(5, int32_t(id)), 20);
+  h.step();  // prompts
+  for (int i = 0; i < 5; ++i) {
+    const StepPlan plan = h.step();
+    int32_t drafts = 0;
+    for (int32_t d : plan.num_draft) drafts += d;
+    EXPECT_EQ(drafts, 5) << "step " << i;  // 4 + 1 + 0: the rows run out
+  }
+  h.run_all();
+  for (int64_t id = 0; id < 3; ++id) EXPECT_EQ(h.done.at(id).output_ids(), reference(make_prompt(5, int32_t(id)), 20));
+}
+
 }  // namespace
 }  // namespace serval
