@@ -2,7 +2,7 @@
 run with --speculative ngram gives every request exactly the completion it gets without
 draft tokens (the same request with Serval's "speculative": false), greedy and seeded
 n > 1 with stop strings, batched together, on stories260K and two tiny Hugging Face
-models (Qwen3; Mistral with a sliding window); the spec_decode counters count drafts
+models (Qwen3; Mistral with a sliding window), logprobs included; the spec_decode counters count drafts
 only for requests that take them; bad flags are refused naming the flag."""
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +19,8 @@ PROMPTS = [STORY, "Tom and his dog went to the park. Tom and his dog", "The cat 
 REQUESTS = [dict(max_tokens=60, temperature=0),
             dict(max_tokens=40, temperature=0, stop=[" park", "."]),
             dict(max_tokens=40, temperature=0.8, seed=3, n=2, top_p=0.9),
-            dict(max_tokens=30, temperature=0, frequency_penalty=0.5, extra_body={"min_tokens": 20})]
+            dict(max_tokens=30, temperature=0, frequency_penalty=0.5, extra_body={"min_tokens": 20}),
+            dict(max_tokens=30, temperature=0, logprobs=2)]
 
 
 @pytest.fixture(scope="module", params=["stories260K", "qwen3", "mistral"])
@@ -29,8 +30,11 @@ def server(request, serval, models, tmp_path_factory):
     else:
         path = tmp_path_factory.mktemp(f"spec-{request.param}")
         hf_models.build(request.param, path, models)
+    # --batch-invariant: a 1 + k-token row's logits equal single-token steps' bit for bit
+    # (by default they may differ in the last bits, as batching and chunking do), so
+    # logprobs compare exactly.
     s = ServalServer(serval, path, "--speculative", "ngram", "--num-speculative-tokens", "5",
-                     "--max-num-batched-tokens", "32", "--max-model-len", "256")
+                     "--max-num-batched-tokens", "32", "--max-model-len", "256", "--batch-invariant")
     s.kind = request.param
     yield s
     s.stop()
@@ -40,7 +44,8 @@ def complete(server, prompt, speculative, extra_body=None, **kw):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     r = client.completions.create(model="test-model", prompt=prompt,
                                   extra_body={**(extra_body or {}), "speculative": speculative}, **kw)
-    return [(c.index, c.text, c.finish_reason) for c in sorted(r.choices, key=lambda c: c.index)]
+    return [(c.index, c.text, c.finish_reason, c.logprobs and (c.logprobs.token_logprobs, c.logprobs.top_logprobs))
+            for c in sorted(r.choices, key=lambda c: c.index)]
 
 
 def run_all(server, speculative):
