@@ -5,24 +5,10 @@
 
 #include "core/error.h"
 #include "sched/request_fit.h"
+#include "sched/scheduler_entry.h"
 
 namespace serval {
 
-// A request inside the scheduler: its sequence, ordering and all its tokens in
-// one array (the prefix cache hashes contiguous token spans).
-struct Scheduler::Entry {
-  Sequence seq;
-  int32_t priority = 0;
-  uint64_t arrival = 0;
-  std::optional<SchedulerClock::time_point> deadline;
-  std::vector<int32_t> tokens;  // prompt + output, mirrors seq
-  bool running = false;
-
-  // Order of service: priority first, then arrival.
-  bool before(const Entry& o) const {
-    return priority != o.priority ? priority < o.priority : arrival < o.arrival;
-  }
-};
 
 void SchedulerConfig::validate() const {
   SERVAL_CHECK(max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1, got ",
@@ -142,30 +128,6 @@ int64_t Scheduler::chunk_tokens(const Sequence& seq, int64_t from, int64_t budge
 
 void Scheduler::take_scored_rows(const Sequence& seq, int64_t n) {
   if (seq.scores_prompt()) scored_rows_left_ -= n;
-}
-
-void Scheduler::set_drafter(DraftFn drafter, int32_t max_draft) {
-  SERVAL_CHECK(max_draft >= 0, "max_draft must not be negative, got ", max_draft);
-  drafter_ = std::move(drafter);
-  max_draft_ = drafter_ ? max_draft : 0;
-}
-
-void Scheduler::propose_draft(Entry* e, int64_t budget) {
-  Sequence& seq = e->seq;
-  seq.draft_ids().clear();
-  // Only a row decoding one token: not a prompt (chunk) nor a recompute.
-  if (!drafter_ || !seq.speculative() || seq.output_ids().empty() || seq.num_uncomputed_tokens() != 1) return;
-  // The step appends up to d + 1 tokens: within max_tokens and the context.
-  int64_t limit = std::min<int64_t>(max_draft_, budget - 1);
-  limit = std::min(limit, seq.stop().max_tokens - int64_t(seq.output_ids().size()) - 1);
-  if (config_.max_model_len > 0) limit = std::min(limit, config_.max_model_len - seq.num_tokens() - 1);
-  // Each draft token takes a logits row: drafts share the rows the runner
-  // plans beyond one per sequence with scored prompt tokens.
-  limit = std::min(limit, scored_rows_left_);
-  if (limit < 1) return;
-  drafter_(seq, e->tokens, int32_t(limit));
-  SERVAL_CHECK(int64_t(seq.draft_ids().size()) <= limit, "internal error: the drafter proposed ",
-               seq.draft_ids().size(), " tokens, at most ", limit, " were asked for");
 }
 
 bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
@@ -533,35 +495,6 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled,
   }
   apply_pending_aborts();
   return appended;
-}
-
-int64_t Scheduler::commit_draft_row(Entry* e, std::span<SampledToken> sampled, int32_t accepted) {
-  Sequence& seq = e->seq;
-  std::vector<int32_t>& draft = seq.draft_ids();
-  SERVAL_CHECK(accepted >= 1 && size_t(accepted) <= sampled.size(), "commit: ", accepted,
-               " tokens accepted of a row of ", sampled.size());
-  SERVAL_CHECK(seq.num_computed_tokens() + 1 == seq.num_tokens(), "internal error: sequence ", seq.id(),
-               " carried a draft with ", seq.num_uncomputed_tokens(), " tokens uncomputed");
-  // Every token kept before the last is a draft token the step computed.
-  for (int32_t j = 0; j + 1 < accepted; ++j)
-    SERVAL_CHECK(sampled[size_t(j)].token == draft[size_t(j)], "commit: sequence ", seq.id(), ": draft token ", j,
-                 " (", draft[size_t(j)], ") is accepted but ", sampled[size_t(j)].token, " was sampled there");
-  draft.clear();
-  int64_t m = 0;
-  FinishReason finish = FinishReason::kNone;
-  while (m < accepted && finish == FinishReason::kNone) {
-    SampledToken& t = sampled[size_t(m++)];
-    finish = seq.append_output(t.token, std::move(t.logprobs), config_.max_model_len);
-    e->tokens.push_back(t.token);
-  }
-  // Computed: the last known token and the kept draft tokens, i.e. all but
-  // the last token appended. The rejected ones' slots go, then the cache
-  // takes full blocks of computed tokens only.
-  seq.advance_computed(m);
-  kv_.truncate(seq.block_table(), seq.num_computed_tokens());
-  kv_computed(seq, std::span<const int32_t>(e->tokens).first(size_t(seq.num_computed_tokens())));
-  if (finish != FinishReason::kNone) retire(e);
-  return m;
 }
 
 void Scheduler::fail_step(const StepPlan& plan) {
