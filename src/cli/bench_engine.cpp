@@ -22,6 +22,7 @@
 #include "cli/generate_options.h"
 #include "core/error.h"
 #include "engine/engine_warmup.h"
+#include "spec/oracle_proposer.h"
 
 namespace serval::cli {
 namespace {
@@ -41,6 +42,34 @@ struct Outcome {
 // Inter-token latencies are the gaps between the client's receipt of
 // consecutive token events (as a streaming client would see them; the poll loop
 // sleeps 50 us when nothing came, so a gap is late by at most about that).
+// --speculative oracle: each request's greedy continuation, recorded by a
+// run without speculation first (on the runner itself: no steps recorded).
+std::shared_ptr<Proposer> oracle_proposer(ModelRunner& runner, const Tokenizer& tok, EngineOptions eo,
+                                          const std::vector<EngineRequest>& requests) {
+  for (const EngineRequest& r : requests)
+    SERVAL_CHECK(r.params.greedy(), "--speculative oracle drafts greedy continuations: run it with --temperature 0");
+  const double acceptance = eo.speculative.oracle_acceptance;
+  eo.speculative = SpeculativeConfig{};
+  eo.proposer.reset();
+  Engine pre(runner, tok, eo);
+  std::vector<RequestHandle> handles = pre.submit_all(requests);
+  std::vector<std::vector<int32_t>> sequences;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    std::vector<int32_t> seq = requests[i].prompt_ids;
+    for (;;) {
+      std::optional<RequestEvent> ev = handles[i].next(std::chrono::milliseconds(600000));
+      SERVAL_CHECK(ev.has_value(), "--speculative oracle: request ", i + 1, " gave no event in 10 minutes");
+      seq.insert(seq.end(), ev->token_ids.begin(), ev->token_ids.end());
+      if (!ev->finished()) continue;
+      SERVAL_CHECK(ev->finish != FinishReason::kError, "--speculative oracle: request ", i + 1, " failed: ", ev->error);
+      break;
+    }
+    sequences.push_back(std::move(seq));
+  }
+  pre.shutdown();
+  return std::make_shared<OracleProposer>(std::move(sequences), acceptance, runner.config().vocab_size);
+}
+
 std::vector<Outcome> run_all(Engine& engine, const std::vector<EngineRequest>& requests,
                              std::vector<double>* itl_s) {
   // Together, so that the loop's first scheduling round sees them all.
@@ -145,6 +174,7 @@ int run_bench_engine(const BenchOptions& o) {
       std::max<int64_t>({eo.scheduler.max_queued_requests, int64_t(requests.size()), int64_t(W)});
   const StepCost cost(cfg, m.runner->device(), m.runner->matrix_bytes(), m.plan.bytes_per_token);
   StepRecorder recorder(*m.runner, cost, o.limits);
+  if (eo.speculative.method == "oracle") eo.proposer = oracle_proposer(*m.runner, *m.tokenizer, eo, requests);
   Engine engine(recorder, *m.tokenizer, eo);
   {
     std::string errors;
@@ -257,6 +287,10 @@ int run_bench_engine(const BenchOptions& o) {
   j["decode_op_limit_fraction"] = ratio(decode.op_limit_s, decode.seconds);
   j["preemptions"] = int64_t(delta("serval:num_preemptions_total"));
   j["prefix_cache_hit_tokens"] = int64_t(delta("serval:prefix_cache_hits_total"));
+  j["speculative"] = eo.speculative.method;
+  j["num_speculative_tokens"] = eo.speculative.enabled() ? eo.speculative.num_tokens : 0;
+  if (eo.speculative.method == "oracle") j["oracle_acceptance"] = eo.speculative.oracle_acceptance;
+  add_speculative_stats(before, after, "", j);
   j["kv_cache_tokens"] = m.runner->num_blocks() * m.runner->block_size();
   j["max_num_seqs"] = max_seqs;
   j["max_num_batched_tokens"] = o.engine.scheduler.max_num_batched_tokens;

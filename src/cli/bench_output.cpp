@@ -50,4 +50,17 @@ void add_percentiles_ms(const char* name, const std::vector<double>& seconds, Be
   for (int p : {50, 90, 99}) j[str_cat(name, "_ms_p", p)] = percentile(seconds, p) * 1e3;
 }
 
+void add_speculative_stats(const std::string& before, const std::string& after, const std::string& prefix,
+                           BenchJson& j) {
+  auto delta = [&](const char* name) { return exposition_value(after, name) - exposition_value(before, name); };
+  const double drafts = delta("serval:spec_decode_num_drafts_total");
+  const double draft_tokens = delta("serval:spec_decode_num_draft_tokens_total");
+  const double accepted = delta("serval:spec_decode_num_accepted_tokens_total");
+  j[prefix + "spec_drafts"] = int64_t(drafts);
+  j[prefix + "spec_draft_tokens"] = int64_t(draft_tokens);
+  j[prefix + "spec_accepted_tokens"] = int64_t(accepted);
+  j[prefix + "spec_acceptance_rate"] = draft_tokens > 0 ? accepted / draft_tokens : 0.0;
+  j[prefix + "spec_mean_accepted_length"] = drafts > 0 ? 1.0 + accepted / drafts : 0.0;
+}
+
 }  // namespace serval::cli

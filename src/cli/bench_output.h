@@ -37,4 +37,11 @@ void print_key_values(const BenchJson& result);
 // <name>_ms_p50 / _p90 / _p99 of `seconds` (nearest rank; 0 when empty).
 void add_percentiles_ms(const char* name, const std::vector<double>& seconds, BenchJson& j);
 
+// Speculative decoding between two /metrics expositions (an engine's or a
+// server's): <prefix>spec_drafts, _draft_tokens, _accepted_tokens,
+// _acceptance_rate (accepted / draft tokens) and _mean_accepted_length
+// (tokens per verified row, the bonus token included, as vLLM reports it).
+void add_speculative_stats(const std::string& before, const std::string& after, const std::string& prefix,
+                           BenchJson& j);
+
 }  // namespace serval::cli

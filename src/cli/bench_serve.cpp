@@ -361,6 +361,7 @@ int run_bench_serve(const BenchOptions& o) {
     const double queried = delta("serval:prefix_cache_queries_total");
     j["server_prefix_cache_hit_rate"] = queried > 0 ? delta("serval:prefix_cache_hits_total") / queried : 0.0;
     j["server_preemptions"] = int64_t(delta("serval:num_preemptions_total"));
+    add_speculative_stats(metrics_before, after, "server_", j);
   }
   if (o.slo_ttft_ms > 0 || o.slo_tpot_ms > 0) {
     j["slo_ttft_ms"] = o.slo_ttft_ms > 0 ? BenchJson(o.slo_ttft_ms) : BenchJson(nullptr);

@@ -31,6 +31,19 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f) {
   sub.add_flag("--no-late-continuations", f.no_late_continuations,
                "with async scheduling: plan each step as soon as the step before is queued, not shortly before "
                "it is expected to end (requests that arrive while a step runs then start a step later)");
+  sub.add_option("--speculative", f.speculative.method,
+                 "speculative decoding: none (default), ngram (draft tokens looked up in the prompt and output "
+                 "so far) or oracle (bench --mode engine only: greedy continuations recorded first; "
+                 "docs/SPECULATIVE.md)");
+  sub.add_option("--num-speculative-tokens", f.speculative.num_tokens,
+                 "with --speculative: draft tokens per sequence and step, 1..8 (default 3)");
+  sub.add_option("--ngram-max", f.speculative.ngram_max,
+                 "with --speculative ngram: the longest suffix looked up (default 4)");
+  sub.add_option("--ngram-min", f.speculative.ngram_min,
+                 "with --speculative ngram: the shortest suffix looked up (default 1)");
+  sub.add_option("--oracle-acceptance", f.speculative.oracle_acceptance,
+                 "bench --mode engine --speculative oracle: the chance each draft token is the target's own "
+                 "(default 0.8)");
   sub.add_option("--block-size", f.block_size, "tokens per KV block");
   sub.add_option("--gpu-memory-fraction", f.gpu_memory_fraction,
                  "on a GPU: the fraction of its memory for weights, activations and the KV pool (default 0.9)");
@@ -69,6 +82,8 @@ EngineOptions engine_options(const EngineFlags& f) {
                        : f.async_scheduling == "on"                         ? A::kOn
                                                                             : A::kAuto;
   o.late_continuations = !f.no_late_continuations;
+  f.speculative.validate();
+  o.speculative = f.speculative;
   return o;
 }
 

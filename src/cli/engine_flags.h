@@ -19,6 +19,7 @@ struct EngineFlags {
   std::string async_scheduling = "auto";  // EngineOptions::async_scheduling: auto, on or off
   bool no_async_scheduling = false;       // --no-async-scheduling: off
   bool no_late_continuations = false;     // EngineOptions::late_continuations off
+  SpeculativeConfig speculative;          // --speculative, --num-speculative-tokens, --ngram-max/min
   int64_t kv_cache_tokens = 0;          // 0: from the memory fraction
   double kv_cache_memory_fraction = 0;  // 0: the runner's default pool
   int32_t block_size = 16;

@@ -156,10 +156,13 @@ int run_serve(const ServeOptions& o) {
   server::register_openai_routes(http, ctx);
   std::fprintf(stderr,
                "serval: serving '%s' (context %lld tokens, KV pool %lld blocks of %d, chat template: %s, tool calls: "
-               "%s, async scheduling: %s) on http://%s:%d\n",
+               "%s, async scheduling: %s%s) on http://%s:%d\n",
                name.c_str(), (long long)ctx.max_model_len, (long long)runner->num_blocks(), runner->block_size(),
                chat->available() ? "yes" : "no", server::tool_format_name(ctx.tool_format),
-               engine.async_scheduling() ? "on" : "off", o.host.c_str(), port);
+               engine.async_scheduling() ? "on" : "off",
+               eo.speculative.enabled() ? str_cat(" (off for speculative decoding: ", eo.speculative.method, ", k ",
+                                                  eo.speculative.num_tokens, ")").c_str() : "",
+               o.host.c_str(), port);
 
   std::atomic<bool> stop{false};
   std::thread signals([&] {

@@ -48,7 +48,8 @@ void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch, St
                    ": a fed chunk is one token at position ", seq.num_tokens(), ", got ", item.num_new_tokens,
                    " at ", start);
     } else {
-      SERVAL_CHECK(item.num_new_tokens >= 1 && start >= seq.num_computed_tokens() && end <= seq.num_tokens(),
+      SERVAL_CHECK(item.num_new_tokens >= 1 && start >= seq.num_computed_tokens() &&
+                       end <= seq.num_tokens_with_draft(),
                    "sequence ", seq.id(), ": cannot schedule ", item.num_new_tokens, " new tokens from position ",
                    start, " (", seq.num_computed_tokens(), " of ", seq.num_tokens(), " computed)");
     }
@@ -72,7 +73,15 @@ void BatchBuilder::build(std::span<const ScheduledChunk> items, Batch& batch, St
       if (rows) rows->scored.push_back({i, int32_t(batch.logits_rows.size()), start, int32_t(scored_end - start)});
       for (int64_t p = start; p < scored_end; ++p) batch.logits_rows.push_back(first_row + int32_t(p - start));
     }
-    if (item.fed() || end == seq.num_tokens()) {
+    if (!item.fed() && !seq.draft_ids().empty()) {
+      // A row with a draft: the last known token and each draft token get
+      // a row (verification samples at every position), the first one first.
+      SERVAL_CHECK(end == seq.num_tokens_with_draft() && start == seq.num_tokens() - 1, "sequence ", seq.id(),
+                   ": a row with ", seq.draft_ids().size(), " draft tokens computes its last known token and the ",
+                   "draft, got ", item.num_new_tokens, " tokens from position ", start);
+      if (rows) rows->sampled.push_back(int32_t(batch.logits_rows.size()));
+      for (int64_t p = start; p < end; ++p) batch.logits_rows.push_back(first_row + int32_t(p - start));
+    } else if (item.fed() || end == seq.num_tokens()) {
       if (rows) rows->sampled.push_back(int32_t(batch.logits_rows.size()));
       batch.logits_rows.push_back(int32_t(batch.token_ids.size()) - 1);
     }

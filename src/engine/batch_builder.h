@@ -11,7 +11,8 @@
 namespace serval {
 
 // Which of a step's logits rows serve what: `sampled[i]`, the row of the
-// i-th item that samples (StepPlan::sample_rows' order); `scored`, runs of
+// i-th item that samples (StepPlan::sample_rows' order; with a draft of d
+// tokens, the first of its 1 + d consecutive rows); `scored`, runs of
 // rows scoring prompt tokens (Sequence::scores_prompt): the row of prompt
 // position p holds the logits of the token at p + 1.
 struct StepRows {
@@ -36,7 +37,9 @@ class BatchBuilder {
   // when the item is fed or computes all of its known tokens, i.e. a decode
   // step or the last chunk of its prompt; a prompt being scored gets a row
   // for each of its new tokens but the prompt's last (`rows`, when given,
-  // says which is which). Throws serval::Error if an item has
+  // says which is which). A sequence with draft tokens (Sequence::draft_ids)
+  // computes its last known token and the draft, with a row for each
+  // (`rows->sampled` names the first). Throws serval::Error if an item has
   // no new tokens, starts before its computed tokens, goes past its known
   // ones, or its block table lacks slots for them (allocate first).
   void build(std::span<const ScheduledChunk> items, Batch& batch, StepRows* rows = nullptr) const;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "sched/request_fit.h"
 #include "sched/stop_strings.h"
+#include "spec/verify.h"
 
 namespace serval {
 namespace {
@@ -58,9 +59,18 @@ Engine::Engine(ModelRunner& runner, const Tokenizer& tokenizer, EngineOptions op
       batch_builder_(runner.block_size()),
       constraints_(runner.config().vocab_size),
       outputs_(tokenizer, metrics_) {
+  options_.speculative.validate();
+  proposer_ = options_.proposer ? options_.proposer : std::shared_ptr<Proposer>(make_proposer(options_.speculative));
+  // Drafts are made on the host from the tokens of the step before, which
+  // a continuation does not wait for: with speculation every step is
+  // planned after the commit of the one before.
   using A = EngineOptions::AsyncScheduling;
-  async_scheduling_ = options_.async_scheduling == A::kOn ||
-                      (options_.async_scheduling == A::kAuto && runner.queues_steps_async());
+  async_scheduling_ = !proposer_ && (options_.async_scheduling == A::kOn ||
+                                     (options_.async_scheduling == A::kAuto && runner.queues_steps_async()));
+  if (proposer_)
+    sched_.set_drafter([this](Sequence& seq, std::span<const int32_t> tokens,
+                              int32_t max_tokens) { draft(seq, tokens, max_tokens); },
+                       options_.speculative.num_tokens);
   kv_usage_snapshot_ = kv_.usage();
   // The gauges hold the idle pool from the first scrape, not from the first step.
   metrics_.record(scheduler_stats(kv_usage_snapshot_));
@@ -213,6 +223,7 @@ void Engine::admit(Pending& p, IterationStats& it, std::vector<Outgoing>& out) {
   try {
     Sequence seq(p.id, std::move(r.prompt_ids), r.params, r.stop, kv_.new_table());
     seq.set_num_samples(r.n);
+    seq.set_speculative(r.speculative);
     sched_.add(std::move(seq), r.options);
   } catch (const std::exception& e) {
     for (int32_t i = 0; i < r.n; ++i) {
@@ -287,7 +298,8 @@ bool Engine::step(StepOutputs& now, std::optional<StepOutputs>& previous) {
   if (!now.error.empty()) {
     if (next_) {  // its rows were this step's: they failed with it
       std::vector<SampledToken> ignored;
-      if (!next_->sampling_deferred) finish(*next_, ignored);
+      std::vector<int32_t> no_drafts;
+      if (!next_->sampling_deferred) finish(*next_, ignored, no_drafts);
       sched_.fail_step(next_->plan);
       next_.reset();
     }
@@ -349,7 +361,7 @@ void Engine::start_deferred_sampling(Started& s) {
 
 void Engine::make_specs(Started& s) {
   const StepPlan& plan = s.plan;
-  const size_t num_rows = plan.sample_rows.size(), num_specs = s.keys.size();
+  const size_t num_rows = plan.sample_rows.size();
   // After the commit before (deferred sampling), a continuation's samples are
   // found by key: one may have finished since, and its sequence moved. Its
   // row is then sampled for nothing (the commit drops it).
@@ -364,39 +376,65 @@ void Engine::make_specs(Started& s) {
   // same token on every backend. A fed row's output is one token longer by
   // the time it samples (that token is being sampled now), except after the
   // commit before, which appended it.
+  size_t num_specs = s.keys.size();
+  for (int32_t d : plan.num_draft) num_specs += size_t(d);
+  s.num_sample_specs = num_specs;
+  s.rewinds.clear();
   specs_.resize(num_specs);
   banned_.resize(num_specs);
+  spec_outputs_.resize(num_specs);
   // The masks first (the specs point into them), a block per constrained spec.
   const size_t words = constraints_.mask_words();
   masks_.resize(num_constrained(s) * words);
   size_t mask_at = 0;
   mask_jobs_.clear();
   const auto masks_start = EngineClock::now();
-  for (size_t i = 0; i < num_specs; ++i) {
-    SampleSpec& spec = specs_[i];
-    spec = SampleSpec{};
-    spec.row = rows_.sampled[i < num_rows ? i : size_t(plan.forks[i - num_rows].row)];
-    banned_[i].clear();
+  size_t k = 0;  // the spec being made
+  for (size_t i = 0; i < s.keys.size(); ++i) {
+    const int32_t first_row = rows_.sampled[i < num_rows ? i : size_t(plan.forks[i - num_rows].row)];
     Sequence* seq = sample(i);
     if (seq == nullptr || seq->finished()) {
+      SampleSpec& spec = specs_[k];
+      spec = SampleSpec{};
+      spec.row = first_row;
+      banned_[k++].clear();
       spec.params = &kDropped;
       if (constraints_.has(s.keys[i].first)) mask_at += words;
       continue;
     }
-    const int32_t row = i < num_rows ? batch_.logits_rows[i] : -1;
+    const int32_t row = i < num_rows ? batch_.logits_rows[size_t(first_row)] : -1;
     const bool fed = row >= 0 && !batch_.token_source.empty() && batch_.token_source[size_t(row)] >= 0;
-    spec.fed_source = fed && !after_commit ? batch_.token_source[size_t(row)] : -1;
-    banned_[i] = seq->stop().banned_tokens(int64_t(seq->output_ids().size()) + (spec.fed_source >= 0));
-    spec.params = &seq->params();
-    spec.prompt_ids = seq->prompt_ids();
-    spec.output_ids = seq->output_ids();
-    spec.banned = banned_[i];
-    spec.uniform = seq->params().greedy() ? 0.0 : seq->rng().uniform();
-    if (constraints_.has(seq->id())) {
-      const std::span<uint32_t> mask(masks_.data() + mask_at, words);
-      mask_at += words;
-      mask_jobs_.push_back({seq, mask});
-      spec.allowed = mask;
+    const int32_t fed_source = fed && !after_commit ? batch_.token_source[size_t(row)] : -1;
+    // A row with a draft samples at each of its 1 + d positions, position j
+    // as if the first j draft tokens were output (spec/verify.h).
+    const int32_t d = i < num_rows ? plan.draft_of(i) : 0;
+    const bool greedy = seq->params().greedy();
+    if (d > 0 && !greedy) s.rewinds.push_back({i, seq->rng()});
+    for (int32_t j = 0; j <= d; ++j, ++k) {
+      SampleSpec& spec = specs_[k];
+      spec = SampleSpec{};
+      spec.row = first_row + j;
+      spec.fed_source = fed_source;
+      banned_[k] = seq->stop().banned_tokens(int64_t(seq->output_ids().size()) + (fed_source >= 0) + j);
+      spec.params = &seq->params();
+      spec.prompt_ids = seq->prompt_ids();
+      if (j == 0) {
+        spec.output_ids = seq->output_ids();
+      } else {
+        std::vector<int32_t>& out = spec_outputs_[k];
+        out.assign(seq->output_ids().begin(), seq->output_ids().end());
+        out.insert(out.end(), seq->draft_ids().begin(), seq->draft_ids().begin() + j);
+        spec.output_ids = out;
+      }
+      spec.banned = banned_[k];
+      spec.uniform = greedy ? 0.0 : seq->rng().uniform();
+      // The drafter leaves constrained samples alone: d == 0 here.
+      if (constraints_.has(seq->id())) {
+        const std::span<uint32_t> mask(masks_.data() + mask_at, words);
+        mask_at += words;
+        mask_jobs_.push_back({seq, mask});
+        spec.allowed = mask;
+      }
     }
   }
   const size_t masks_made = mask_jobs_.size();
@@ -439,13 +477,15 @@ void Engine::add_scoring_specs(Started& s, bool after_commit) {
   }
 }
 
-std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled) {
-  sampled.assign(s.keys.size(), SampledToken{});
+std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled, std::vector<int32_t>& accepted) {
+  sampled.assign(std::max(s.keys.size(), s.num_sample_specs), SampledToken{});
+  accepted.clear();
   if (!s.error.empty()) return s.error;
   try {
     runner_.finish_sample(results_);
-    SERVAL_CHECK(results_.size() == sampled.size() + s.num_scored, "model runner sampled ", results_.size(),
-                 " tokens for ", sampled.size(), " samples and ", s.num_scored, " scored prompt tokens");
+    SERVAL_CHECK(results_.size() == s.num_sample_specs + s.num_scored, "model runner sampled ", results_.size(),
+                 " tokens for ", s.num_sample_specs, " samples and ", s.num_scored, " scored prompt tokens");
+    sampled.resize(s.num_sample_specs);
     for (size_t i = 0; i < sampled.size(); ++i)
       sampled[i] = SampledToken{results_[i].token, std::move(results_[i].logprobs)};
     size_t k = sampled.size();
@@ -453,6 +493,28 @@ std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled)
       if (r.id >= 0)
         outputs_.prompt_scored(r.id, r.first_position, std::span(results_).subspan(k, size_t(r.count)));
       k += size_t(r.count);
+    }
+    if (s.plan.has_drafts()) {
+      const StepPlan& plan = s.plan;
+      accepted.assign(plan.sample_rows.size(), 1);
+      std::vector<int32_t> tokens;
+      size_t at = 0;
+      for (size_t i = 0; i < plan.sample_rows.size(); ++i) {
+        const int32_t d = plan.draft_of(i);
+        if (d > 0) {
+          tokens.clear();
+          for (int32_t j = 0; j <= d; ++j) tokens.push_back(sampled[at + size_t(j)].token);
+          accepted[i] = accepted_length(plan.sample_rows[i]->draft_ids(), tokens);
+          metrics_.record_draft(d, accepted[i] - 1);
+        }
+        at += size_t(1 + d);
+      }
+      // The stream continues after the draws of the tokens kept.
+      for (const Started::Rewind& r : s.rewinds) {
+        Rng& rng = plan.sample_rows[r.row]->rng();
+        rng = r.rng;
+        for (int32_t j = 0; j < accepted[r.row]; ++j) (void)rng.uniform();
+      }
     }
   } catch (const std::exception& e) {
     return e.what();
@@ -462,13 +524,20 @@ std::string Engine::finish(const Started& s, std::vector<SampledToken>& sampled)
 
 std::string Engine::settle(const Started& s, int64_t& appended) {
   std::vector<SampledToken> sampled;
-  std::string error = finish(s, sampled);
+  std::vector<int32_t> accepted;
+  std::string error = finish(s, sampled, accepted);
   last_done_ = EngineClock::now();
   if (error.empty())
-    appended = sched_.commit(s.plan, sampled);
+    appended = sched_.commit(s.plan, sampled, accepted);
   else
     sched_.fail_step(s.plan);
   return error;
+}
+
+void Engine::draft(Sequence& seq, std::span<const int32_t> tokens, int32_t max_tokens) {
+  // A grammar masks one token at a time, from the tokens before it.
+  if (constraints_.has(seq.id())) return;
+  proposer_->propose(tokens, std::min(max_tokens, options_.speculative.num_tokens), seq.draft_ids());
 }
 
 void Engine::finish_continuation() {

@@ -49,6 +49,7 @@
 #include "runtime/model_runner.h"
 #include "sampling/sampler.h"
 #include "sched/scheduler.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace serval {
@@ -73,6 +74,13 @@ struct EngineOptions {
   // queued, so that requests arriving meanwhile join it, a step earlier.
   // Only while the scheduler could admit them (none waiting, seats free).
   bool late_continuations = true;
+  // Speculative decoding (docs/SPECULATIVE.md): decode rows carry draft
+  // tokens from this proposer, verified exactly (spec/verify.h). On, it
+  // turns async scheduling off (drafts need the step before's tokens).
+  SpeculativeConfig speculative;
+  // Set: the proposer, instead of the one `speculative` names (the oracle
+  // proposer of serval bench); speculative.num_tokens still bounds drafts.
+  std::shared_ptr<Proposer> proposer;
 };
 
 // submit() refusals a server maps to distinct HTTP statuses (429 / 503);
@@ -104,6 +112,9 @@ struct EngineRequest {
   // holds the grammar and the tokenizer's vocabulary; share one per grammar:
   // it caches masks). Null: unconstrained.
   std::shared_ptr<const grammar::TokenMasker> grammar;
+  // Whether its rows may carry draft tokens (with EngineOptions::speculative
+  // on); the API's "speculative": false turns it off for the request.
+  bool speculative = true;
 };
 
 class Engine {
@@ -139,7 +150,8 @@ class Engine {
   // Thread-safe snapshots, updated by the loop before it publishes a step's events.
   KvUsage kv_usage() const;
   int64_t num_unfinished() const;
-  // Whether steps are planned while the one before runs (EngineOptions::async_scheduling resolved).
+  // Whether steps are planned while the one before runs (EngineOptions::async_scheduling
+  // resolved; off with speculative decoding).
   bool async_scheduling() const { return async_scheduling_; }
 
   metrics::Registry& metrics_registry() { return registry_; }
@@ -168,6 +180,16 @@ class Engine {
     Started() {}
     StepPlan plan;
     std::vector<SampleKey> keys;  // its rows, then forks
+    // Sampling specs of the keys: one per key, and one more per draft token
+    // of a row (make_specs).
+    size_t num_sample_specs = 0;
+    // Rows with a draft that draw from their Rng: its state before the
+    // draws, rewound after verification to the draws the kept tokens took.
+    struct Rewind {
+      size_t row = 0;
+      Rng rng{0};
+    };
+    std::vector<Rewind> rewinds;
     // Prompt tokens it scores: specs after the keys' ones, in this order.
     struct Scored {
       int64_t id = -1;  // -1: the request is gone, its results are dropped
@@ -203,8 +225,12 @@ class Engine {
   // Appends to specs_ the specs scoring the prompt tokens of rows_.scored
   // (after_commit: the sequences found by key, see make_specs).
   void add_scoring_specs(Started& s, bool after_commit);
-  // Waits for the tokens of `s` (one per key); returns why it failed, or "".
-  std::string finish(const Started& s, std::vector<SampledToken>& sampled);
+  // Waits for the tokens of `s` (one per sampling spec) and verifies its
+  // drafts (`accepted`: tokens kept per row, Scheduler::commit); returns why
+  // it failed, or "".
+  std::string finish(const Started& s, std::vector<SampledToken>& sampled, std::vector<int32_t>& accepted);
+  // The draft of a decode row (Scheduler::DraftFn).
+  void draft(Sequence& seq, std::span<const int32_t> tokens, int32_t max_tokens);
   // finish(), then commits `s` (`appended`: the tokens the scheduler took)
   // or, when it failed, fails its requests; returns why it failed, or "".
   std::string settle(const Started& s, int64_t& appended);
@@ -250,6 +276,8 @@ class Engine {
   // banned_), and its results. Kept across steps to reuse their memory.
   std::vector<SampleSpec> specs_;
   std::vector<std::vector<int32_t>> banned_;
+  std::vector<std::vector<int32_t>> spec_outputs_;  // a draft position's output: output + draft before it
+  std::shared_ptr<Proposer> proposer_;  // null: no speculative decoding
   std::vector<Constraints::Job> mask_jobs_;  // make_specs' masks, filled together
   StepRows rows_;                          // which logits rows sample, which score
   Constraints constraints_;                // grammar state of constrained samples

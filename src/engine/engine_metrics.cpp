@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "spec/proposer.h"
 
 namespace serval {
 
@@ -112,11 +113,29 @@ EngineMetrics::EngineMetrics(Registry& r, int64_t max_model_len)
                                               "Allowed-token masks computed for constrained samples.")),
       structured_output_mask_seconds_total(r.counter("serval:structured_output_mask_seconds_total",
                                                      "Host time spent computing allowed-token masks.")),
+      spec_decode_num_drafts_total(r.counter("serval:spec_decode_num_drafts_total", "Number of spec decoding drafts.")),
+      spec_decode_num_draft_tokens_total(
+          r.counter("serval:spec_decode_num_draft_tokens_total", "Number of draft tokens.")),
+      spec_decode_num_accepted_tokens_total(
+          r.counter("serval:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.")),
+      spec_decode_num_accepted_tokens_per_pos_total(
+          r.counter_family("serval:spec_decode_num_accepted_tokens_per_pos_total",
+                           "Accepted tokens per draft position.", {"position"})),
       registry_(r) {
   // Series for every finish reason exist from the start (at 0), as in vLLM,
   // so rate() works from the first scrape.
   for (const std::string& reason : finish_reasons())
     success_by_reason_.push_back(&request_success_total.labels({reason}));
+  for (int32_t pos = 0; pos < SpeculativeConfig::kMaxTokens; ++pos)
+    spec_decode_num_accepted_tokens_per_pos_total.labels({std::to_string(pos)});
+}
+
+void EngineMetrics::record_draft(int32_t draft, int32_t accepted) {
+  spec_decode_num_drafts_total.inc();
+  spec_decode_num_draft_tokens_total.inc(double(draft));
+  spec_decode_num_accepted_tokens_total.inc(double(accepted));
+  for (int32_t pos = 0; pos < accepted; ++pos)
+    spec_decode_num_accepted_tokens_per_pos_total.labels({std::to_string(pos)}).inc();
 }
 
 void EngineMetrics::set_cache_config(int32_t block_size, int64_t num_blocks, bool prefix_caching) {
@@ -137,7 +156,9 @@ void EngineMetrics::add_vllm_aliases(Registry& registry, VllmNames which) {
       "request_max_num_generation_tokens", "request_params_n", "request_params_max_tokens",
       "time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds",
       "request_time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-      "request_inference_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"};
+      "request_inference_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+      "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+      "spec_decode_num_accepted_tokens_per_pos_total"};
   auto alias = [&registry](const char* name) {
     registry.add_alias(std::string("serval:") + name, std::string("vllm:") + name);
   };

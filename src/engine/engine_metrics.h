@@ -113,6 +113,14 @@ class EngineMetrics {
   // Structured output (Serval's own): token masks made, and the host time they took.
   metrics::Counter& structured_output_masks_total;
   metrics::Counter& structured_output_mask_seconds_total;
+  // Speculative decoding (vLLM's names): rows that carried a draft, their
+  // draft tokens, the accepted ones, and accepted ones per draft position.
+  metrics::Counter& spec_decode_num_drafts_total;
+  metrics::Counter& spec_decode_num_draft_tokens_total;
+  metrics::Counter& spec_decode_num_accepted_tokens_total;
+  metrics::CounterFamily& spec_decode_num_accepted_tokens_per_pos_total;  // label position
+  // One verified row: `draft` tokens proposed, `accepted` of them kept.
+  void record_draft(int32_t draft, int32_t accepted);
 
  private:
   metrics::Registry& registry_;

@@ -79,6 +79,21 @@ void KvCacheManager::free(BlockTable& table) {
   table.num_released_blocks_ = 0;
 }
 
+void KvCacheManager::truncate(BlockTable& table, int64_t num_tokens) {
+  check_table(table);
+  SERVAL_CHECK(num_tokens >= 0 && num_tokens <= table.num_tokens(), "truncate: cannot keep ", num_tokens,
+               " slots of a block table with ", table.num_tokens());
+  SERVAL_CHECK(num_tokens >= table.num_committed_blocks_ * block_size_, "truncate: keeping ", num_tokens,
+               " slots would cut into the ", table.num_committed_blocks_, " blocks offered to the prefix cache");
+  const int64_t keep = std::max((num_tokens + block_size_ - 1) / block_size_, table.num_released_blocks_);
+  while (table.num_blocks() > keep) {
+    const BlockId b = table.blocks_.back();
+    table.blocks_.pop_back();
+    if (b != BlockTable::kReleased) release(b);
+  }
+  table.num_tokens_ = num_tokens;
+}
+
 int64_t KvCacheManager::release_before(BlockTable& table, int64_t position) {
   check_table(table);
   SERVAL_CHECK(!tree_, "release_before: sliding-window release needs the prefix cache off");

@@ -102,6 +102,12 @@ class KvCacheManager {
   // blocks stay in the prefix cache (evictable once unreferenced).
   void free(BlockTable& table);
 
+  // Shrinks the table to its first num_tokens slots (speculative decoding:
+  // the slots of rejected draft tokens); blocks left empty go back to the
+  // pool. Throws if num_tokens exceeds the table or cuts into blocks already
+  // offered to the prefix cache.
+  void truncate(BlockTable& table, int64_t num_tokens);
+
   // Releases the table's blocks wholly before `position` (those behind a
   // sliding window that no layer reads again); their entries become
   // BlockTable::kReleased. Returns how many it released. Throws with the

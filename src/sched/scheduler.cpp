@@ -5,24 +5,10 @@
 
 #include "core/error.h"
 #include "sched/request_fit.h"
+#include "sched/scheduler_entry.h"
 
 namespace serval {
 
-// A request inside the scheduler: its sequence, ordering and all its tokens in
-// one array (the prefix cache hashes contiguous token spans).
-struct Scheduler::Entry {
-  Sequence seq;
-  int32_t priority = 0;
-  uint64_t arrival = 0;
-  std::optional<SchedulerClock::time_point> deadline;
-  std::vector<int32_t> tokens;  // prompt + output, mirrors seq
-  bool running = false;
-
-  // Order of service: priority first, then arrival.
-  bool before(const Entry& o) const {
-    return priority != o.priority ? priority < o.priority : arrival < o.arrival;
-  }
-};
 
 void SchedulerConfig::validate() const {
   SERVAL_CHECK(max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1, got ",
@@ -146,10 +132,21 @@ void Scheduler::take_scored_rows(const Sequence& seq, int64_t n) {
 
 bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   Sequence& seq = e->seq;
-  const int64_t n = chunk_tokens(seq, seq.num_computed_tokens(), budget);
+  propose_draft(e, budget);
+  std::vector<int32_t>& draft = seq.draft_ids();
+  auto chunk = [&] {
+    return draft.empty() ? chunk_tokens(seq, seq.num_computed_tokens(), budget) : 1 + int64_t(draft.size());
+  };
+  auto missing_slots = [&] {
+    return std::max<int64_t>(0, seq.num_computed_tokens() + chunk() - seq.block_table().num_tokens());
+  };
+  // A draft is shortened rather than preempt anything for it.
+  while (!draft.empty() && !kv_.can_allocate(seq.block_table(), missing_slots())) draft.pop_back();
+  scored_rows_left_ -= int64_t(draft.size());
+  const int64_t n = chunk();
   if (n == 0) return true;  // a scored prompt waits for rows left in a later step
   const int64_t end = seq.num_computed_tokens() + n;
-  const int64_t missing = std::max<int64_t>(0, end - seq.block_table().num_tokens());
+  const int64_t missing = missing_slots();
   while (!kv_.can_allocate(seq.block_table(), missing)) {
     // running_ is sorted, and everything before e is already scheduled: the
     // victim (lowest priority, latest arrival) is the last one, maybe e.
@@ -162,7 +159,13 @@ bool Scheduler::schedule_running(Entry* e, int64_t& budget, StepPlan& plan) {
   SERVAL_CHECK(alloc.has_value(), "internal error: KV allocation failed after can_allocate");
   plan.copies.insert(plan.copies.end(), alloc->copies.begin(), alloc->copies.end());
   plan.items.push_back(ScheduledChunk{&seq, int32_t(n), seq.num_computed_tokens()});
-  if (end == seq.num_tokens()) plan.sample_rows.push_back(&seq);
+  if (end == seq.num_tokens_with_draft()) {
+    plan.sample_rows.push_back(&seq);
+    if (!draft.empty()) {
+      plan.num_draft.resize(plan.sample_rows.size(), 0);
+      plan.num_draft.back() = int32_t(draft.size());
+    }
+  }
   take_scored_rows(seq, n);
   budget -= n;
   plan.num_tokens += n;
@@ -278,6 +281,8 @@ StepPlan Scheduler::continue_plan(const StepPlan& plan, SchedulerClock::time_poi
   SERVAL_CHECK(in_flight_ == 1, "continue_plan: ", in_flight_, " plans are in flight, expected the one continued");
   StepPlan next;
   next.continuation = true;
+  // Which of its draft tokens are accepted is known only once its tokens are.
+  if (plan.has_drafts()) return next;
   // Expired requests end now, as aborts do, unless a schedule() plan in
   // flight points at them: then schedule() expires them after its commit.
   for (const auto& [key, e] : entries_)
@@ -403,10 +408,15 @@ bool Scheduler::abort_pending(const Key& key) const {
   return std::find(pending_aborts_.begin(), pending_aborts_.end(), key) != pending_aborts_.end();
 }
 
-int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled) {
-  SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size(), "commit: ",
+int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled, std::span<const int32_t> accepted) {
+  size_t num_draft = 0;
+  for (int32_t d : plan.num_draft) num_draft += size_t(d);
+  SERVAL_CHECK(sampled.size() == plan.sample_rows.size() + plan.forks.size() + num_draft, "commit: ",
                sampled.size(), " sampled tokens for ", plan.sample_rows.size(),
-               " logits rows and ", plan.forks.size(), " forked samples");
+               " logits rows, ", plan.forks.size(), " forked samples and ", num_draft, " draft tokens");
+  SERVAL_CHECK(accepted.empty() || accepted.size() == plan.sample_rows.size(), "commit: ", accepted.size(),
+               " accepted lengths for ", plan.sample_rows.size(), " rows");
+  SERVAL_CHECK(!plan.continuation || num_draft == 0, "commit: a continuation carries no draft");
   if (in_flight_ > 0) --in_flight_;
   if (!plan.continuation) scheduled_in_flight_ = false;
   if (plan.continuation) {
@@ -448,6 +458,7 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
   }
   for (const ScheduledChunk& item : plan.items) {
     Sequence& seq = *item.seq;
+    if (!seq.draft_ids().empty()) continue;  // commit_draft_row
     Entry* e = entries_.at(key_of(seq)).get();
     seq.advance_computed(item.num_new_tokens);
     // Only tokens whose K/V this step wrote: never the token sampled below.
@@ -462,18 +473,28 @@ int64_t Scheduler::commit(const StepPlan& plan, std::span<SampledToken> sampled)
     kv_computed(seq,
                            std::span<const int32_t>(seq.prompt_ids()).first(size_t(seq.num_computed_tokens())));
   }
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    const size_t rows = plan.sample_rows.size();
+  const size_t rows = plan.sample_rows.size();
+  int64_t appended = 0;
+  size_t at = 0;  // into sampled
+  for (size_t i = 0; i < rows + plan.forks.size(); ++i) {
     Sequence& seq = i < rows ? *plan.sample_rows[i] : *plan.forks[i - rows].seq;
     Entry* e = entries_.at(key_of(seq)).get();
-    const FinishReason finish = seq.append_output(sampled[i].token,
-                                                  std::move(sampled[i].logprobs),
+    const int32_t d = i < rows ? plan.draft_of(i) : 0;
+    if (d > 0) {
+      appended += commit_draft_row(e, sampled.subspan(at, size_t(1 + d)), accepted.empty() ? 1 : accepted[i]);
+      at += size_t(1 + d);
+      continue;
+    }
+    const FinishReason finish = seq.append_output(sampled[at].token,
+                                                  std::move(sampled[at].logprobs),
                                                   config_.max_model_len);
-    e->tokens.push_back(sampled[i].token);
+    e->tokens.push_back(sampled[at].token);
+    ++at;
+    ++appended;
     if (finish != FinishReason::kNone) retire(e);
   }
   apply_pending_aborts();
-  return int64_t(sampled.size());
+  return appended;
 }
 
 void Scheduler::fail_step(const StepPlan& plan) {

@@ -58,12 +58,29 @@
 // expires while only continuations are in flight, is computed once more for
 // nothing: the continuation's commit drops its token.
 //
+// Speculative decoding (set_drafter): a running request about to decode one
+// token (its last known token uncomputed) may carry draft tokens
+// (Sequence::draft_ids), asked of the drafter as it is scheduled; the
+// step computes its last token and the d draft tokens (vLLM v1's rule:
+// num_tokens counts the draft for the step). The draft never goes past
+// max_tokens or the context (the step appends at most d + 1 tokens), nor
+// takes KV blocks it would have to preempt for: it is shortened first.
+// Draft tokens take logits rows: a step's drafts and scored prompt tokens
+// together stay within max_scored_rows.
+// commit() appends the accepted tokens, keeps num_computed_tokens to the
+// last known token and the accepted draft, releases the slots (and emptied
+// blocks) of the rejected ones, and only then offers full blocks to the
+// prefix cache, so a rejected token is never cached. A plan with drafts is
+// not continued (continue_plan): the next step needs its tokens on the
+// host. Preemption drops the draft.
+//
 // Priority: lower value = more important (as vLLM). Ties go by arrival; a
 // preempted request keeps its place (its arrival), ahead of later arrivals.
 // Engine loop thread only: no locks.
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -146,6 +163,15 @@ struct StepPlan {
     int32_t row = 0;
   };
   std::vector<Fork> forks;
+  // Draft tokens of sample_rows[i] (their tokens: its draft_ids()); shorter
+  // than sample_rows when the rest carry none.
+  std::vector<int32_t> num_draft;
+  int32_t draft_of(size_t row) const { return row < num_draft.size() ? num_draft[row] : 0; }
+  bool has_drafts() const {
+    for (int32_t d : num_draft)
+      if (d > 0) return true;
+    return false;
+  }
   // KV block copies (src, dst) to make before the forward (copy-on-write).
   std::vector<std::pair<int32_t, int32_t>> copies;
   // A continue_plan() plan: commit() finds its sequences by key (request
@@ -178,6 +204,10 @@ struct SchedulerCounts {
 
 class Scheduler {
  public:
+  // Fills seq.draft_ids() with at most max_tokens draft tokens (>= 1) to
+  // follow `tokens` (its prompt and output), or leaves it empty.
+  using DraftFn = std::function<void(Sequence& seq, std::span<const int32_t> tokens, int32_t max_tokens)>;
+
   // `kv` must outlive the scheduler; the scheduler is its only user.
   Scheduler(SchedulerConfig config, KvCacheManager& kv);
   ~Scheduler();
@@ -189,6 +219,10 @@ class Scheduler {
   // full, the id is already known, or the request could never fit: prompt +
   // max_tokens beyond max_model_len, or more KV blocks than the whole pool.
   void add(Sequence seq, RequestOptions options = {});
+
+  // Speculative decoding (see the top of this file): decode rows ask `drafter`
+  // for drafts of at most max_draft tokens. Unset (the default): none.
+  void set_drafter(DraftFn drafter, int32_t max_draft);
 
   // Plans the next step (see the top of this file). No plan may be in flight.
   StepPlan schedule(SchedulerClock::time_point now = SchedulerClock::now());
@@ -203,7 +237,10 @@ class Scheduler {
   // applies stop criteria and frees finished sequences' blocks. Throws on a
   // size mismatch. Returns the tokens appended (a continuation drops those of
   // rows that finished at the commit before).
-  int64_t commit(const StepPlan& plan, std::span<SampledToken> sampled);
+  // A row with d draft tokens has 1 + d entries in `sampled` (one per
+  // position) of which the first accepted[row] (1..1 + d, spec/verify.h) are
+  // its new tokens; `accepted` is empty or has an entry per sample row.
+  int64_t commit(const StepPlan& plan, std::span<SampledToken> sampled, std::span<const int32_t> accepted = {});
 
   // When the forward or sampling of `plan` failed (commit() will not come):
   // finishes every request of the plan with kError and frees its blocks; the
@@ -273,6 +310,12 @@ class Scheduler {
   // Whether abort() of this sample waits for the plan in flight's commit.
   bool abort_pending(const Key& key) const;
   void preempt(Entry* e);
+  // The draft of running request e, decoding one token, within `budget` and
+  // its max_tokens and context; empties it when none.
+  void propose_draft(Entry* e, int64_t budget);
+  // Appends row `row`'s accepted tokens of `sampled` and rolls back the rest
+  // of its draft; returns the tokens appended.
+  int64_t commit_draft_row(Entry* e, std::span<SampledToken> sampled, int32_t accepted);
   // Frees e's blocks, moves its sequence to finished_ and forgets it.
   void retire(Entry* e);
   void apply_pending_aborts();
@@ -280,6 +323,8 @@ class Scheduler {
 
   SchedulerConfig config_;
   KvCacheManager& kv_;
+  DraftFn drafter_;
+  int32_t max_draft_ = 0;
   std::map<Key, std::unique_ptr<Entry>> entries_;
   std::deque<Entry*> waiting_;  // sorted by (priority, arrival)
   std::vector<Entry*> running_;  // sorted by (priority, arrival)

@@ -32,14 +32,16 @@ Sequence Sequence::fork(int32_t index, BlockTable table) const {
   Sequence child(id_, prompt_ids_, params, stop_, std::move(table));
   child.sample_index_ = index;
   child.num_computed_tokens_ = num_computed_tokens_;
+  child.speculative_ = speculative_;
   return child;
 }
 
 int32_t Sequence::token_at(int64_t position) const {
-  SERVAL_CHECK(position >= 0 && position < num_tokens(), "sequence ", id_, ": position ",
-               position, " is outside its ", num_tokens(), " tokens");
-  return position < num_prompt_tokens() ? prompt_ids_[position]
-                                        : output_ids_[position - num_prompt_tokens()];
+  SERVAL_CHECK(position >= 0 && position < num_tokens_with_draft(), "sequence ", id_, ": position ",
+               position, " is outside its ", num_tokens(), " tokens and ", draft_ids_.size(), " draft tokens");
+  if (position < num_prompt_tokens()) return prompt_ids_[position];
+  if (position < num_tokens()) return output_ids_[position - num_prompt_tokens()];
+  return draft_ids_[position - num_tokens()];
 }
 
 void Sequence::advance_computed(int64_t n) {

@@ -45,8 +45,19 @@ class Sequence {
   const std::vector<int32_t>& output_ids() const { return output_ids_; }
   int64_t num_prompt_tokens() const { return int64_t(prompt_ids_.size()); }
   int64_t num_tokens() const { return num_prompt_tokens() + int64_t(output_ids_.size()); }
-  // Token at `position` of prompt + output.
+  // Token at `position` of prompt + output, then of the draft.
   int32_t token_at(int64_t position) const;
+
+  // Speculative decoding: draft tokens proposed after the known ones for
+  // the step being planned (Scheduler::DraftFn). They are computed with the
+  // last known token and verified after the step; Scheduler::commit keeps the
+  // accepted ones as output and drops the draft. Empty outside such a step.
+  const std::vector<int32_t>& draft_ids() const { return draft_ids_; }
+  std::vector<int32_t>& draft_ids() { return draft_ids_; }
+  int64_t num_tokens_with_draft() const { return num_tokens() + int64_t(draft_ids_.size()); }
+  // Whether its rows may carry drafts (a request's "speculative": false: no).
+  bool speculative() const { return speculative_; }
+  void set_speculative(bool on) { speculative_ = on; }
 
   int64_t num_computed_tokens() const { return num_computed_tokens_; }
   int64_t num_uncomputed_tokens() const { return num_tokens() - num_computed_tokens_; }
@@ -59,7 +70,10 @@ class Sequence {
   void advance_computed(int64_t n);
   // Forgets all computed K/V (preemption by recompute: the scheduler freed the
   // blocks; every known token, outputs included, goes through the model again).
-  void reset_computed() { num_computed_tokens_ = 0; }
+  void reset_computed() {
+    num_computed_tokens_ = 0;
+    draft_ids_.clear();
+  }
 
   BlockTable& block_table() { return block_table_; }
   const BlockTable& block_table() const { return block_table_; }
@@ -90,6 +104,8 @@ class Sequence {
   std::vector<int32_t> prompt_ids_;
   std::vector<int32_t> output_ids_;
   std::vector<Logprobs> output_logprobs_;
+  std::vector<int32_t> draft_ids_;
+  bool speculative_ = true;
   int64_t num_computed_tokens_ = 0;
   BlockTable block_table_;
   SamplingParams params_;

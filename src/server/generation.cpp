@@ -33,6 +33,7 @@ std::vector<EngineRequest> engine_requests(const std::vector<std::vector<int32_t
     r.stop_strings = gen.stop;
     r.include_stop_str_in_output = gen.include_stop_str_in_output;
     r.skip_special_tokens = gen.skip_special_tokens;
+    r.speculative = gen.speculative;
     r.grammar = grammar;
     out.push_back(std::move(r));
   }

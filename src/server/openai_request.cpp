@@ -93,6 +93,7 @@ GenerationOptions parse_generation(const json& body) {
   if (auto v = get_bool(body, "ignore_eos")) g.ignore_eos = *v;
   if (auto v = get_bool(body, "include_stop_str_in_output")) g.include_stop_str_in_output = *v;
   if (auto v = get_bool(body, "skip_special_tokens")) g.skip_special_tokens = *v;
+  if (auto v = get_bool(body, "speculative")) g.speculative = *v;
   if (auto v = get_bool(body, "stream")) g.stream = *v;
   if (const json* so = get_object(body, "stream_options")) {
     if (!g.stream) throw ApiError(400, "'stream_options' is only allowed with stream: true", "stream_options");

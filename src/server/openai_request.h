@@ -30,6 +30,7 @@ struct GenerationOptions {
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
+  bool speculative = true;           // Serval's "speculative": false opts out of draft tokens
   bool stream = false;
   bool include_usage = false;        // stream_options.include_usage
   bool continuous_usage = false;     // stream_options.continuous_usage_stats (vLLM), with include_usage

@@ -82,6 +82,9 @@ const std::vector<FieldRule> kRules = {
     {"priority", B, kOk, nullptr, nullptr},
     {"request_id", B, kOk, nullptr, nullptr},
     {"return_token_ids", B, kOk, nullptr, nullptr},
+    // Serval's own: false keeps the request's rows free of draft tokens
+    // (speculative decoding; docs/SPECULATIVE.md).
+    {"speculative", B, kOk, nullptr, nullptr},
     {"add_generation_prompt", H, kOk, nullptr, nullptr},
     {"continue_final_message", H, kOk, nullptr, nullptr},
     {"chat_template_kwargs", H, kOk, nullptr, nullptr},

@@ -71,6 +71,10 @@ TEST(EngineMetrics, RegistersVllmNamedMetricsWithTheirTypes) {
       {"serval:request_success_total", "counter"},
       {"serval:structured_output_masks_total", "counter"},
       {"serval:structured_output_mask_seconds_total", "counter"},
+      {"serval:spec_decode_num_drafts_total", "counter"},
+      {"serval:spec_decode_num_draft_tokens_total", "counter"},
+      {"serval:spec_decode_num_accepted_tokens_total", "counter"},
+      {"serval:spec_decode_num_accepted_tokens_per_pos_total", "counter"},
   };
   EXPECT_EQ(families.size(), expected.size());
   for (const auto& [name, type] : expected) {

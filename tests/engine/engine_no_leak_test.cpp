@@ -32,7 +32,7 @@ struct Counts {
   double preemptions = 0;
 };
 
-Counts run_seed(uint32_t seed) {
+Counts run_seed(uint32_t seed, bool speculative = false) {
   std::mt19937 setup(seed);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(setup); };
   FakeModelRunner runner(kVocab, 4, /*num_blocks=*/48);
@@ -41,6 +41,11 @@ Counts run_seed(uint32_t seed) {
   opts.check_invariants = true;
   opts.scheduler.max_num_batched_tokens = pick(8, 32);
   opts.scheduler.max_num_seqs = pick(4, 16);
+  if (speculative) {
+    // The toy model's text rarely repeats: most drafts are rolled back.
+    opts.speculative.method = "ngram";
+    opts.speculative.num_tokens = pick(1, 8);
+  }
   Engine engine(runner, *testing::stories_model().tok, opts);
 
   std::vector<EngineRequest> requests;
@@ -131,6 +136,21 @@ TEST(EngineNoLeaks, RandomAbortsFromAnotherThreadLeaveNoBlockUsed) {
             << ", preemptions " << all.preemptions << "\n";
   EXPECT_GT(all.finished, 0);
   EXPECT_GT(all.aborted_before_output, 0);
+  EXPECT_GT(all.aborted_mid_output, 0);
+  EXPECT_GT(all.preemptions, 0);
+}
+
+// The same with speculative decoding on: every step's drafts are verified
+// and mostly rolled back, over preemptions, aborts and the prefix cache.
+TEST(EngineNoLeaks, WithSpeculativeDecodingLeaveNoBlockUsed) {
+  Counts all;
+  for (uint32_t seed : {4u, 5u}) {
+    const Counts c = run_seed(seed, /*speculative=*/true);
+    all.finished += c.finished;
+    all.aborted_mid_output += c.aborted_mid_output;
+    all.preemptions += c.preemptions;
+  }
+  EXPECT_GT(all.finished, 0);
   EXPECT_GT(all.aborted_mid_output, 0);
   EXPECT_GT(all.preemptions, 0);
 }

@@ -91,10 +91,12 @@ void FakeModelRunner::forward(const Batch& b, std::vector<float>& logits) {
   for (int32_t r : b.logits_rows) {
     const int32_t s = int32_t(std::upper_bound(b.query_start.begin(), b.query_start.end(), r) -
                               b.query_start.begin()) - 1;
-    ASSERT_EQ(r, b.query_start[s + 1] - 1) << "logits row is not a sequence's last new token";
+    ASSERT_LT(r, b.query_start[s + 1]) << "logits row outside the batch";
     const int32_t* row = &b.block_table[size_t(s) * b.max_blocks_per_seq];
+    // The row's token and what comes before it (several rows of a sequence:
+    // a draft's positions, speculative decoding).
     std::vector<int32_t> history;
-    for (int32_t pos = 0; pos < b.context_len[s]; ++pos) {
+    for (int32_t pos = 0; pos <= b.positions[r]; ++pos) {
       const Entry& e = cache_[size_t(int64_t(row[pos / bs]) * bs + pos % bs)];
       ASSERT_EQ(e.position, pos) << "KV slot holds another position (overwritten?)";
       history.push_back(e.token);

@@ -2,7 +2,8 @@
 // A deterministic toy ModelRunner for engine tests. It keeps a paged "KV
 // cache" that stores, per slot, the token and position written there, and
 // computes each requested row's logits from the sequence's whole history as
-// read back through the Batch's block table. So a wrong slot mapping, block
+// read back through the Batch's block table (a row's history: the positions
+// up to its own). So a wrong slot mapping, block
 // table, position or context length changes the output (or fails a check).
 #include <gtest/gtest.h>
 

@@ -17,7 +17,8 @@ OTHERS = ["prefix_cache_queries_total", "prefix_cache_hits_total", "num_preempti
           "request_params_max_tokens", "time_to_first_token_seconds", "time_per_output_token_seconds",
           "inter_token_latency_seconds", "request_time_per_output_token_seconds", "e2e_request_latency_seconds",
           "request_queue_time_seconds", "request_inference_time_seconds", "request_prefill_time_seconds",
-          "request_decode_time_seconds"]
+          "request_decode_time_seconds", "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+          "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total"]
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(rf'^({NAME})(?:\{{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\}})? (\S+)$')

@@ -58,7 +58,7 @@ SAMPLES = {
     "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "stop_token_ids": [2],
     "include_stop_str_in_output": True, "ignore_eos": True, "min_tokens": 1, "skip_special_tokens": False,
     "prompt_logprobs": 1, "truncate_prompt_tokens": 2, "add_special_tokens": True, "priority": 1,
-    "request_id": "fields-test", "return_token_ids": True, "add_generation_prompt": True,
+    "request_id": "fields-test", "return_token_ids": True, "speculative": False, "add_generation_prompt": True,
     "continue_final_message": (True, {"messages": [USER, {"role": "assistant", "content": "Once"}]}),
     "chat_template_kwargs": {"enable_thinking": False}, "documents": [{"title": "t", "text": "x"}],
     "spaces_between_special_tokens": False, "mm_processor_kwargs": {"num_crops": 4},

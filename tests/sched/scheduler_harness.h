@@ -112,10 +112,26 @@ struct Harness {
       }
     }
     EXPECT_EQ(total, plan.num_tokens);
+    // A row with a draft samples at each position, the draft before it
+    // included, and keeps the draft while it matches (spec/verify.h).
     std::vector<SampledToken> sampled;
-    for (Sequence* seq : plan.sample_rows) sampled.push_back({next_token(all_tokens(*seq)), {}});
+    std::vector<int32_t> accepted;
+    for (Sequence* seq : plan.sample_rows) {
+      std::vector<int32_t> tokens = all_tokens(*seq);
+      const std::vector<int32_t>& draft = seq->draft_ids();
+      int32_t kept = 1;
+      for (size_t j = 0; j <= draft.size(); ++j) {
+        sampled.push_back({next_token(tokens), {}});
+        if (j == draft.size()) break;
+        if (kept == int32_t(j) + 1 && sampled.back().token == draft[j]) ++kept;
+        tokens.push_back(draft[j]);
+      }
+      accepted.push_back(kept);
+      draft_tokens += int64_t(draft.size());
+      accepted_tokens += kept - 1;
+    }
     if (in_flight) in_flight();
-    sched.commit(plan, sampled);
+    sched.commit(plan, sampled, accepted);
     kv.check_invariants();
     for (Sequence& s : sched.take_finished()) done.emplace(s.id(), std::move(s));
     ++steps;
@@ -134,6 +150,7 @@ struct Harness {
   std::map<int64_t, Sequence> done;
   std::vector<int64_t> ids;  // the last step's items
   int steps = 0;
+  int64_t draft_tokens = 0, accepted_tokens = 0;  // with a drafter (Scheduler::set_drafter)
 };
 
 inline SchedulerConfig config(int64_t budget, int64_t max_seqs = 256, int64_t max_queue = 4096) {
