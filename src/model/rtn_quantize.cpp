@@ -34,16 +34,24 @@ void int4_group(const float* w, int64_t n, bool symmetric, uint8_t* codes, float
     scale = amax > 0 ? amax / 7.0f : 1.0f;
     zero = 8.0f;
   } else {
-    float lo = 0, hi = 0;
-    for (int64_t i = 0; i < n; ++i) lo = std::min(lo, w[i]), hi = std::max(hi, w[i]);
-    scale = hi > lo ? (hi - lo) / 15.0f : 1.0f;
-    zero = std::clamp(round_even(-lo / scale), 0.0f, 15.0f);
+    // The 16 codes span exactly min..max of the group, whatever their signs:
+    // the zero point is kept as it falls (an f32, not rounded to a code), so
+    // a group of one sign neither wastes codes on 0 nor clamps.
+    float lo = w[0], hi = w[0];
+    for (int64_t i = 1; i < n; ++i) lo = std::min(lo, w[i]), hi = std::max(hi, w[i]);
+    if (hi > lo) {
+      scale = (hi - lo) / 15.0f;
+      zero = -lo / scale;
+    } else {  // one value: code 8 holds it
+      scale = lo != 0 ? std::fabs(lo) / 8.0f : 1.0f;
+      zero = lo > 0 ? 0.0f : lo < 0 ? 16.0f : 8.0f;
+    }
   }
   for (int64_t i = 0; i < n; i += 2) {
     uint8_t pair = 0;
     for (int64_t j = 0; j < 2; ++j) {
       const float q = symmetric ? std::clamp(round_even(w[i + j] / scale), -8.0f, 7.0f) + 8.0f
-                                : std::clamp(round_even(w[i + j] / scale) + zero, 0.0f, 15.0f);
+                                : std::clamp(round_even(w[i + j] / scale + zero), 0.0f, 15.0f);
       pair |= uint8_t(uint8_t(q) << (4 * j));  // low nibble first
     }
     codes[i / 2] = pair;

@@ -49,10 +49,11 @@ def rtn(fmt, w, group=128, symmetric=False):
         z = np.full_like(s, 8)
         q = np.clip(np.rint(g / s[..., None]), -8, 7) + 8
     else:
-        lo, hi = np.minimum(g.min(axis=2), 0), np.maximum(g.max(axis=2), 0)
-        s = np.where(hi > lo, (hi - lo) / F(15), F(1)).astype(F)
-        z = np.clip(np.rint(-lo / s), 0, 15).astype(F)
-        q = np.clip(np.rint(g / s[..., None]) + z[..., None], 0, 15)
+        lo, hi = g.min(axis=2), g.max(axis=2)
+        one = np.where(lo != 0, np.abs(lo) / F(8), F(1)).astype(F)  # a group of one value: code 8
+        s = np.where(hi > lo, (hi - lo) / F(15), one).astype(F)
+        z = np.where(hi > lo, -lo / s, np.where(lo > 0, F(0), np.where(lo < 0, F(16), F(8)))).astype(F)
+        q = np.clip(np.rint(g / s[..., None] + z[..., None]), 0, 15)
     deq = ((q - z[..., None]) * s[..., None]).reshape(out, n).astype(F)
     q = q.reshape(out, n).astype(np.uint8)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).view(np.int8)
