@@ -78,6 +78,10 @@ const Tensor& Backend::normalized(const NormedRows& x, const char* op) {
   return x.rows;
 }
 
+void Backend::set_matmul_observer(MatmulObserver* observer) {
+  SERVAL_CHECK(observer == nullptr, "the ", name(), " backend cannot show matmul inputs (calibration runs on the CPU)");
+}
+
 void Backend::begin_capture() { fail("the ", name(), " backend cannot record graphs"); }
 
 std::unique_ptr<DeviceGraph> Backend::end_capture() { fail("the ", name(), " backend cannot record graphs"); }
