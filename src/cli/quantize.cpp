@@ -61,9 +61,15 @@ FloatWeights calibrate(const Options& o, const LinearFormat& want) {
                (long long)cal.tokens, o.calibration.file.c_str(), (long long)std::min(o.calibration.ctx, cal.tokens),
                cal.perplexity, run_s);
   FloatWeights w = read_layer_tensors(o.input, cfg.num_layers);
-  for (const AwqChoice& c : awq_scale_model(w, cfg, cal.stats, want))
-    std::fprintf(stderr, "calibration: %-16s alpha %.2f  output error %.4g -> %.4g (%.1f%%)\n", c.group.c_str(),
-                 c.alpha, c.err_rtn, c.err_awq, c.err_rtn > 0 ? 100.0 * (c.err_awq / c.err_rtn - 1) : 0.0);
+  for (const AwqChoice& c : awq_scale_model(w, cfg, cal.stats, want)) {
+    const double pct = c.err_rtn > 0 ? 100.0 * (c.err_clip / c.err_rtn - 1) : 0.0;
+    if (c.err_clip != c.err_awq)  // int4: scaled, then clipped
+      std::fprintf(stderr, "calibration: %-16s alpha %.2f  clip %.3f  output error %.4g -> %.4g -> %.4g (%.1f%%)\n",
+                   c.group.c_str(), c.alpha, c.mean_clip, c.err_rtn, c.err_awq, c.err_clip, pct);
+    else
+      std::fprintf(stderr, "calibration: %-16s alpha %.2f  output error %.4g -> %.4g (%.1f%%)\n", c.group.c_str(),
+                   c.alpha, c.err_rtn, c.err_clip, pct);
+  }
   return w;
 }
 

@@ -124,33 +124,94 @@ std::vector<float> awq_scales(const std::vector<float>& mean_abs, float alpha, c
   return s;
 }
 
+namespace {
+
+// Sum of squared output errors on x's sampled rows of `w` against
+// Q(scaled) diag(1/s), Q quantizing to `want` (or its fallback); adds the
+// outputs counted to `outputs`.
+double scaled_error(const LinearFormat& want, const std::string& name, const FloatTensor& w,
+                    const FloatTensor& scaled, const std::vector<float>& s, const ChannelStats& x, int64_t& outputs) {
+  const int64_t n = x.sampled(), in = x.cols, out = w.rows();
+  SERVAL_CHECK(w.cols() == in, "calibration: \"", name, "\" is ", w.cols(), " wide, its inputs ", in);
+  std::string why;
+  std::vector<float> e =
+      dequantize_linear(quantize_matrix_rtn(rtn_format_for(want, in, why), name, scaled.v.data(), out, in).linear);
+  for (int64_t r = 0; r < out; ++r)  // back in the input's own units
+    for (int64_t c = 0; c < in; ++c) {
+      const size_t i = size_t(r * in + c);
+      e[i] = e[i] / s[size_t(c)] - w.v[i];
+    }
+  std::vector<float> y(size_t(n * out));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), 1.0f, x.rows.data(), int(in),
+              e.data(), int(in), 0.0f, y.data(), int(out));
+  double sum = 0;
+  for (const float v : y) sum += double(v) * double(v);
+  outputs += n * out;
+  return sum;
+}
+
+}  // namespace
+
 double awq_output_error(const LinearFormat& want, const std::vector<std::pair<std::string, const FloatTensor*>>& ws,
                         const std::vector<float>& s, const ChannelStats& x) {
-  const int64_t n = x.sampled(), in = x.cols;
   double sum = 0;
   int64_t outputs = 0;
-  std::vector<float> e, y;
   for (const auto& [name, w] : ws) {
-    SERVAL_CHECK(w->cols() == in, "calibration: \"", name, "\" is ", w->cols(), " wide, its inputs ", in);
-    const int64_t out = w->rows();
     FloatTensor scaled = *w;
     scale_columns(scaled, s);
-    std::string why;
-    const RtnMatrix q = quantize_matrix_rtn(rtn_format_for(want, in, why), name, scaled.v.data(), out, in);
-    e = dequantize_linear(q.linear);
-    // Back in the input's own units: the error of W against Q diag(1/s).
-    for (int64_t r = 0; r < out; ++r)
-      for (int64_t c = 0; c < in; ++c) {
-        const size_t i = size_t(r * in + c);
-        e[i] = e[i] / s[size_t(c)] - w->v[i];
-      }
-    y.resize(size_t(n * out));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), 1.0f, x.rows.data(), int(in),
-                e.data(), int(in), 0.0f, y.data(), int(out));
-    for (const float v : y) sum += double(v) * double(v);
-    outputs += n * out;
+    sum += scaled_error(want, name, *w, scaled, s, x, outputs);
   }
   return sum / double(std::max<int64_t>(outputs, 1));
+}
+
+double awq_clip(FloatTensor& w, const LinearFormat& f, const std::vector<float>& s, const ChannelStats& x) {
+  constexpr int kRatios = 10;  // 1, 0.95, ..., 0.55
+  const int64_t out = w.rows(), in = w.cols(), g = f.group_size, n = x.sampled();
+  SERVAL_CHECK(f.kind == LinearFormat::Kind::Int4Grouped && in % g == 0 && x.cols == in,
+               "calibration: clipping is for int4 matrices of whole groups");
+  // The input in the scaled matrix's units: x / s.
+  std::vector<float> xs = x.rows;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < in; ++c) xs[size_t(r * in + c)] /= s[size_t(c)];
+  const LinearFormat one_group{LinearFormat::Kind::Int4Grouped, DType::I8, int32_t(g), f.symmetric};
+  std::vector<float> wg(size_t(out * g)), clamped(wg.size()), e(wg.size()), y(size_t(n * out)), amax(static_cast<size_t>(out));
+  std::vector<double> best(static_cast<size_t>(out)), err(static_cast<size_t>(out));
+  std::vector<float> best_r(static_cast<size_t>(out));
+  double r_sum = 0;
+  for (int64_t k = 0; k < in / g; ++k) {
+    for (int64_t o = 0; o < out; ++o) {
+      float m = 0;
+      for (int64_t c = 0; c < g; ++c) m = std::max(m, std::fabs(wg[size_t(o * g + c)] = w.v[size_t(o * in + k * g + c)]));
+      amax[size_t(o)] = m;
+    }
+    std::fill(best.begin(), best.end(), INFINITY);
+    for (int i = 0; i < kRatios; ++i) {
+      const float ratio = 1.0f - 0.05f * float(i);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t c = 0; c < g; ++c) {
+          const float lim = ratio * amax[size_t(o)];
+          clamped[size_t(o * g + c)] = std::clamp(wg[size_t(o * g + c)], -lim, lim);
+        }
+      e = dequantize_linear(quantize_matrix_rtn(one_group, "clip", clamped.data(), out, g).linear);
+      for (size_t j = 0; j < e.size(); ++j) e[j] -= wg[j];
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(g), 1.0f, xs.data() + k * g, int(in),
+                  e.data(), int(g), 0.0f, y.data(), int(out));
+      std::fill(err.begin(), err.end(), 0.0);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t o = 0; o < out; ++o) err[size_t(o)] += double(y[size_t(r * out + o)]) * y[size_t(r * out + o)];
+      for (int64_t o = 0; o < out; ++o)
+        if (err[size_t(o)] < best[size_t(o)]) best[size_t(o)] = err[size_t(o)], best_r[size_t(o)] = ratio;
+    }
+    for (int64_t o = 0; o < out; ++o) {
+      const float lim = best_r[size_t(o)] * amax[size_t(o)];
+      for (int64_t c = 0; c < g; ++c) {
+        float& v = w.v[size_t(o * in + k * g + c)];
+        v = std::clamp(v, -lim, lim);
+      }
+      r_sum += best_r[size_t(o)];
+    }
+  }
+  return r_sum / double(std::max<int64_t>(out * (in / g), 1));
 }
 
 std::vector<AwqChoice> awq_scale_model(FloatWeights& w, const ModelConfig& cfg,
@@ -166,7 +227,7 @@ std::vector<AwqChoice> awq_scale_model(FloatWeights& w, const ModelConfig& cfg,
       const ChannelStats& x = need_stats(stats, g.stats_name, ws.front().second->cols());
       const std::vector<float> mean = x.mean_abs();
       const int64_t* tie = g.ties_heads ? heads : nullptr;
-      AwqChoice c{g.label, 0, 0, 0};
+      AwqChoice c{g.label, 0, 0, 0, 0, 1};
       c.err_rtn = awq_output_error(want, ws, std::vector<float>(size_t(x.cols), 1.0f), x);
       c.err_awq = c.err_rtn;
       if (o.fixed_alpha) {
@@ -179,10 +240,28 @@ std::vector<AwqChoice> awq_scale_model(FloatWeights& w, const ModelConfig& cfg,
           if (err < c.err_awq) c.err_awq = err, c.alpha = alpha;
         }
       }
+      const std::vector<float> s = awq_scales(mean, c.alpha, tie);
+      std::string why;
+      const LinearFormat f = rtn_format_for(want, x.cols, why);
+      const bool clip = o.clip && f.kind == LinearFormat::Kind::Int4Grouped;
+      std::vector<FloatTensor> before;  // the group's matrices as they were, for the clipped error
+      if (clip)
+        for (const auto& [name, m] : ws) before.push_back(*m);
+      if (c.alpha != 0)
+        for (const std::string& name : g.linears) scale_columns(need(w, name), s);
+      c.err_clip = c.err_awq;
+      if (clip) {
+        double r_sum = 0;
+        for (const std::string& name : g.linears) r_sum += awq_clip(need(w, name), f, s, x);
+        c.mean_clip = r_sum / double(g.linears.size());
+        double sum = 0;
+        int64_t outputs = 0;
+        for (size_t i = 0; i < ws.size(); ++i)
+          sum += scaled_error(want, g.linears[i], before[i], need(w, g.linears[i]), s, x, outputs);
+        c.err_clip = sum / double(std::max<int64_t>(outputs, 1));
+      }
       choices.push_back(c);
       if (c.alpha == 0) continue;
-      const std::vector<float> s = awq_scales(mean, c.alpha, tie);
-      for (const std::string& name : g.linears) scale_columns(need(w, name), s);
       // 1/s into the op before: o's columns are query heads, v's rows KV heads (tied, so any head of a group).
       std::vector<float> fold = s;
       if (g.ties_heads) {

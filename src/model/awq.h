@@ -49,14 +49,21 @@ using FloatWeights = std::map<std::string, FloatTensor>;
 struct AwqOptions {
   int grid = 20;                      // alphas 0, 1/grid, ..., (grid-1)/grid
   std::optional<float> fixed_alpha;   // set: no search, every group takes it
+  // int4: after scaling, each group of each row is clamped to +-r max|w|,
+  // r in 1, 0.95, ..., 0.55 minimizing that group's share of the output
+  // error (AWQ's clipping search), so its step shrinks where the extremes
+  // cost less than the rounding of the rest.
+  bool clip = true;
 };
 
 // One group's choice: `group` like "blk.3 q/k/v"; errors are the mean squared
-// output error of its quantized linears on the sampled rows.
+// output error of its quantized linears on the sampled rows (err_clip after
+// the clipping, where it ran; else err_awq).
 struct AwqChoice {
   std::string group;
   float alpha = 0;
-  double err_rtn = 0, err_awq = 0;
+  double err_rtn = 0, err_awq = 0, err_clip = 0;
+  double mean_clip = 1;  // mean ratio r over the int4 groups
 };
 
 // The names whose matmul inputs awq_scale_model reads: each layer's attn_q,
@@ -68,6 +75,11 @@ std::vector<std::string> awq_input_names(const ModelConfig& cfg);
 // to: rtn_format_for) and scaled back: y = x W^T against x diag(1/s) Q(W diag(s))^T.
 double awq_output_error(const LinearFormat& want, const std::vector<std::pair<std::string, const FloatTensor*>>& ws,
                         const std::vector<float>& s, const ChannelStats& x);
+
+// Clamps each group of each row of the int4 matrix `w` (scaled, its input
+// x / s) to +-r max|w| of the group, r from the grid minimizing the group's
+// output error on x's sampled rows. Returns the mean r.
+double awq_clip(FloatTensor& w, const LinearFormat& f, const std::vector<float>& s, const ChannelStats& x);
 
 // The scales for alpha and the input's per-channel mean |x|; `tie_heads`
 // (o's input: num_heads, num_kv_heads, head_dim) averages the means of the

@@ -87,6 +87,7 @@ TEST(Awq, FoldingLeavesTheFloatModelsLogitsUnchanged) {
     const FloatWeights before = w;
     AwqOptions o;
     o.fixed_alpha = 0.5f;  // every group scaled, whatever the search would choose
+    o.clip = false;        // clipping changes the function; the scaling must not
     const std::vector<AwqChoice> choices = awq_scale_model(w, cfg, stats_for(cfg, 8.0f), kInt4G16, o);
     ASSERT_EQ(choices.size(), size_t(4 * cfg.num_layers));
     for (const char* name : {"blk.0.attn_q.weight", "blk.0.attn_norm.weight", "blk.1.ffn_up.weight",
