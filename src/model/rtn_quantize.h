@@ -4,12 +4,14 @@
 //  Int8PerChannel: scale = max|w| / 127, q = round(w / scale) in -127..127.
 //  Fp8 (per row):  scale = max|w| / 448, q = e4m3(w / scale), round to nearest
 //                  even, saturating (core/fp8.h).
-//  Int4Grouped:    per group of group_size inputs; asymmetric: lo = min(0, min w),
-//                  hi = max(0, max w), scale = (hi - lo) / 15, zero = round(-lo / scale)
-//                  (0 exact), scale grown to max(scale, -lo / zero, hi / (15 - zero))
-//                  so that neither end clamps (min..max of every group, of one
-//                  sign too, is representable), q = clamp(round(w / scale + zero), 0, 15)
-//                  (a group of one value v != 0: scale |v| / 8, zero 0 or 16, q 8);
+//  Int4Grouped:    per group of group_size inputs; asymmetric, of two grids
+//                  the one of less squared error: (a) scale = (max w - min w) / 15,
+//                  zero = -min w / scale (an f32, not rounded); (b) lo = min(0, min w),
+//                  hi = max(0, max w), scale = (hi - lo) / 15, zero = round(-lo / scale),
+//                  scale grown to max(scale, -lo / zero, hi / (15 - zero)) so
+//                  neither end clamps; both represent min..max of every group.
+//                  q = clamp(round(w / scale + zero), 0, 15) (a group of one
+//                  value v != 0: scale |v| / 8, zero 0 or 16, q 8);
 //                  symmetric (AutoAWQ's): scale = max|w| / 7, zero 8,
 //                  q = clamp(round(w / scale), -8, 7) + 8.
 // All arithmetic in f32, round() ties to even. A row or group of zeros gets
