@@ -7,9 +7,9 @@ base's saved log-probabilities, and the accuracy of a multiple-choice story-comp
 (scripts/build_story_choice.py) that lm-eval's `local-completions` runs against a
 `serval serve` this script starts and stops. Prints one markdown table and writes a JSON file.
 
-Types: a `serval quantize --to` name, with options after colons: `int4:g128` is
-`--to int4 --group-size 128`. Bars (issue 52): int8 ppl +0.5% / top-1 >= 98%, fp8 +1% / 97%,
-int4 g128 +4% / 90%; every type: story accuracy within 1.5 points of the base.
+Types: a `serval quantize --to` name, with options after colons: `int4:g128:cal` is
+`--to int4 --group-size 128 --calibration TEXT` (TEXT from --calibration). Bars (issue 52): int8
+ppl +0.5% / top-1 >= 98%, fp8 +1% / 97%, int4 g128 calibrated +4% / 90%; every type: story accuracy within 1.5 points of the base.
 
   quant-quality.py --smollm2 --serval build-cpu/serval --work /tmp/qq --types "q8_0 q4_k" \\
       --wikitext ../shared/data/wikitext-2-test.raw --stories ../shared/data/tinystories-valid-part1.txt
@@ -34,7 +34,8 @@ SMOLLM2_DIR = pathlib.Path.home() / ".cache" / "serval" / "models" / "smollm2-13
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK = "serval_story_choice"
 # (format, group size or None) -> (max perplexity increase %, min same-top-1 %); issue 52.
-PPL_BARS = {("int8", None): (0.5, 98.0), ("fp8", None): (1.0, 97.0), ("int4", 128): (4.0, 90.0)}
+# (name, group, calibrated): the int4 bar is for a calibrated file; int8's and fp8's hold either way.
+PPL_BARS = {("int8", None): (0.5, 98.0), ("fp8", None): (1.0, 97.0), ("int4", 128, True): (4.0, 90.0)}
 STORY_BAR_POINTS = 1.5
 CHANCE = 0.25
 ABOVE_CHANCE_POINTS = 10.0  # "well above chance": at least this many points over 25%
@@ -45,7 +46,10 @@ def log(msg):
 
 
 class QuantType:
-    """`q4_k`, `int8`, `int4:g128` (-> --group-size 128)."""
+    """`q4_k`, `int8`, `int4:g128` (-> --group-size 128), `int4:g128:cal` (-> --calibration TEXT)."""
+
+    calibration = None  # --calibration: the text `cal` types calibrate on
+    threads = 2
 
     def __init__(self, spec):
         self.spec = spec
@@ -53,20 +57,28 @@ class QuantType:
         if not re.fullmatch(r"[a-z0-9_]+", self.name):
             raise SystemExit(f"--types: {spec!r}: the format name {self.name!r} is not a quantize --to name")
         self.group = None
+        self.cal = False
         for o in opts:
             if re.fullmatch(r"g[0-9]+", o):
                 self.group = int(o[1:])
+            elif o == "cal":
+                self.cal = True
             else:
-                raise SystemExit(f"--types: {spec!r}: unknown option {o!r} (known: gN, --group-size N)")
+                raise SystemExit(f"--types: {spec!r}: unknown option {o!r} (known: gN, --group-size N; "
+                                 "cal, --calibration)")
+        if self.cal and not QuantType.calibration:
+            raise SystemExit(f"--types: {spec!r} calibrates: give the text with --calibration")
 
     def quantize_args(self):
-        return ["--to", self.name] + (["--group-size", str(self.group)] if self.group else [])
+        return (["--to", self.name] + (["--group-size", str(self.group)] if self.group else [])
+                + (["--calibration", str(QuantType.calibration), "--threads", str(QuantType.threads)]
+                   if self.cal else []))
 
     def file_stem(self):
         return self.spec.replace(":", "-")
 
     def ppl_bar(self):
-        return PPL_BARS.get((self.name, self.group))
+        return PPL_BARS.get((self.name, self.group)) or PPL_BARS.get((self.name, self.group, self.cal))
 
 
 def run(cmd, **kw):
@@ -359,6 +371,8 @@ def main():
     ap.add_argument("--items", type=int, default=500, help="story-choice items (0: no story task)")
     ap.add_argument("--story-types", help="run the story task on these only (`base` for the base; default: all)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--calibration", help="text the `cal` types calibrate on (serval quantize --calibration); "
+                    "never the evaluated text")
     ap.add_argument("--batch-size", type=int, default=8, help="lm-eval prompts per request")
     ap.add_argument("--concurrent", type=int, default=2, help="lm-eval requests in flight")
     ap.add_argument("--no-self-check", dest="self_check", action="store_false",
@@ -369,6 +383,8 @@ def main():
         ap.error("give --wikitext and/or --stories")
     if a.items and not a.stories:
         ap.error("the story-choice items come from --stories (or pass --items 0)")
+    QuantType.calibration = pathlib.Path(a.calibration).resolve() if a.calibration else None
+    QuantType.threads = a.threads
     types = [QuantType(s) for s in a.types.split()]
     work = pathlib.Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -386,7 +402,11 @@ def main():
         out = work / f"{base.stem}-{qt.file_stem()}.gguf"
         if not out.exists() or out.stat().st_mtime < base.stat().st_mtime:
             log(f"quantize {qt.spec}")
-            run([a.serval, "quantize", base, *qt.quantize_args(), "-o", out])
+            cmd = [a.serval, "quantize", base, *qt.quantize_args(), "-o", out]
+            proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+            out.with_suffix(".quantize.log").write_text(proc.stderr)  # fallbacks, calibration alphas
+            if proc.returncode != 0:
+                raise SystemExit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stderr[-4000:]}")
         models.append((qt, out))
 
     task_folder = items = tok_dir = None

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/awq.h"
 #include "model/linear.h"
 
 namespace serval {
@@ -45,9 +46,15 @@ struct LinearQuantized {
 // keeps its float type (the embedding lookup reads it); a model whose LM head
 // is tied to it gets a separate, quantized output.weight. An int4 matrix
 // whose width the group size does not divide is written int8 per channel.
-// Throws serval::Error for a matrix that is not f32, f16 or bf16, a
-// non-finite weight, or an unreadable file.
+// `replace` (may be null) gives some tensors new f32 values (the calibrated
+// scaling of model/awq.h): a matrix is quantized from them, a vector written
+// as F32. Throws serval::Error for a matrix that is not f32, f16 or bf16, a
+// non-finite weight, a replacement of another shape, or an unreadable file.
 std::vector<LinearQuantized> quantize_gguf_linear(const std::string& in_path, const std::string& out_path,
-                                                  const LinearFormat& want);
+                                                  const LinearFormat& want, const FloatWeights* replace = nullptr);
+
+// The float tensors of the GGUF model at `path` that awq_scale_model reads
+// (each layer's norms, attention and MLP matrices, attn_v.bias), in f32.
+FloatWeights read_layer_tensors(const std::string& path, int64_t num_layers);
 
 }  // namespace serval

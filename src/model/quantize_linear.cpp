@@ -49,8 +49,31 @@ bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType
 
 }  // namespace
 
+FloatWeights read_layer_tensors(const std::string& path, int64_t num_layers) {
+  static const char* const kParts[] = {"attn_norm.weight", "attn_q.weight",   "attn_k.weight",  "attn_v.weight",
+                                       "attn_v.bias",      "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight",
+                                       "ffn_up.weight",    "ffn_down.weight"};
+  const std::shared_ptr<GgufFile> in = GgufFile::open(path);
+  FloatWeights w;
+  for (int64_t l = 0; l < num_layers; ++l)
+    for (const char* part : kParts) {
+      const GgufTensorInfo* t = in->find_tensor(str_cat("blk.", l, ".", part));
+      if (t == nullptr) continue;  // awq_scale_model names what it misses
+      const DType from = dtype_from_ggml(t->ggml_type, t->name);
+      SERVAL_CHECK(is_float(from), "quantize: \"", t->name, "\" in \"", path, "\" is ", dtype_name(from),
+                   "; calibrate from the model's f32, f16 or bf16 file");
+      FloatTensor& f = w[t->name];
+      f.shape = t->shape();
+      int64_t n = 1;
+      for (const int64_t d : f.shape) n *= d;
+      f.v.resize(size_t(n));
+      to_f32(from, t->data, f.v.data(), int64_t(f.v.size()));
+    }
+  return w;
+}
+
 std::vector<LinearQuantized> quantize_gguf_linear(const std::string& in_path, const std::string& out_path,
-                                                  const LinearFormat& want) {
+                                                  const LinearFormat& want, const FloatWeights* replace) {
   using Kind = LinearFormat::Kind;
   SERVAL_CHECK(want.kind == Kind::Int8PerChannel || want.kind == Kind::Int4Grouped || want.kind == Kind::Fp8,
                "quantize: ", want.describe(), " is not one of Serval's own types (int8, int4, fp8)");
@@ -77,6 +100,16 @@ std::vector<LinearQuantized> quantize_gguf_linear(const std::string& in_path, co
                  widths.empty() ? "" : widths.substr(1), "): nothing would be int4");
   }
 
+  auto replaced = [&](const GgufTensorInfo& t) -> const FloatTensor* {
+    if (replace == nullptr) return nullptr;
+    const auto it = replace->find(t.name);
+    if (it == replace->end()) return nullptr;
+    int64_t n = 1;
+    for (const int64_t d : t.ne) n *= d;
+    SERVAL_CHECK(it->second.shape == t.shape() && int64_t(it->second.v.size()) == n,
+                 "quantize: the calibrated \"", t.name, "\" is not of the file's shape");
+    return &it->second;
+  };
   std::vector<LinearQuantized> out;
   auto quantize = [&](const GgufTensorInfo& t, const std::string& name, std::string note) {
     const DType from = dtype_from_ggml(t.ggml_type, t.name);
@@ -85,7 +118,8 @@ std::vector<LinearQuantized> quantize_gguf_linear(const std::string& in_path, co
     const int64_t rows = t.shape()[0], cols = t.shape()[1];
     std::string why;
     const LinearFormat f = rtn_format_for(want, cols, why);
-    add_quantized(w, name, f, t.data, from, rows, cols);
+    const FloatTensor* r = replaced(t);
+    add_quantized(w, name, f, r ? reinterpret_cast<const uint8_t*>(r->v.data()) : t.data, r ? DType::F32 : from, rows, cols);
     out.push_back({name, f, why.empty() ? note : why, !why.empty()});
   };
   const GgufTensorInfo* embedding = in->find_tensor(kEmbedding);
@@ -94,6 +128,8 @@ std::vector<LinearQuantized> quantize_gguf_linear(const std::string& in_path, co
     const bool matrix = shape.size() == 2 && t.name.ends_with(".weight") && t.name != kEmbedding;
     if (matrix) {
       quantize(t, t.name, "");
+    } else if (const FloatTensor* r = replaced(t)) {
+      w.add_tensor_raw(t.name, ggml_from_dtype(DType::F32), shape, r->v.data(), int64_t(r->v.size() * 4));
     } else {
       w.add_tensor_raw(t.name, t.ggml_type, shape, t.data, t.nbytes);
     }

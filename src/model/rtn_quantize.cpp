@@ -28,22 +28,58 @@ void check_format(const LinearFormat& f, const std::string& name, int64_t in) {
                "quantize: \"", name, "\": int4 group size ", f.group_size, " does not divide its ", in, " inputs");
 }
 
+float asymmetric_code(float w, float scale, float zero) {
+  return std::clamp(round_even(w / scale + zero), 0.0f, 15.0f);
+}
+
+// Sum of the squared errors of the group on the grid (q - zero) * scale, in double.
+double grid_error(const float* w, int64_t n, float scale, float zero) {
+  double e = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(asymmetric_code(w[i], scale, zero) - zero) * double(scale) - double(w[i]);
+    e += d * d;
+  }
+  return e;
+}
+
+// The asymmetric grid of the group: of (a) the 16 codes spanning min..max
+// exactly, the zero point kept as it falls (an f32), and (b) the range
+// widened to hold 0 with an integer zero point (0 exact; the scale grown
+// where rounding the zero would clamp an end), the one that errs less. (a)
+// spends no codes on 0 for a group of one sign; (b) keeps the many small
+// weights of a group stretched by an outlier unbiased at 0.
+void asymmetric_grid(const float* w, int64_t n, float& scale, float& zero) {
+  float lo = w[0], hi = w[0];
+  for (int64_t i = 1; i < n; ++i) lo = std::min(lo, w[i]), hi = std::max(hi, w[i]);
+  if (hi == lo) {  // one value: code 8 holds it
+    scale = lo != 0 ? std::fabs(lo) / 8.0f : 1.0f;
+    zero = lo > 0 ? 0.0f : lo < 0 ? 16.0f : 8.0f;
+    return;
+  }
+  const float sa = (hi - lo) / 15.0f, za = -lo / sa;
+  const float l0 = std::min(lo, 0.0f), h0 = std::max(hi, 0.0f);
+  float sb = (h0 - l0) / 15.0f;
+  const float zb = round_even(-l0 / sb);
+  if (zb > 0) sb = std::max(sb, -l0 / zb);
+  if (zb < 15) sb = std::max(sb, h0 / (15.0f - zb));
+  const bool exact_range = grid_error(w, n, sa, za) < grid_error(w, n, sb, zb);
+  scale = exact_range ? sa : sb;
+  zero = exact_range ? za : zb;
+}
+
 void int4_group(const float* w, int64_t n, bool symmetric, uint8_t* codes, float& scale, float& zero) {
   if (symmetric) {
     const float amax = max_abs(w, n);
     scale = amax > 0 ? amax / 7.0f : 1.0f;
     zero = 8.0f;
   } else {
-    float lo = 0, hi = 0;
-    for (int64_t i = 0; i < n; ++i) lo = std::min(lo, w[i]), hi = std::max(hi, w[i]);
-    scale = hi > lo ? (hi - lo) / 15.0f : 1.0f;
-    zero = std::clamp(round_even(-lo / scale), 0.0f, 15.0f);
+    asymmetric_grid(w, n, scale, zero);
   }
   for (int64_t i = 0; i < n; i += 2) {
     uint8_t pair = 0;
     for (int64_t j = 0; j < 2; ++j) {
       const float q = symmetric ? std::clamp(round_even(w[i + j] / scale), -8.0f, 7.0f) + 8.0f
-                                : std::clamp(round_even(w[i + j] / scale) + zero, 0.0f, 15.0f);
+                                : asymmetric_code(w[i + j], scale, zero);
       pair |= uint8_t(uint8_t(q) << (4 * j));  // low nibble first
     }
     codes[i / 2] = pair;

@@ -4,16 +4,20 @@
 //  Int8PerChannel: scale = max|w| / 127, q = round(w / scale) in -127..127.
 //  Fp8 (per row):  scale = max|w| / 448, q = e4m3(w / scale), round to nearest
 //                  even, saturating (core/fp8.h).
-//  Int4Grouped:    per group of group_size inputs; asymmetric (GPTQ's min/max
-//                  choice, 0 kept inside the range): lo = min(0, min w),
-//                  hi = max(0, max w), scale = (hi - lo) / 15,
-//                  zero = round(-lo / scale), q = clamp(round(w / scale) + zero, 0, 15);
+//  Int4Grouped:    per group of group_size inputs; asymmetric, of two grids
+//                  the one of less squared error: (a) scale = (max w - min w) / 15,
+//                  zero = -min w / scale (an f32, not rounded); (b) lo = min(0, min w),
+//                  hi = max(0, max w), scale = (hi - lo) / 15, zero = round(-lo / scale),
+//                  scale grown to max(scale, -lo / zero, hi / (15 - zero)) so
+//                  neither end clamps; both represent min..max of every group.
+//                  q = clamp(round(w / scale + zero), 0, 15) (a group of one
+//                  value v != 0: scale |v| / 8, zero 0 or 16, q 8);
 //                  symmetric (AutoAWQ's): scale = max|w| / 7, zero 8,
 //                  q = clamp(round(w / scale), -8, 7) + 8.
 // All arithmetic in f32, round() ties to even. A row or group of zeros gets
-// scale 1. Re-quantizing a dequantized int8, fp8 or symmetric int4 matrix
-// gives back the same codes; asymmetric int4 need not (a group whose top code
-// rounds to 14 gets a smaller scale the second time).
+// scale 1 (and zero 8). Re-quantizing a dequantized int8, fp8 or symmetric
+// int4 matrix gives back the same codes; asymmetric int4 need not (f32
+// rounding of the recomputed scale and zero may move a code).
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -83,6 +83,10 @@ void Backend::set_kv_dtype(DType t) {
                " (--kv-cache-dtype); use --kv-cache-dtype auto (", dtype_name(kv_dtype()), "), or --device cpu");
 }
 
+void Backend::set_matmul_observer(MatmulObserver* observer) {
+  SERVAL_CHECK(observer == nullptr, "the ", name(), " backend cannot show matmul inputs (calibration runs on the CPU)");
+}
+
 void Backend::begin_capture() { fail("the ", name(), " backend cannot record graphs"); }
 
 std::unique_ptr<DeviceGraph> Backend::end_capture() { fail("the ", name(), " backend cannot record graphs"); }

@@ -39,6 +39,15 @@ namespace serval {
 
 class ModelDef;
 
+// Sees each matmul's input before the product: the calibration of
+// `serval quantize --calibration` (runtime/activation_recorder.h). `x` is
+// [rows, cols] f32 host memory, valid during the call.
+class MatmulObserver {
+ public:
+  virtual ~MatmulObserver() = default;
+  virtual void on_matmul_input(const std::string& weight, const float* x, int64_t rows, int64_t cols) = 0;
+};
+
 // Device memory owned by a backend; freed when the last copy goes away.
 class DeviceBuffer {
  public:
@@ -280,6 +289,9 @@ class Backend {
     (void)on;
     (void)cache_file;
   }
+  // Every matmul hands its input to `observer` (null: none) first. Default:
+  // refused; the CPU backend, whose activations are f32 host memory, does it.
+  virtual void set_matmul_observer(MatmulObserver* observer);
 
   // ---- memory ----
   virtual DeviceBuffer alloc(int64_t bytes) = 0;

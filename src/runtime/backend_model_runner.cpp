@@ -112,6 +112,7 @@ BackendModelRunner::BackendModelRunner(const ModelConfig& config, const WeightSt
   backend_->set_kv_dtype(parse_kv_cache_dtype(opts.kv_cache_dtype, backend_->act_dtype()));
   backend_->set_batch_invariant(opts.batch_invariant);
   backend_->set_gemm_search(opts.gemm_search, opts.gemm_search_cache);
+  if (opts.matmul_observer != nullptr) backend_->set_matmul_observer(opts.matmul_observer);
   if (backend_->chooses_kept_formats()) choose_kept_formats(def, weights, opts.gpu_memory_fraction);
   const int64_t weight_bytes = planned_weight_bytes(def, weights, *backend_);
   check_weights_fit(weight_bytes, *backend_, opts.gpu_memory_fraction > 0 ? opts.gpu_memory_fraction : 1.0);

@@ -61,6 +61,8 @@ struct RunnerOptions {
   // A Neox model's q/k rows in adjacent-pair order: where the backend's fused
   // rope kernels want it (Auto), always (On: to test that load on the CPU) or never.
   RopePermute rope_permute = RopePermute::Auto;
+  // Sees every matmul's input (Backend::set_matmul_observer; the CPU only).
+  MatmulObserver* matmul_observer = nullptr;
 };
 
 class ModelRunner {

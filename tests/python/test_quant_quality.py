@@ -124,7 +124,18 @@ def test_type_names_and_bars():
     assert mod.QuantType("q4_k").quantize_args() == ["--to", "q4_k"]
     int4 = mod.QuantType("int4:g128")
     assert int4.quantize_args() == ["--to", "int4", "--group-size", "128"]
-    assert int4.file_stem() == "int4-g128" and int4.ppl_bar() == (4.0, 90.0)
+    assert int4.file_stem() == "int4-g128" and int4.ppl_bar() is None  # the int4 bar is for calibrated files
+    with pytest.raises(SystemExit, match="calibrates: give the text with --calibration"):
+        mod.QuantType("int4:g128:cal")
+    mod.QuantType.calibration = "cal.txt"
+    try:
+        cal = mod.QuantType("int4:g128:cal")
+        assert cal.quantize_args() == ["--to", "int4", "--group-size", "128", "--calibration", "cal.txt",
+                                       "--threads", "2"]
+        assert cal.file_stem() == "int4-g128-cal" and cal.ppl_bar() == (4.0, 90.0)
+        assert mod.QuantType("int8:cal").ppl_bar() == (0.5, 98.0)
+    finally:
+        mod.QuantType.calibration = None
     assert mod.QuantType("int8").ppl_bar() == (0.5, 98.0) and mod.QuantType("fp8").ppl_bar() == (1.0, 97.0)
     assert mod.QuantType("int4:g64").ppl_bar() is None and mod.QuantType("q8_0").ppl_bar() is None
     with pytest.raises(SystemExit, match="unknown option 'x7'"):

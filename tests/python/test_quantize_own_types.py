@@ -49,10 +49,25 @@ def rtn(fmt, w, group=128, symmetric=False):
         z = np.full_like(s, 8)
         q = np.clip(np.rint(g / s[..., None]), -8, 7) + 8
     else:
-        lo, hi = np.minimum(g.min(axis=2), 0), np.maximum(g.max(axis=2), 0)
-        s = np.where(hi > lo, (hi - lo) / F(15), F(1)).astype(F)
-        z = np.clip(np.rint(-lo / s), 0, 15).astype(F)
-        q = np.clip(np.rint(g / s[..., None]) + z[..., None], 0, 15)
+        lo, hi = g.min(axis=2), g.max(axis=2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sa = ((hi - lo) / F(15)).astype(F)  # (a) min..max, the zero as it falls
+            za = (-lo / sa).astype(F)
+            l0, h0 = np.minimum(lo, F(0)), np.maximum(hi, F(0))  # (b) 0 exact, an integer zero
+            sb = ((h0 - l0) / F(15)).astype(F)
+            zb = np.rint(-l0 / sb).astype(F)
+            sb = np.where(zb > 0, np.maximum(sb, -l0 / zb), sb).astype(F)
+            sb = np.where(zb < 15, np.maximum(sb, h0 / (F(15) - zb)), sb).astype(F)
+
+            def err(s, z):
+                q = np.clip(np.rint(g / s[..., None] + z[..., None]), 0, 15)
+                return (((q - z[..., None]).astype(np.float64) * s[..., None] - g) ** 2).sum(axis=2)
+            use_a = err(sa, za) < err(sb, zb)
+        one = np.where(lo != 0, np.abs(lo) / F(8), F(1)).astype(F)  # a group of one value: code 8
+        s = np.where(hi > lo, np.where(use_a, sa, sb), one).astype(F)
+        z = np.where(hi > lo, np.where(use_a, za, zb),
+                     np.where(lo > 0, F(0), np.where(lo < 0, F(16), F(8)))).astype(F)
+        q = np.clip(np.rint(g / s[..., None] + z[..., None]), 0, 15)
     deq = ((q - z[..., None]) * s[..., None]).reshape(out, n).astype(F)
     q = q.reshape(out, n).astype(np.uint8)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).view(np.int8)

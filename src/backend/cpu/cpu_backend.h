@@ -41,6 +41,7 @@ class CpuBackend : public Backend {
   // Batch-invariant mode: every matmul row is one fixed-order dot product
   // (dot_fixed_order) instead of the streaming kernel or sgemm by batch size.
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  void set_matmul_observer(MatmulObserver* observer) override { observer_ = observer; }
 
   DeviceBuffer alloc(int64_t bytes) override;
   void copy_to_device(void* dst, const void* src, int64_t bytes) override;
@@ -89,6 +90,7 @@ class CpuBackend : public Backend {
   DType kv_dtype_ = DType::F32;
   bool batch_invariant_ = false;
   bool keep_blocks_ = false;
+  MatmulObserver* observer_ = nullptr;
   std::vector<float> scratch_;  // matrix_values' decoded matrix
   Sampler sampler_;
   // Per-thread attention scores, grown to the longest context seen.

@@ -58,6 +58,7 @@ float dot_fixed_order(const float* a, const float* b, int64_t n) {
 void CpuBackend::matmul(const Tensor& x, const DeviceWeight& w, const DeviceWeight* bias, Tensor y) {
   const int64_t T = x.rows, in = x.cols, out = w.rows();
   if (T == 0) return;
+  if (observer_ != nullptr) observer_->on_matmul_input(w.name(), f32(x), T, in);
   const float* W = matrix_values(as_cpu(w));
   if (batch_invariant_) {
     fixed_order_matmul(f32(x), W, f32(y), T, in, out, threads_);
