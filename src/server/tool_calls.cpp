@@ -26,6 +26,49 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
+// A model may write numbers no double holds (a 400-digit integer is valid
+// JSON and satisfies {"type": "integer"}), which nlohmann refuses. Outside
+// strings, such a number is parsed as the string "\u0001<its text>", and
+// dump_arguments writes its text back as it was.
+constexpr size_t kLongNumber = 17;
+
+json parse_json(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      const size_t end = text.find_first_not_of("+-0123456789.eE", i);
+      const std::string number = text.substr(i, end == std::string::npos ? std::string::npos : end - i);
+      if (number.size() > kLongNumber) {
+        out += "\"\\u0001" + number + "\"";
+        i += number.size() - 1;
+        continue;
+      }
+    }
+    out += c;
+  }
+  return json::parse(out, nullptr, false);
+}
+
+std::string dump_arguments(const json& args) {
+  std::string text = args.dump();
+  const std::string marker = "\"\\u0001";
+  for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at)) {
+    const size_t close = text.find('"', at + marker.size());
+    text.erase(close, 1);
+    text.erase(at, marker.size());
+  }
+  return text;
+}
+
 std::string call_id(ToolFormat f) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   // Mistral's templates check for 9 alphanumeric characters.
@@ -45,9 +88,9 @@ std::optional<ToolCall> call_of(const json& obj, ToolFormat f) {
   auto args = obj.find("arguments");
   if (args == obj.end()) args = obj.find("parameters");
   json a = args == obj.end() ? json::object() : *args;
-  if (a.is_string()) a = json::parse(a.get<std::string>(), nullptr, false);
+  if (a.is_string()) a = parse_json(a.get<std::string>());
   if (!a.is_object()) return std::nullopt;
-  return ToolCall{call_id(f), name->get<std::string>(), a.dump()};
+  return ToolCall{call_id(f), name->get<std::string>(), dump_arguments(a)};
 }
 
 // Top-level JSON values of `s` one after another, separated by whitespace,
@@ -80,7 +123,7 @@ std::optional<std::vector<json>> json_sequence(const std::string& s) {
       }
     }
     if (j >= s.size()) return std::nullopt;
-    json v = json::parse(s.substr(i, j + 1 - i), nullptr, false);
+    json v = parse_json(s.substr(i, j + 1 - i));
     if (v.is_discarded()) return std::nullopt;
     out.push_back(std::move(v));
     i = j + 1;
@@ -103,7 +146,7 @@ ParsedToolOutput parse_hermes(const std::string& text) {
     size_t close = text.find(kHermesClose, body);
     const bool closed = close != std::string::npos;
     if (!closed) close = text.size();  // the model stopped before closing it
-    const json v = json::parse(trim(text.substr(body, close - body)), nullptr, false);
+    const json v = parse_json(trim(text.substr(body, close - body)));
     std::optional<ToolCall> call = v.is_discarded() ? std::nullopt : call_of(v, ToolFormat::kHermes);
     if (!call) return {text, {}};  // malformed: everything stays text
     out.calls.push_back(std::move(*call));

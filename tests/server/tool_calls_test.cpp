@@ -64,6 +64,20 @@ TEST(ToolCalls, Llama3JsonAndMistral) {
   EXPECT_EQ(parse_tool_calls(ToolFormat::kMistral, "[{\"name\": \"f\", \"arguments\": {}}]").calls.size(), 1u);
 }
 
+// Numbers past what a double holds are valid JSON (and valid integers for a
+// schema): they come back as written, in calls of each format.
+TEST(ToolCalls, NumbersPastADoubleComeBackAsWritten) {
+  const std::string big(400, '7'), neg = "-" + std::string(30, '1') + ".5e-3";
+  const std::string args = "{\"a\": " + big + ", \"b\": [" + neg + ", 2], \"s\": \"x\\\" 123456789012345678901\"}";
+  const std::string expected = "{\"a\":" + big + ",\"b\":[" + neg + ",2],\"s\":\"x\\\" 123456789012345678901\"}";
+  auto p = parse_tool_calls(ToolFormat::kLlama3Json, "{\"name\": \"add\", \"parameters\": " + args + "}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, expected);
+  p = parse_tool_calls(ToolFormat::kHermes, "<tool_call>{\"name\": \"add\", \"arguments\": " + args + "}</tool_call>");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, expected);
+}
+
 TEST(ToolCalls, FormatFromTheTemplate) {
   EXPECT_EQ(detect_tool_format("{{- '<tool_call>\\n' }}"), ToolFormat::kHermes);
   EXPECT_EQ(detect_tool_format("[TOOL_CALLS]"), ToolFormat::kMistral);
