@@ -32,19 +32,28 @@ std::string trim(const std::string& s) {
 // dump_arguments writes its text back as it was.
 constexpr size_t kLongNumber = 17;
 
-json parse_json(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
+// Fed a JSON text a character at a time, says which lie in string literals.
+struct JsonStrings {
   bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
+  // True for c inside a string literal, its quotes included.
+  bool inside(char c) {
     if (in_string) {
       if (escaped) escaped = false;
       else if (c == '\\') escaped = true;
       else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      return true;
+    }
+    return in_string = c == '"';
+  }
+};
+
+json parse_json(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  JsonStrings strings;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (!strings.inside(c) && (c == '-' || (c >= '0' && c <= '9'))) {
       const size_t end = text.find_first_not_of("+-0123456789.eE", i);
       const std::string number = text.substr(i, end == std::string::npos ? std::string::npos : end - i);
       if (number.size() > kLongNumber) {
@@ -106,17 +115,12 @@ std::optional<std::vector<json>> json_sequence(const std::string& s) {
     if (s[i] != '{' && s[i] != '[') return std::nullopt;
     // The value's end: balanced brackets outside strings.
     int depth = 0;
-    bool in_string = false, escaped = false;
+    JsonStrings strings;
     size_t j = i;
     for (; j < s.size(); ++j) {
       const char c = s[j];
-      if (in_string) {
-        if (escaped) escaped = false;
-        else if (c == '\\') escaped = true;
-        else if (c == '"') in_string = false;
-      } else if (c == '"') {
-        in_string = true;
-      } else if (c == '{' || c == '[') {
+      if (strings.inside(c)) continue;
+      if (c == '{' || c == '[') {
         ++depth;
       } else if ((c == '}' || c == ']') && --depth == 0) {
         break;

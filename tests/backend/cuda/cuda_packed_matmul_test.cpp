@@ -59,22 +59,6 @@ constexpr double kBf16Tol = 5e-3;  // one bf16 rounding of the outputs
 constexpr double kF32Tol = 1e-4;   // f32 sums of exact products
 constexpr double kInt8XTol = 2e-2;  // int8 x (CudaTuning::packed_int8_x) against the exact product
 
-// x [T, in] as the packed GEMV's int8 path sees it (1 or 2 rows,
-// CudaTuning::packed_int8_x): each group of 32 columns scaled by 127 / max|x|,
-// rounded to nearest even, times max|x| / 127 (the same f32 operations).
-std::vector<float> int8_x(const std::vector<float>& x, int64_t T, int64_t in) {
-  std::vector<float> out(size_t(T * in));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t g = 0; g < in; g += 32) {
-      const float* v = x.data() + t * in + g;
-      float amax = 0.f;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-      for (int i = 0; i < 32; ++i) out[size_t(t * in + g + i)] = std::nearbyint(v[i] * inv) * dx;
-    }
-  return out;
-}
-
 struct Shape {
   int64_t in, out;
 };

@@ -83,6 +83,19 @@ std::vector<double> reference_matmul(const std::vector<float>& x, int64_t T, con
 }
 
 // max |got - want| / max |want| over the first `n` values of `want`.
+std::vector<float> int8_x(const std::vector<float>& x, int64_t T, int64_t in) {
+  std::vector<float> out(size_t(T * in));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < in; g += 32) {
+      const float* v = x.data() + t * in + g;
+      float amax = 0.f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      for (int i = 0; i < 32; ++i) out[size_t(t * in + g + i)] = std::nearbyint(v[i] * inv) * dx;
+    }
+  return out;
+}
+
 double rel_err(const std::vector<float>& got, const std::vector<double>& want, size_t n) {
   double diff = 0, scale = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -51,6 +51,10 @@ std::unique_ptr<DeviceWeight> upload_matrix(Backend& be, const std::string& name
 std::vector<double> reference_matmul(const std::vector<float>& x, int64_t T, const std::vector<float>& w,
                                      int64_t out, int64_t in);
 double rel_err(const std::vector<float>& got, const std::vector<double>& want, size_t n);
+// x [T, in] as the packed GEMV's int8 path sees it (1 or 2 rows,
+// CudaTuning::packed_int8_x): each group of 32 columns scaled by 127 / max|x|,
+// rounded to nearest even, times max|x| / 127 (the same f32 operations).
+std::vector<float> int8_x(const std::vector<float>& x, int64_t T, int64_t in);
 // The worst over (token, head) of max |got - want| / max |want| within that
 // head's head_dim values (1e30 when the sizes differ).
 double worst_head_error(const std::vector<float>& got, const std::vector<float>& want, int32_t head_dim);
